@@ -1,0 +1,48 @@
+# Tandem developer entry points. `make test` and `make demo` work on a fresh
+# machine: they create .venv and install the project from its own files.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup test lint typecheck protos protos-check demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## Regenerate the committed protobuf/gRPC code from protos/tandem/v1/*.proto.
+protos: setup
+	$(PY) scripts/protos.py
+
+## Fail when the committed generated code differs from what the .proto files give.
+protos-check: setup
+	$(PY) scripts/protos.py --check
+
+## Architecture contracts (.importlinter): the core stays pure, shells stay apart.
+lint: setup
+	$(VENV)/bin/lint-imports
+
+typecheck: setup
+	$(VENV)/bin/mypy placement
+
+test: setup protos-check lint typecheck
+	$(PY) -m pytest -q
+
+## The placement-quality replay of the Alibaba GPU trace (FGD protocol), as a table.
+demo: setup
+	$(PY) -m sim.demo
+
+## Every benchmark writes bench/results/<name>.md and a JSON twin.
+bench: setup
+	@set -e; for b in bench/bench_*.py; do \
+	  echo "== $$b"; $(PY) -m bench.$$(basename $$b .py); \
+	done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache build *.egg-info
