@@ -1,0 +1,194 @@
+"""GPU fragmentation of nodes against a target workload (FGD, USENIX ATC'23), vectorised.
+
+A node's fragmentation F_n(M) is the expected idle GPU milli that a pod drawn
+from the target workload M (the "typical pods") could not use on that node.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from placement.gpuarrays import GPU_MILLI, GpuArrays, PodDemand
+
+F64 = npt.NDArray[np.float64]
+POPULARITY_THRESHOLD = 0.95
+MIN_CPU_MILLI = 100  # a zero CPU request counts as 100m, as kube-scheduler's non-zero request
+
+
+@dataclass(frozen=True)
+class TypicalPod:
+    """One class of the target workload and its probability."""
+
+    cpu_milli: int
+    gpu_milli: int
+    gpu_count: int
+    models: frozenset[str]
+    prob: float
+
+
+@dataclass(frozen=True)
+class TargetWorkload:
+    """The typical pods as columns, ready for vectorised fragmentation."""
+
+    classes: tuple[TypicalPod, ...]
+    cpu: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    gpu: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    count: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    prob: F64 = field(init=False, repr=False, compare=False)
+    thresholds: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    threshold_index: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        c = self.classes
+        gpu = np.array([m.gpu_milli for m in c], dtype=np.int64)
+        # Thresholds are the distinct per-GPU sizes; CPU-only classes map to a dummy slot.
+        thresholds = np.unique(gpu[gpu > 0]) if np.any(gpu > 0) else np.array([1], np.int64)
+        index = np.searchsorted(thresholds, np.maximum(gpu, thresholds[0]))
+        object.__setattr__(self, "cpu", np.array([m.cpu_milli for m in c], dtype=np.int64))
+        object.__setattr__(self, "gpu", gpu)
+        object.__setattr__(self, "count", np.array([m.gpu_count for m in c], dtype=np.int64))
+        object.__setattr__(self, "prob", np.array([m.prob for m in c], dtype=np.float64))
+        object.__setattr__(self, "thresholds", thresholds.astype(np.int64))
+        object.__setattr__(self, "threshold_index", index.astype(np.int64))
+
+    def access(self, model_names: Sequence[str]) -> npt.NDArray[np.bool_]:
+        """[n_models, M]: may class m run on a node of that model (GPU classes only)."""
+        out = np.ones((max(len(model_names), 1), len(self.classes)), dtype=np.bool_)
+        for j, m in enumerate(self.classes):
+            if m.models:
+                for i, name in enumerate(model_names):
+                    out[i, j] = name in m.models
+        return out
+
+
+def typical_pods(
+    demands: Iterable[PodDemand], threshold: float = POPULARITY_THRESHOLD
+) -> TargetWorkload:
+    """The most popular pod shapes covering `threshold` of all pods (FGD's GetTypicalPods)."""
+    counts: Counter[tuple[int, int, int, str]] = Counter()
+    for d in demands:
+        spec = "|".join(sorted(d.models)) if d.gpu_count else ""
+        counts[(d.cpu_milli or MIN_CPU_MILLI, d.gpu_milli, d.gpu_count, spec)] += 1
+    total = sum(counts.values())
+    # Count descending, then cpu, gpu milli, gpu count and spec, each descending.
+    ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+    kept: list[tuple[tuple[int, int, int, str], int]] = []
+    cum = 0
+    for key, n in ordered:
+        kept.append((key, n))
+        cum += n
+        if cum >= threshold * total:
+            break
+    return TargetWorkload(tuple(
+        TypicalPod(c, g, k, frozenset(s.split("|")) if s else frozenset(), n / cum)
+        for (c, g, k, s), n in kept
+    ))
+
+
+def frag_amount(
+    cpu_left: npt.ArrayLike,
+    gpu_left: npt.ArrayLike,
+    model_code: npt.ArrayLike,
+    access: npt.NDArray[np.bool_],
+    workload: TargetWorkload,
+) -> F64:
+    """F_n(M) for H node states: rows of `gpu_left` [H, G] with absent GPUs as 0.
+
+    `access` comes from `workload.access(model_names)`. Memory plays no part.
+    """
+    cpu = np.asarray(cpu_left, dtype=np.int64)
+    left = np.asarray(gpu_left, dtype=np.int64)
+    codes = np.asarray(model_code, dtype=np.int64)
+    total = left.sum(axis=1)
+    thr = workload.thresholds
+    below = left[:, None, :] < thr[None, :, None]  # [H, U, G]
+    n_fit = left.shape[1] - below.sum(axis=2)  # GPUs with L >= threshold
+    stranded = np.where(below, left[:, None, :], 0).sum(axis=2)  # idle milli below threshold
+    ti = workload.threshold_index
+    satisfied = (
+        (workload.gpu[None, :] > 0)
+        & access[codes]
+        & (n_fit[:, ti] >= workload.count[None, :])
+        & (cpu[:, None] >= workload.cpu[None, :])
+    )
+    per_class = np.where(satisfied, stranded[:, ti], total[:, None])
+    result: F64 = per_class.astype(np.float64) @ workload.prob
+    return result
+
+
+def frag_single(
+    cpu_left: int, gpu_left: Sequence[int], model: str, workload: TargetWorkload
+) -> float:
+    """F_n(M) of one node, for tests and diagnostics."""
+    names = (model,)
+    return float(frag_amount(
+        [cpu_left], [list(gpu_left)], [0], workload.access(names), workload
+    )[0])
+
+
+class FragEvaluator:
+    """F_n(M) before and after a hypothetical placement, memoised per row version."""
+
+    def __init__(self, workload: TargetWorkload) -> None:
+        self.workload = workload
+        self._access: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
+        self._versions = np.zeros(0, dtype=np.int64)
+        self._frag = np.zeros(0, dtype=np.float64)
+
+    def access(self, model_names: tuple[str, ...]) -> npt.NDArray[np.bool_]:
+        found = self._access.get(model_names)
+        if found is None:
+            found = self._access[model_names] = self.workload.access(model_names)
+        return found
+
+    def current(self, arrays: GpuArrays, rows: npt.NDArray[np.int64]) -> F64:
+        """F of the rows as they are now; only rows whose version changed are recomputed."""
+        n = len(arrays)
+        if len(self._versions) != n:
+            self._versions = np.zeros(n, dtype=np.int64)
+            self._frag = np.zeros(n, dtype=np.float64)
+        stale = rows[self._versions[rows] != arrays.version[rows]]
+        if len(stale):
+            self._frag[stale] = frag_amount(
+                arrays.cpu_left[stale], arrays.gpu_left[stale], arrays.model_code[stale],
+                self.access(arrays.model_names), self.workload,
+            )
+            self._versions[stale] = arrays.version[stale]
+        out: F64 = self._frag[rows]
+        return out
+
+    def after_share(
+        self, arrays: GpuArrays, rows: npt.NDArray[np.int64], demand: PodDemand
+    ) -> F64:
+        """[R, G]: F after putting a sharing pod on GPU i of each row; NaN where it does not fit."""
+        left = arrays.gpu_left[rows].astype(np.int64)
+        r, g = left.shape
+        hypo = np.repeat(left[:, None, :], g, axis=1)  # [R, G(choice), G]
+        hypo -= demand.gpu_milli * np.eye(g, dtype=np.int64)[None, :, :]
+        frag = frag_amount(
+            np.repeat(arrays.cpu_left[rows] - demand.cpu_milli, g),
+            hypo.reshape(r * g, g),
+            np.repeat(arrays.model_code[rows], g),
+            self.access(arrays.model_names), self.workload,
+        ).reshape(r, g)
+        out: F64 = np.where(left >= demand.gpu_milli, frag, np.nan)
+        return out
+
+    def after_whole(
+        self, arrays: GpuArrays, rows: npt.NDArray[np.int64], demand: PodDemand
+    ) -> F64:
+        """[R]: F after a CPU-only or whole-GPU pod; which free GPUs it takes does not matter."""
+        left = arrays.gpu_left[rows]
+        if demand.gpu_count:
+            free = left == GPU_MILLI
+            take = free & (np.cumsum(free, axis=1) <= demand.gpu_count)
+            left = np.where(take, 0, left)
+        return frag_amount(
+            arrays.cpu_left[rows] - demand.cpu_milli, left, arrays.model_code[rows],
+            self.access(arrays.model_names), self.workload,
+        )
