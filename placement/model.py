@@ -12,6 +12,8 @@ __all__ = [
     "MigInstance",
     "Gpu",
     "DraDevice",
+    "DraVersion",
+    "AttributeValue",
     "Node",
     "DraRequest",
     "PodShape",
@@ -155,7 +157,15 @@ class Gpu:
         return WHOLE_GPU_MILLI - self.milli_used
 
 
-AttributeValue = str | int | bool
+@dataclass(frozen=True, slots=True)
+class DraVersion:
+    """A DRA attribute of kind "version" (semver text such as "580.95.5"); CEL sees it as semver()."""
+
+    text: str
+
+
+AttributeValue = str | int | bool | DraVersion
+"""A DRA attribute value: string, int, bool, or a DraVersion."""
 
 
 @dataclass(frozen=True, slots=True, eq=True)

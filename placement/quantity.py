@@ -6,14 +6,12 @@ import math
 import re
 from fractions import Fraction
 
+from placement.errors import QuantityError
+
 __all__ = ["QuantityError", "parse_quantity", "cpu_milli", "to_int_bytes", "Quantityish"]
 
 Quantityish = str | int | Fraction
 """What the helpers accept: a quantity string, an int, or an already parsed Fraction."""
-
-
-class QuantityError(ValueError):
-    """A string is not a valid Kubernetes quantity."""
 
 
 _BINARY: dict[str, int] = {

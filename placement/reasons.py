@@ -63,6 +63,9 @@ class Reason(enum.Enum):
         self.preemptible = preemptible
         self.template = template
 
+    def __repr__(self) -> str:
+        return f"<Reason.{self.name}>"
+
     def message(self, **fields: object) -> str:
         """The human message with ``fields`` filled in (unknown keywords are shown as '?')."""
         return self.template.format_map(_Lenient(fields))
