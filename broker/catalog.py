@@ -1,0 +1,265 @@
+"""Per cluster the latest inventory its agent reported, the reservations on it, and whether it may be used now."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from placement.model import Node, PodShape
+
+from broker.fleet import ClusterArrays, Fleet
+
+__all__ = [
+    "Level",
+    "ClusterMeta",
+    "InventoryReport",
+    "ReservedReplica",
+    "Reservation",
+    "Usability",
+    "ClusterEntry",
+    "Catalog",
+]
+
+AttemptKey = tuple[str, int]
+ReplicaKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One topology level of a cluster: its short name (e.g. "rack") and node label key."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMeta:
+    name: str
+    region: str = ""
+    role: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    levels: tuple[Level, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryReport:
+    """A snapshot (`full`) or delta from an agent, already converted from protobuf.
+
+    bound: per reservation (job, attempt) the replicas (pod set, index) the cluster shows bound.
+    """
+
+    cluster: str
+    sequence: int
+    full: bool
+    observed_at: float
+    nodes: tuple[Node, ...] = ()
+    removed: tuple[str, ...] = ()
+    bound: Mapping[AttemptKey, frozenset[ReplicaKey]] = field(default_factory=dict)
+    base_sequence: int = 0
+    meta: ClusterMeta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReservedReplica:
+    pod_set: str
+    index: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The broker's own record of what one attempt holds on a cluster until its pods are bound."""
+
+    job_id: str
+    attempt: int
+    cluster: str
+    replicas: tuple[ReservedReplica, ...]
+    shapes: Mapping[str, PodShape]
+    gpu_model: str = ""
+
+    @property
+    def key(self) -> AttemptKey:
+        return (self.job_id, self.attempt)
+
+
+class Usability(enum.Enum):
+    """Whether the placer may put new work on a cluster; anything but USABLE excludes it."""
+
+    USABLE = "Usable"
+    NO_SNAPSHOT = "NoSnapshot"
+    DISCONNECTED = "Disconnected"
+    STALE = "Stale"
+    CORDONED = "Cordoned"
+
+
+@dataclass
+class ClusterEntry:
+    """Mutable live state of one cluster (the catalog's cache; the placer reads snapshots of it)."""
+
+    name: str
+    meta: ClusterMeta
+    connected: bool = False
+    cordoned: bool = False
+    sequence: int = 0
+    has_snapshot: bool = False
+    last_seen: float = 0.0
+    last_report: float = 0.0
+    disconnected_at: float | None = None
+    nodes: dict[str, Node] = field(default_factory=dict)
+    bound: dict[AttemptKey, frozenset[ReplicaKey]] = field(default_factory=dict)
+    excluded_nodes: set[str] = field(default_factory=set)
+    arrays: ClusterArrays | None = None
+
+    def usability(self, now: float, stale_after_s: float) -> Usability:
+        if self.cordoned:
+            return Usability.CORDONED
+        if not self.connected:
+            return Usability.DISCONNECTED if self.has_snapshot else Usability.NO_SNAPSHOT
+        if not self.has_snapshot:
+            return Usability.NO_SNAPSHOT
+        if now - self.last_seen > stale_after_s:
+            return Usability.STALE
+        return Usability.USABLE
+
+    def silent_for(self, now: float) -> float:
+        return now - self.last_seen
+
+
+class DeltaGap(Exception):
+    """A delta's base is not the latest report: the broker must ask for a resync."""
+
+
+class Catalog:
+    """Live inventory of every cluster plus the broker's reservations, feeding the numpy fleet."""
+
+    def __init__(self, *, stale_after_s: float) -> None:
+        self.stale_after_s = stale_after_s
+        self.clusters: dict[str, ClusterEntry] = {}
+        self.reservations: dict[AttemptKey, Reservation] = {}
+        self.fleet = Fleet()
+
+    # ---------------------------------------------------------------- connections
+
+    def connect(self, meta: ClusterMeta, now: float) -> ClusterEntry:
+        """A cluster's stream opened: nothing is placed there until its snapshot arrives."""
+        entry = self.clusters.get(meta.name)
+        if entry is None:
+            entry = ClusterEntry(meta.name, meta)
+            self.clusters[meta.name] = entry
+        entry.meta = meta
+        entry.connected = True
+        entry.has_snapshot = False
+        entry.disconnected_at = None
+        entry.last_seen = now
+        return entry
+
+    def disconnect(self, cluster: str, now: float) -> None:
+        entry = self.clusters.get(cluster)
+        if entry is not None and entry.connected:
+            entry.connected = False
+            entry.disconnected_at = now
+            self.fleet.set_usable(cluster, False)
+
+    def heartbeat(self, cluster: str, now: float) -> None:
+        entry = self.clusters.get(cluster)
+        if entry is not None:
+            entry.last_seen = now
+
+    def set_cordoned(self, cluster: str, cordoned: bool) -> ClusterEntry:
+        entry = self.clusters.get(cluster)
+        if entry is None:
+            entry = ClusterEntry(cluster, ClusterMeta(cluster))
+            self.clusters[cluster] = entry
+        entry.cordoned = cordoned
+        return entry
+
+    # ---------------------------------------------------------------- reports
+
+    def apply_report(self, report: InventoryReport, now: float) -> ClusterEntry:
+        """Apply a snapshot or delta; a newer report lifts rejection exclusions (raises DeltaGap)."""
+        entry = self.clusters.get(report.cluster)
+        if entry is None:
+            entry = self.connect(report.meta or ClusterMeta(report.cluster), now)
+        if report.meta is not None:
+            entry.meta = report.meta
+        if report.full:
+            entry.nodes = {n.name: n for n in report.nodes}
+            entry.has_snapshot = True
+            entry.arrays = None
+        else:
+            if not entry.has_snapshot or report.base_sequence != entry.sequence:
+                raise DeltaGap(f"delta base {report.base_sequence} != latest {entry.sequence}")
+            for name in report.removed:
+                entry.nodes.pop(name, None)
+            for node in report.nodes:
+                entry.nodes[node.name] = node
+        entry.sequence = report.sequence
+        entry.bound = dict(report.bound)
+        entry.excluded_nodes.clear()
+        entry.last_seen = now
+        entry.last_report = now
+        self._refresh_arrays(entry, report)
+        return entry
+
+    def exclude_nodes(self, cluster: str, nodes: Iterable[str]) -> None:
+        """Nodes a rejected dispatch named stay out of placement until the cluster's next report."""
+        entry = self.clusters.get(cluster)
+        if entry is None:
+            return
+        entry.excluded_nodes.update(nodes)
+        if entry.arrays is not None:
+            entry.arrays.set_excluded(entry.excluded_nodes)
+            self.fleet.refresh_summary(cluster)
+
+    # ---------------------------------------------------------------- reservations
+
+    def add_reservation(self, res: Reservation) -> None:
+        self.reservations[res.key] = res
+        self._reapply_overlay(res.cluster)
+
+    def drop_reservation(self, key: AttemptKey) -> None:
+        res = self.reservations.pop(key, None)
+        if res is not None:
+            self._reapply_overlay(res.cluster)
+
+    def pending_replicas(self, cluster: str) -> list[tuple[Reservation, ReservedReplica]]:
+        """Reserved replicas the cluster's latest report does not show bound yet (the overlay's input)."""
+        entry = self.clusters.get(cluster)
+        bound = entry.bound if entry else {}
+        out: list[tuple[Reservation, ReservedReplica]] = []
+        for res in self.reservations.values():
+            if res.cluster != cluster:
+                continue
+            done = bound.get(res.key, frozenset())
+            out.extend((res, r) for r in res.replicas if (r.pod_set, r.index) not in done)
+        return out
+
+    # ---------------------------------------------------------------- views
+
+    def usable(self, now: float) -> list[ClusterEntry]:
+        return [e for e in self.clusters.values() if e.usability(now, self.stale_after_s) is Usability.USABLE]
+
+    def sweep(self, now: float) -> None:
+        """Mark clusters silent past the bound as unusable in the fleet arrays."""
+        for entry in self.clusters.values():
+            usable = entry.usability(now, self.stale_after_s) is Usability.USABLE
+            self.fleet.set_usable(entry.name, usable)
+
+    def _refresh_arrays(self, entry: ClusterEntry, report: InventoryReport) -> None:
+        levels = tuple(l.key for l in entry.meta.levels)
+        arrays = entry.arrays
+        if arrays is None or report.full or not arrays.try_update(report.nodes, report.removed):
+            arrays = ClusterArrays.build(entry.nodes.values(), levels, self.fleet.models)
+            entry.arrays = arrays
+        self.fleet.put(entry.name, arrays)
+        self._reapply_overlay(entry.name)
+        self.fleet.set_usable(entry.name, entry.usability(entry.last_seen, self.stale_after_s) is Usability.USABLE)
+
+    def _reapply_overlay(self, cluster: str) -> None:
+        entry = self.clusters.get(cluster)
+        if entry is None or entry.arrays is None:
+            return
+        entry.arrays.set_pending(self.pending_replicas(cluster))
+        entry.arrays.set_excluded(entry.excluded_nodes)
+        self.fleet.refresh_summary(cluster)

@@ -1,0 +1,188 @@
+"""The broker's one typed configuration object, loaded once in main() from YAML plus CLI flags."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "TlsConfig",
+    "ListenerConfig",
+    "RetryPolicy",
+    "BrokerConfig",
+    "load_config",
+    "build_arg_parser",
+]
+
+MIB = 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsConfig(_Strict):
+    """Server TLS material as file paths (PEM)."""
+
+    cert_file: str | None = None
+    """Server certificate chain (PEM file path); None = plaintext listener."""
+    key_file: str | None = None
+    """Private key of `cert_file` (PEM file path)."""
+    client_ca_file: str | None = None
+    """CA bundle that client certificates must chain to (PEM file path); None = no client certs."""
+    require_client_cert: bool = False
+    """Refuse connections without a valid client certificate (mutual TLS)."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file and self.key_file)
+
+
+class ListenerConfig(_Strict):
+    """One gRPC listener."""
+
+    address: str = "127.0.0.1:50051"
+    """HOST:PORT to bind; port 0 picks a free port (tests)."""
+    tls: TlsConfig = TlsConfig()
+    """TLS settings; plaintext when no certificate is given."""
+    max_message_bytes: int = Field(default=4 * MIB, gt=1024)
+    """Largest request/response message accepted, in bytes (larger ones fail RESOURCE_EXHAUSTED)."""
+
+
+class RetryPolicy(_Strict):
+    """How failed attempts are retried (only infrastructure failures spend the budget)."""
+
+    max_attempts: int = Field(default=5, ge=1)
+    """Attempts per job, the first included, before the job fails for good (count)."""
+    backoff_initial_s: float = Field(default=5.0, ge=0)
+    """Delay before the second attempt, in seconds."""
+    backoff_max_s: float = Field(default=300.0, ge=0)
+    """Upper bound of the exponential backoff, in seconds."""
+    backoff_factor: float = Field(default=2.0, ge=1.0)
+    """Multiplier of the delay per further attempt (dimensionless)."""
+
+    def delay_s(self, attempt: int) -> float:
+        """Backoff before starting attempt number `attempt` (1-based), in seconds."""
+        if attempt <= 1:
+            return 0.0
+        return float(min(self.backoff_max_s, self.backoff_initial_s * self.backoff_factor ** (attempt - 2)))
+
+
+class BrokerConfig(_Strict):
+    """Everything the broker process can be told; every field has a default."""
+
+    tenant_listener: ListenerConfig = ListenerConfig()
+    """JobService listener for launchers (TLS optional, bearer tokens; small messages)."""
+    agent_listener: ListenerConfig = ListenerConfig(address="127.0.0.1:50052", max_message_bytes=64 * MIB)
+    """ClusterService listener for cluster agents (mutual TLS; large messages for inventory)."""
+    agent_insecure: bool = False
+    """Accept agents without mutual TLS, trusting the `x-tandem-cluster` header (development only)."""
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    """Prometheus metrics HTTP port on the tenant host; 0 = metrics server disabled."""
+    db_path: str = "tandem-broker.db"
+    """SQLite database file path."""
+    policy_path: str | None = None
+    """Tenancy policy YAML path (reloaded when its mtime changes); None = no tenants, admins only via agents."""
+    audit_log_path: str | None = None
+    """JSON-lines audit log path; None = audit records go to the `tandem.audit` logger."""
+    cluster_stale_after_s: float = Field(default=30.0, gt=0)
+    """A cluster without heartbeat or report for this long is stale and excluded from placement, in seconds."""
+    lost_after_s: float = Field(default=300.0, gt=0)
+    """Running jobs on a stale cluster become LOST after this further span, in seconds."""
+    gang_start_deadline_s: float = Field(default=600.0, gt=0)
+    """A dispatched gang not fully running by then is torn down and re-planned, in seconds."""
+    dispatch_ack_timeout_s: float = Field(default=30.0, gt=0)
+    """A dispatch without accept/reject by then is treated as rejected, in seconds."""
+    retry: RetryPolicy = RetryPolicy()
+    """Retry policy for failed attempts."""
+    retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """Finished jobs are kept this long before they may be purged, in seconds."""
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    """Heartbeat interval the broker asks agents for, in seconds."""
+    placement_interval_s: float = Field(default=0.05, gt=0)
+    """Idle wait of the placer loop between queue scans when nothing woke it, in seconds."""
+    placement_batch: int = Field(default=64, ge=1)
+    """Most jobs the placer decides per loop step (count)."""
+    candidate_domains: int = Field(default=8, ge=1)
+    """Most candidate domains per cluster the exact gang fit is run on (count)."""
+    grace_period_s: float = Field(default=30.0, ge=0)
+    """Grace given to workloads on cancel or preemption, in seconds."""
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
+    """On SIGTERM, time given to in-flight RPCs before the servers stop, in seconds."""
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> BrokerConfig:
+        if self.lost_after_s < self.cluster_stale_after_s:
+            raise ValueError("lost_after_s must be >= cluster_stale_after_s")
+        return self
+
+
+def build_arg_parser(prog: str = "tandem-broker") -> argparse.ArgumentParser:
+    """CLI flags; each one overrides the config file field it names."""
+    p = argparse.ArgumentParser(prog=prog, description="Tandem broker: the fleet's gRPC hub.")
+    p.add_argument("--config", help="YAML config file (BrokerConfig fields)")
+    p.add_argument("--listen", help="tenant API HOST:PORT (JobService)")
+    p.add_argument("--agent-listen", help="agent API HOST:PORT (ClusterService)")
+    p.add_argument("--db", help="SQLite database path")
+    p.add_argument("--policy", help="tenancy policy YAML path")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port (0 = off)")
+    p.add_argument("--audit-log", help="audit log (JSON lines) path")
+    p.add_argument("--tls-cert", help="tenant listener certificate (PEM)")
+    p.add_argument("--tls-key", help="tenant listener key (PEM)")
+    p.add_argument("--agent-cert", help="agent listener certificate (PEM)")
+    p.add_argument("--agent-key", help="agent listener key (PEM)")
+    p.add_argument("--agent-ca", help="CA that agent client certificates chain to (PEM)")
+    p.add_argument("--agent-insecure", action="store_true", default=None, help="plaintext agent listener (dev only)")
+    return p
+
+
+def _set(tree: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    node = tree
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+_FLAG_PATHS: dict[str, tuple[str, ...]] = {
+    "listen": ("tenant_listener", "address"),
+    "agent_listen": ("agent_listener", "address"),
+    "db": ("db_path",),
+    "policy": ("policy_path",),
+    "metrics_port": ("metrics_port",),
+    "audit_log": ("audit_log_path",),
+    "tls_cert": ("tenant_listener", "tls", "cert_file"),
+    "tls_key": ("tenant_listener", "tls", "key_file"),
+    "agent_cert": ("agent_listener", "tls", "cert_file"),
+    "agent_key": ("agent_listener", "tls", "key_file"),
+    "agent_ca": ("agent_listener", "tls", "client_ca_file"),
+    "agent_insecure": ("agent_insecure",),
+}
+
+
+def load_config(argv: Sequence[str] | None = None) -> BrokerConfig:
+    """Parse flags, read the YAML file they name, overlay the flags, validate."""
+    args = build_arg_parser().parse_args(argv)
+    tree: dict[str, Any] = {}
+    if args.config:
+        loaded = yaml.safe_load(Path(args.config).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError("config file must hold a mapping")
+        tree = loaded
+    for flag, path in _FLAG_PATHS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            _set(tree, path, value)
+    agent = tree.get("agent_listener")
+    if isinstance(agent, dict) and "max_message_bytes" not in agent:
+        agent["max_message_bytes"] = BrokerConfig().agent_listener.max_message_bytes
+    if isinstance(agent, dict) and "address" not in agent:
+        agent["address"] = BrokerConfig().agent_listener.address
+    tls = (tree.get("agent_listener") or {}).get("tls") if isinstance(tree.get("agent_listener"), dict) else None
+    if isinstance(tls, dict) and tls.get("client_ca_file"):
+        tls.setdefault("require_client_cert", True)
+    return BrokerConfig.model_validate(tree)

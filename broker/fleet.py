@@ -1,0 +1,271 @@
+"""The fleet as numpy columns: per-node free GPUs and domains, per-cluster summaries, to prune before exact fit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from placement.model import WHOLE_GPU_MILLI, Node, PodShape
+
+__all__ = ["ModelTable", "ClusterArrays", "Fleet", "DomainCandidate", "PendingLike"]
+
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+BOOL = npt.NDArray[np.bool_]
+_BIG = np.int64(1 << 40)
+
+
+class PendingLike(Protocol):
+    """What the overlay needs of a reserved-but-unbound replica: (reservation with shapes, replica with node)."""
+
+
+class ModelTable:
+    """GPU model name <-> small integer code, shared by every cluster (code 0 = no GPU model)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = [""]
+        self.codes: dict[str, int] = {"": 0}
+
+    def code(self, name: str | None) -> int:
+        key = name or ""
+        got = self.codes.get(key)
+        if got is None:
+            got = len(self.names)
+            self.codes[key] = got
+            self.names.append(key)
+        return got
+
+    def codes_for(self, models: Iterable[str]) -> list[int]:
+        return [self.codes[m] for m in models if m in self.codes]
+
+
+@dataclass(frozen=True, slots=True)
+class DomainCandidate:
+    """A domain whose summed node capacities could hold the gang: rows into the cluster's node arrays."""
+
+    level: int | None
+    path: tuple[str | None, ...]
+    rows: I64
+    leftover_gpus: int
+
+
+class ClusterArrays:
+    """One cluster's nodes as columns; the reservations overlay is kept as separate `pend_*` columns."""
+
+    def __init__(self, nodes: Sequence[Node], levels: tuple[str, ...], models: ModelTable) -> None:
+        self.nodes: list[Node] = list(nodes)
+        self.levels = levels
+        self.models = models
+        n = len(self.nodes)
+        self.row: dict[str, int] = {node.name: i for i, node in enumerate(self.nodes)}
+        self.free_gpu = np.zeros(n, np.int64)
+        self.milli_free = np.zeros(n, np.int64)
+        self.cpu_free = np.zeros(n, np.int64)
+        self.mem_free = np.zeros(n, np.int64)
+        self.pods_free = np.zeros(n, np.int64)
+        self.model = np.zeros(n, np.int32)
+        self.gpu_mem = np.zeros(n, np.int64)
+        self.schedulable = np.zeros(n, np.bool_)
+        self.excluded = np.zeros(n, np.bool_)
+        self.pend_gpu = np.zeros(n, np.int64)
+        self.pend_milli = np.zeros(n, np.int64)
+        self.pend_cpu = np.zeros(n, np.int64)
+        self.pend_mem = np.zeros(n, np.int64)
+        self.pend_pods = np.zeros(n, np.int64)
+        for i, node in enumerate(self.nodes):
+            self._fill(i, node)
+        # Domain ids per level: nodes sharing a path prefix down to that level share an id.
+        self.dom: list[I64] = []
+        self.dom_paths: list[list[tuple[str | None, ...]]] = []
+        for depth in range(1, len(levels) + 1):
+            ids: dict[tuple[Any, ...], int] = {}
+            col = np.zeros(n, np.int64)
+            for i, node in enumerate(self.nodes):
+                path = tuple(node.topology[:depth])
+                # A node missing the label is a domain of its own at that level.
+                key: tuple[Any, ...] = path if path[-1:] != (None,) else path + (("__node__", node.name),)
+                col[i] = ids.setdefault(key, len(ids))
+            self.dom.append(col)
+            paths: list[tuple[str | None, ...]] = [()] * len(ids)
+            for key, idx in ids.items():
+                paths[idx] = tuple(p for p in key if not isinstance(p, tuple))
+            self.dom_paths.append(paths)
+
+    @classmethod
+    def build(cls, nodes: Iterable[Node], levels: tuple[str, ...], models: ModelTable) -> ClusterArrays:
+        return cls(list(nodes), levels, models)
+
+    def _fill(self, i: int, node: Node) -> None:
+        self.free_gpu[i] = node.free_whole_gpus
+        self.milli_free[i] = sum(g.milli_free for g in node.gpus)
+        self.cpu_free[i] = node.cpu_milli_free
+        self.mem_free[i] = node.memory_free
+        self.pods_free[i] = node.pods_free
+        self.model[i] = self.models.code(node.gpu_model)
+        self.gpu_mem[i] = node.gpu_memory_mib
+        self.schedulable[i] = node.ready and not node.cordoned
+
+    def try_update(self, upserts: Sequence[Node], removed: Sequence[str]) -> bool:
+        """Update rows in place; False when the shape changed (new/removed node, moved topology)."""
+        if removed:
+            return False
+        for node in upserts:
+            i = self.row.get(node.name)
+            if i is None or self.nodes[i].topology != node.topology:
+                return False
+        for node in upserts:
+            i = self.row[node.name]
+            self.nodes[i] = node
+            self._fill(i, node)
+        return True
+
+    def set_pending(self, pending: Iterable[tuple[Any, Any]]) -> None:
+        """Overlay: subtract what reserved-but-unbound replicas will take on their nodes."""
+        for col in (self.pend_gpu, self.pend_milli, self.pend_cpu, self.pend_mem, self.pend_pods):
+            col.fill(0)
+        for res, rep in pending:
+            i = self.row.get(rep.node)
+            if i is None:
+                continue
+            shape: PodShape = res.shapes[rep.pod_set]
+            if shape.gpu_milli >= WHOLE_GPU_MILLI:
+                self.pend_gpu[i] += shape.gpus
+            else:
+                self.pend_gpu[i] += shape.gpus  # a shared GPU is no longer free as a whole one
+            self.pend_milli[i] += shape.gpus * shape.gpu_milli
+            self.pend_cpu[i] += shape.cpu_milli
+            self.pend_mem[i] += shape.memory
+            self.pend_pods[i] += 1
+
+    def set_excluded(self, names: Iterable[str]) -> None:
+        self.excluded.fill(False)
+        for name in names:
+            i = self.row.get(name)
+            if i is not None:
+                self.excluded[i] = True
+
+    @property
+    def usable(self) -> BOOL:
+        return self.schedulable & ~self.excluded
+
+    def eff_free_gpu(self) -> I64:
+        return np.where(self.usable, np.maximum(self.free_gpu - self.pend_gpu, 0), 0)
+
+    def capacity(self, shape: PodShape) -> I64:
+        """Replicas of `shape` each node could hold: exact for whole GPUs/CPU/memory, an upper bound otherwise."""
+        n = len(self.nodes)
+        cap = np.where(self.usable, np.maximum(self.pods_free - self.pend_pods, 0), 0)
+        if shape.cpu_milli > 0:
+            cap = np.minimum(cap, np.maximum(self.cpu_free - self.pend_cpu, 0) // shape.cpu_milli)
+        if shape.memory > 0:
+            cap = np.minimum(cap, np.maximum(self.mem_free - self.pend_mem, 0) // shape.memory)
+        if shape.gpus > 0:
+            if shape.gpu_milli >= WHOLE_GPU_MILLI:
+                cap = np.minimum(cap, self.eff_free_gpu() // shape.gpus)
+            else:
+                free = np.maximum(self.milli_free - self.pend_milli, 0)
+                cap = np.minimum(cap, free // max(shape.gpus * shape.gpu_milli, 1))
+        if shape.wants_gpu:
+            if shape.gpu_models:
+                cap = np.where(np.isin(self.model, self.models.codes_for(shape.gpu_models)), cap, 0)
+            elif shape.gpus > 0 or shape.mig_count > 0:
+                cap = np.where(self.model > 0, cap, 0)
+            if shape.min_gpu_memory_mib > 0:
+                cap = np.where(self.gpu_mem >= shape.min_gpu_memory_mib, cap, 0)
+        return cap if len(cap) == n else np.zeros(n, np.int64)
+
+    def summary(self, n_models: int) -> tuple[I64, I64]:
+        """Per model code: the most free whole GPUs on one node, and the total free."""
+        free = self.eff_free_gpu()
+        mx = np.zeros(n_models, np.int64)
+        tot = np.zeros(n_models, np.int64)
+        if len(free):
+            np.maximum.at(mx, self.model, free)
+            np.add.at(tot, self.model, free)
+        return mx, tot
+
+    def candidate_domains(
+        self, demands: Sequence[tuple[PodShape, int]], level: int | None, limit: int
+    ) -> list[DomainCandidate]:
+        """Domains (of `level`, or the whole cluster) whose capacities cover every pod set's count, best fit first."""
+        n = len(self.nodes)
+        if n == 0:
+            return []
+        total_gpus = sum(shape.gpus * count for shape, count in demands if shape.gpu_milli >= WHOLE_GPU_MILLI)
+        ids = self.dom[level] if level is not None else np.zeros(n, np.int64)
+        ndom = int(ids.max()) + 1 if level is not None else 1
+        ok = np.ones(ndom, np.bool_)
+        for shape, count in demands:
+            sums = np.bincount(ids, weights=self.capacity(shape), minlength=ndom)
+            ok &= sums >= count
+        free = np.bincount(ids, weights=self.eff_free_gpu(), minlength=ndom)
+        ok &= free >= total_gpus
+        doms = np.flatnonzero(ok)
+        if len(doms) == 0:
+            return []
+        leftover = free[doms] - total_gpus
+        order = doms[np.argsort(leftover, kind="stable")][:limit]
+        out = []
+        for d in order:
+            rows = np.flatnonzero(ids == d)
+            path = self.dom_paths[level][int(d)] if level is not None else ()
+            out.append(DomainCandidate(level, path, rows, int(free[d] - total_gpus)))
+        return out
+
+
+class Fleet:
+    """Every cluster's arrays plus a (clusters x models) summary matrix for fleet-wide pruning."""
+
+    def __init__(self) -> None:
+        self.models = ModelTable()
+        self.clusters: dict[str, ClusterArrays] = {}
+        self._usable: dict[str, bool] = {}
+        self._summ: dict[str, tuple[I64, I64]] = {}
+        self._matrix: tuple[list[str], I64, I64, BOOL] | None = None
+
+    def put(self, cluster: str, arrays: ClusterArrays) -> None:
+        self.clusters[cluster] = arrays
+        self.refresh_summary(cluster)
+
+    def set_usable(self, cluster: str, usable: bool) -> None:
+        if self._usable.get(cluster) != usable:
+            self._usable[cluster] = usable
+            self._matrix = None
+
+    def refresh_summary(self, cluster: str) -> None:
+        arrays = self.clusters.get(cluster)
+        if arrays is not None:
+            self._summ[cluster] = arrays.summary(len(self.models.names))
+            self._matrix = None
+
+    def _build_matrix(self) -> tuple[list[str], I64, I64, BOOL]:
+        if self._matrix is None:
+            names = sorted(self.clusters)
+            m = len(self.models.names)
+            mx = np.zeros((len(names), m), np.int64)
+            tot = np.zeros((len(names), m), np.int64)
+            for i, name in enumerate(names):
+                a, b = self._summ.get(name, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+                mx[i, : len(a)] = a
+                tot[i, : len(b)] = b
+            usable = np.array([self._usable.get(n, False) for n in names], np.bool_)
+            self._matrix = (names, mx, tot, usable)
+        return self._matrix
+
+    def prune(self, demands: Sequence[tuple[PodShape, int]]) -> list[str]:
+        """Usable clusters whose summaries do not rule the demand out (whole-GPU shapes only are pruned)."""
+        names, mx, tot, usable = self._build_matrix()
+        keep = usable.copy()
+        for shape, count in demands:
+            if shape.gpus == 0 or shape.gpu_milli < WHOLE_GPU_MILLI:
+                continue
+            codes = self.models.codes_for(shape.gpu_models) if shape.gpu_models else list(range(1, mx.shape[1]))
+            if not codes:
+                return []
+            keep &= mx[:, codes].max(axis=1) >= shape.gpus
+            keep &= tot[:, codes].sum(axis=1) >= shape.gpus * count
+        return [names[i] for i in np.flatnonzero(keep)]
