@@ -1,0 +1,205 @@
+"""The ``Store`` interface the broker's services, placer and dispatcher code against (SQLite today, PostgreSQL later).
+
+Contract (every backend, checked by the shared test suite):
+
+* **Acknowledge after commit.** Every mutating coroutine returns only after
+  its transaction committed durably. Concurrent calls are group-committed:
+  one transaction for a batch; if that transaction fails, every member gets
+  ``errors.BatchFailed`` (UNAVAILABLE, retryable) and nothing of it is kept.
+  A member's own logical error (stale CAS, idempotency conflict) fails only
+  that member.
+* **Idempotent submit.** ``(tenant, idempotency_key)`` is unique. Same key and
+  same fingerprint → the original job (``created=False``); same key, other
+  fingerprint → ``errors.IdempotencyConflict`` (ALREADY_EXISTS). Keys live as
+  long as their job (retention deletes both).
+* **Outbox.** Each state change writes its watch event (next store revision)
+  and its dispatch orders in the same transaction.
+* **Compare-and-set.** ``transition`` applies only if the job is still in
+  ``(expect_state, expect_attempt)``; otherwise ``errors.StaleTransition``
+  (ABORTED). Edges outside ``states.TRANSITIONS`` raise
+  ``errors.InvalidTransition``.
+* **Watch.** ``watch_events(r)`` returns events with revision > r in order;
+  ``r`` below the compaction revision raises ``errors.RevisionCompacted``
+  (OUT_OF_RANGE).
+* **Pagination.** Keyset by arrival (``JobRecord.seq``); page tokens are
+  opaque and signed: a tampered or foreign token raises
+  ``errors.InvalidPageToken`` (INVALID_ARGUMENT).
+* **Tenancy.** Methods taking ``tenant`` treat another tenant's job as not
+  found (``errors.JobNotFound``), never as forbidden.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from broker.lifecycle import Event, Reaction, RetryPolicy
+from broker.records import (
+    AttemptRecord,
+    CompactionResult,
+    DispatchOrder,
+    JobFilter,
+    JobPage,
+    JobRecord,
+    NewJob,
+    Reservation,
+    SubmitResult,
+    Transition,
+    WatchEvent,
+)
+
+__all__ = ["Store", "StoreOptions", "Clock", "IdGen", "Decide"]
+
+Clock = Callable[[], float]
+"""Seconds since the epoch."""
+IdGen = Callable[[], str]
+"""New job id: a DNS-1035 label of at most 40 characters."""
+Decide = Callable[[JobRecord, AttemptRecord | None], Transition | None]
+"""Read-decide-write callback run inside the write transaction (must be pure and fast)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """Store tuning; every field has a default."""
+
+    max_batch: int = 512
+    """Most requests committed in one group-commit transaction (1 = one transaction per request)."""
+    retry: RetryPolicy = RetryPolicy()
+    """Retry budget and back-off that ``apply_event`` uses."""
+    max_page_size: int = 1000
+    """Largest ListJobs page (jobs)."""
+    default_page_size: int = 100
+    """Page size when the caller passes 0 (jobs)."""
+    max_watch_batch: int = 1000
+    """Most events one ``watch_events`` call returns."""
+
+
+class Store(abc.ABC):
+    """Durable jobs, attempts/reservations, watch events and dispatch outbox. All methods are coroutines."""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Open (create / migrate the schema); idempotent."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Finish queued requests, then close. Later calls raise StoreUnavailable."""
+
+    async def __aenter__(self) -> "Store":
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- submission --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def submit(self, job: NewJob) -> SubmitResult:
+        """Write a QUEUED job (with its SUBMITTED event) durably; idempotent per (tenant, key)."""
+
+    @abc.abstractmethod
+    async def submit_all(self, jobs: Sequence[NewJob]) -> list[SubmitResult]:
+        """Submit several jobs atomically (all or none), e.g. one SubmitJobs call of a job set."""
+
+    # -- reads -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def get_job(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
+        """The job; JobNotFound if unknown or (when ``tenant`` is given) another tenant's."""
+
+    @abc.abstractmethod
+    async def list_attempts(self, job_id: str) -> list[AttemptRecord]:
+        """Attempts of a job, oldest first."""
+
+    @abc.abstractmethod
+    async def job_history(self, job_id: str) -> list[WatchEvent]:
+        """The job's events (state transitions), oldest first."""
+
+    @abc.abstractmethod
+    async def list_jobs(self, flt: JobFilter, *, page_size: int = 0, page_token: str = "") -> JobPage:
+        """Jobs matching ``flt`` in arrival order, one page; pass ``next_page_token`` back with the same filter."""
+
+    @abc.abstractmethod
+    async def active_jobs(self) -> list[JobRecord]:
+        """Every non-terminal job in arrival order (the queue and placer rebuild from this after a restart)."""
+
+    @abc.abstractmethod
+    async def active_attempts(self) -> list[AttemptRecord]:
+        """The current, open attempt of every non-terminal job that has one."""
+
+    @abc.abstractmethod
+    async def active_reservations(self) -> list[Reservation]:
+        """Reservations of open attempts (the overlay reloads these after a restart)."""
+
+    # -- state changes -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def transition(self, t: Transition) -> JobRecord:
+        """Compare-and-set transition with its attempt changes, event and orders; returns the new job."""
+
+    @abc.abstractmethod
+    async def mutate(self, job_id: str, decide: Decide) -> JobRecord:
+        """Atomically read the job (+ current attempt), call ``decide``, apply its Transition (None = no change)."""
+
+    @abc.abstractmethod
+    async def apply_event(self, event: Event) -> tuple[JobRecord, Reaction]:
+        """Run ``lifecycle.react`` on the event inside the transaction and apply the reaction.
+
+        Stale or no-op events are not errors: the Reaction says why they were ignored.
+        """
+
+    @abc.abstractmethod
+    async def cancel_job(
+        self, job_id: str, *, tenant: str | None, actor: str, message: str = "", grace_s: float = 30.0
+    ) -> JobRecord:
+        """Cancel: QUEUED/RESERVED → CANCELLED now; started ones → CANCELLING with a CANCEL order.
+
+        Idempotent on CANCELLING/CANCELLED; JobFinished for SUCCEEDED/FAILED.
+        """
+
+    @abc.abstractmethod
+    async def cancel_job_set(
+        self, tenant: str, job_set: str, *, actor: str, message: str = "", grace_s: float = 30.0
+    ) -> list[JobRecord]:
+        """Cancel every non-terminal job of the tenant's job set in one transaction; returns those changed."""
+
+    # -- outbox ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def pending_orders(self, cluster: str, *, after: int = 0, limit: int = 1000) -> list[DispatchOrder]:
+        """Undelivered orders for a cluster with order_id > ``after``, in order."""
+
+    @abc.abstractmethod
+    async def ack_orders(self, cluster: str, order_ids: Sequence[int]) -> int:
+        """Mark orders delivered; returns how many changed."""
+
+    # -- watch & retention -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def current_revision(self) -> int:
+        """Latest committed revision (0 for an empty store)."""
+
+    @abc.abstractmethod
+    async def watch_events(
+        self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
+    ) -> list[WatchEvent]:
+        """Committed events with revision > ``from_revision`` (optionally one tenant / job set), oldest first."""
+
+    @abc.abstractmethod
+    async def wait_for_revision(self, after: int, timeout_s: float) -> int:
+        """Wait until a revision > ``after`` is committed or the timeout passes; returns the current revision."""
+
+    @abc.abstractmethod
+    async def compact(self, *, finished_before: float) -> CompactionResult:
+        """Delete terminal jobs that ended before ``finished_before`` with their attempts, orders, events and keys."""
+
+    @abc.abstractmethod
+    async def compacted_revision(self) -> int:
+        """Revisions at or below this may be gone; watching from below it raises RevisionCompacted."""
