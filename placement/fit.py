@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from placement import mig
 from placement.dra import DraEvaluator, device_slices
 from placement.errors import CapacityError
-from placement.model import WHOLE_GPU_MILLI, DraDevice, Gpu, MigInstance, Node, PodShape
+from placement.model import WHOLE_GPU_MILLI, DraDevice, Gpu, LabelRequirement, MigInstance, Node, PodShape
 from placement.reasons import Reason
+
+NODE_NAME_FIELD = "metadata.name"  # same key podspec uses for matchFields
 
 __all__ = ["Fit", "Allocation", "capacity", "allocate", "release", "node_admits", "UNBOUNDED"]
 
@@ -71,9 +73,21 @@ def node_admits(node: Node, shape: PodShape) -> Fit | None:
     for key, value in shape.node_selector:
         if labels.get(key) != value:
             return _refuse(Reason.NODE_SELECTOR_MISMATCH, node=node.name, detail=f"{key}={value}")
-    if shape.affinity and not any(all(r.matches(labels) for r in term) for term in shape.affinity):
+    if shape.affinity and not any(all(_requirement_ok(r, node) for r in term) for term in shape.affinity):
         return _refuse(Reason.NODE_SELECTOR_MISMATCH, node=node.name, detail="required node affinity")
+    if shape.gpu_models:
+        model = node.gpu_model
+        if model is None:
+            return _refuse(Reason.NO_GPU, node=node.name)
+        if model not in shape.gpu_models:
+            return _refuse(Reason.GPU_MODEL_MISMATCH, node=node.name, have=model, want="|".join(sorted(shape.gpu_models)))
     return None
+
+
+def _requirement_ok(req: LabelRequirement, node: Node) -> bool:
+    if req.key == NODE_NAME_FIELD:  # matchFields on metadata.name
+        return req.matches({NODE_NAME_FIELD: node.name})
+    return req.matches(node.labels)
 
 
 def _eligible_gpus(node: Node, shape: PodShape) -> list[Gpu] | Fit:
