@@ -1,0 +1,135 @@
+"""The extender's one typed configuration object, loaded once in main() and passed explicitly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["ExtenderConfig", "TopologyConfig", "load_config", "DEFAULT_DEVICE_CLASS_SELECTORS"]
+
+DEFAULT_DEVICE_CLASS_SELECTORS: dict[str, list[str]] = {
+    "gpu.nvidia.com": [
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+    ],
+    "mig.nvidia.com": [
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
+    ],
+}
+"""The DeviceClasses the NVIDIA DRA driver's Helm chart installs (used only when the cluster has none of that name)."""
+
+
+class TopologyConfig(BaseModel):
+    """Node label keys that define topology levels, broad to narrow (Kueue/Volcano style)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    zone: str = "topology.kubernetes.io/zone"
+    """Zone label key."""
+    block: str = "network.example.com/block"
+    """Network block (spine) label key; differs per site."""
+    rack: str = "network.example.com/rack"
+    """Rack label key; differs per site."""
+    clique: str = "nvidia.com/gpu.clique"
+    """Multi-node NVLink domain label key (set by GFD on fabric-attached GPUs only)."""
+    hostname: str = "kubernetes.io/hostname"
+    """Node hostname label key (the narrowest level)."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Level keys in order, broad to narrow."""
+        return (self.zone, self.block, self.rack, self.clique, self.hostname)
+
+
+class ExtenderConfig(BaseModel):
+    """Everything the extender process can be told; every field has a default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: str = "127.0.0.1:8888"
+    """HOST:PORT the extender HTTP server binds (the scheduler sidecar talks over loopback)."""
+    url_prefix: str = "/tandem"
+    """Path prefix of the extender verbs, as `urlPrefix` in KubeSchedulerConfiguration."""
+    filter_verb: str = "filter"
+    """Path (under url_prefix) of the filter verb (`filterVerb`)."""
+    prioritize_verb: str = "prioritize"
+    """Path (under url_prefix) of the prioritize verb (`prioritizeVerb`)."""
+    preempt_verb: str = "preempt"
+    """Path (under url_prefix) of the preempt verb (`preemptVerb`)."""
+    scheduler_name: str = "tandem-scheduler"
+    """schedulerName of the dedicated kube-scheduler (the webhook sets it on GPU pods)."""
+    topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    """Topology level label keys."""
+    webhook_namespaces: list[str] = Field(default_factory=list)
+    """Namespaces whose GPU pods the mutating webhook routes to the scheduler (empty = all)."""
+    tls_cert_file: Path | None = None
+    """PEM certificate for HTTPS (None = plain HTTP, fine on loopback)."""
+    tls_key_file: Path | None = None
+    """PEM private key matching tls_cert_file."""
+    max_body_bytes: int = 64 * 1024 * 1024
+    """Largest request body accepted, in bytes (NodeList mode at 5,000 nodes is ~15 MiB)."""
+    gang_job_label: str = "tandem.dev/job"
+    """Pod label naming the gang (job) a pod belongs to."""
+    gang_attempt_label: str = "tandem.dev/attempt"
+    """Pod label naming the gang attempt."""
+    reservation_label: str = "tandem.dev/reservation"
+    """Label marking reservation ConfigMaps."""
+    reservation_namespace: str = "tandem-system"
+    """Namespace where the agent writes reservation ConfigMaps."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """Extended resource of whole GPUs (device plugin)."""
+    mig_resource_prefix: str = "nvidia.com/mig-"
+    """Prefix of MIG extended resources (device plugin mixed strategy)."""
+    gpu_share_resource: str = "tandem.dev/gpu-milli"
+    """Extended resource for a fractional share of ONE GPU, in thousandths of a GPU (500 = half)."""
+    dra_driver: str = "gpu.nvidia.com"
+    """DRA driver whose ResourceSlices describe GPUs."""
+    fallback_device_classes: dict[str, list[str]] = Field(
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_DEVICE_CLASS_SELECTORS.items()}
+    )
+    """CEL selectors of device classes assumed when the cluster has no DeviceClass of that name."""
+    verdict_cache_size: int = 256
+    """Per-shape verdicts kept for the current inventory version (entries)."""
+    log_level: str = "INFO"
+    """Python logging level name."""
+
+    @field_validator("url_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        v = v.rstrip("/")
+        return v if not v or v.startswith("/") else "/" + v
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError("listen must be HOST:PORT")
+        return v
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    def verb_path(self, verb: str) -> str:
+        """Full URL path of one verb."""
+        return f"{self.url_prefix}/{verb.strip('/')}"
+
+
+def load_config(path: Path | None, **overrides: Any) -> ExtenderConfig:
+    """Read a YAML/JSON config file (optional) and apply command-line overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None:
+            if not isinstance(loaded, dict):
+                raise ValueError(f"config file {path} must hold a mapping")
+            data.update(loaded)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return ExtenderConfig.model_validate(data)

@@ -1,0 +1,206 @@
+"""filter, prioritize and preempt as functions of (inventory snapshot, decoded request) -> reply bytes.
+
+No I/O, no clock, no logging: the app times, logs and counts what these return.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from extender.errors import BadRequest, NotSynced
+from extender.inventory import Inventory
+from extender.nodefit import Query
+from extender.podreq import gang_of, shape_from_pod
+from extender.protocol import (
+    ExtenderArgs,
+    PreemptionArgs,
+    VictimSet,
+    encode_filter_result,
+    encode_preemption_result,
+    encode_priorities,
+    host_prefix,
+)
+from extender.snapshot import Snapshot
+from placement.model import DraRequest
+
+__all__ = ["Decision", "query_for", "decide_filter", "decide_prioritize", "decide_preempt"]
+
+UNKNOWN_NODE = "UnknownNode"
+
+
+@dataclass(slots=True)
+class Decision:
+    """A reply body plus what it decided, for metrics and logs (reason code -> node count)."""
+
+    body: bytes
+    passed: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    note: str = ""
+
+
+def _claim_requests(pod: dict[str, Any], inv: Inventory) -> tuple[tuple[DraRequest, ...], frozenset[str] | None]:
+    """DRA requests of the pod's claims, and the nodes allowed by claims already allocated."""
+    spec = pod["spec"]
+    refs = spec.get("resourceClaims") or []
+    if not refs:
+        return (), None
+    ns = str(pod["metadata"].get("namespace") or "default")
+    statuses = {s.get("name"): s.get("resourceClaimName")
+                for s in ((pod.get("status") or {}).get("resourceClaimStatuses") or []) if isinstance(s, dict)}
+    out: list[DraRequest] = []
+    allowed: frozenset[str] | None = None
+    for ref in refs:
+        if not isinstance(ref, dict):
+            raise BadRequest("Pod.spec.resourceClaims entries must be objects")
+        name = ref.get("resourceClaimName") or statuses.get(ref.get("name"))
+        if not name:
+            if ref.get("resourceClaimTemplateName"):
+                raise BadRequest(f"claim {ref.get('name')!r} from template {ref['resourceClaimTemplateName']!r} "
+                                 "is not created yet (pod.status.resourceClaimStatuses has no name)")
+            raise BadRequest(f"resourceClaims entry {ref.get('name')!r} names no claim")
+        claim = inv.claim(ns, name)
+        if claim is None:
+            raise BadRequest(f"ResourceClaim {ns}/{name} is not in the inventory")
+        status = claim.get("status") or {}
+        alloc = status.get("allocation")
+        if alloc:
+            nodes: set[str] = set()
+            for term in ((alloc.get("nodeSelector") or {}).get("nodeSelectorTerms") or []):
+                for mf in term.get("matchFields") or []:
+                    if mf.get("key") == "metadata.name" and mf.get("operator") == "In":
+                        nodes.update(str(v) for v in mf.get("values") or [])
+            if nodes:
+                allowed = frozenset(nodes) if allowed is None else allowed & nodes
+            continue
+        for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            exact = r.get("exactly")
+            if exact is None and r.get("firstAvailable"):
+                exact = r["firstAvailable"][0]  # the preferred alternative only (see gaps)
+            if not isinstance(exact, dict):
+                raise BadRequest(f"ResourceClaim {ns}/{name} request {r.get('name')!r} is not understood")
+            sels = tuple(str((s.get("cel") or {}).get("expression", "true")) for s in exact.get("selectors") or [])
+            mode = exact.get("allocationMode", "ExactCount")
+            count = 0 if mode == "All" else int(exact.get("count", 1))
+            out.append(DraRequest(str(exact.get("deviceClassName", "")), sels, count))
+    return tuple(out), allowed
+
+
+def query_for(pod: dict[str, Any], inv: Inventory) -> Query:
+    """The cache key and question of a pod: its shape, gang identity and pinning."""
+    reqs, claim_nodes = _claim_requests(pod, inv)
+    shape = shape_from_pod(pod, inv.config, reqs)
+    gang = gang_of(pod, inv.config)
+    return Query(
+        shape=shape,
+        gang=None if gang is None else (gang.job, gang.attempt),
+        pinned=None if gang is None else gang.node,
+        claim_nodes=claim_nodes,
+    )
+
+
+def _require_ready(inv: Inventory) -> Snapshot:
+    if not inv.ready:
+        raise NotSynced("the extender's inventory has not finished its first sync")
+    return inv.snapshot()
+
+
+def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
+    """ExtenderFilterResult: the candidates that fit, the others with a reason each."""
+    snap = _require_ready(inv)
+    q = query_for(args.pod, inv)
+    sv = snap.verdict(q)
+    names = args.node_names
+    pos = snap.positions(names)
+    known = pos >= 0
+    if len(names) and not known.any():
+        raise BadRequest(f"none of the {len(names)} candidate nodes is in the extender's inventory")
+    ok = sv.ok[pos] & known
+    passed_at = np.flatnonzero(ok)
+    nj = snap.name_json
+    if args.nodes is None:
+        passed_names: list[bytes] | None = [nj[i] for i in pos[passed_at].tolist()]
+        passed_nodes = None
+    else:
+        passed_names = None
+        nodes = args.nodes
+        passed_nodes = [nodes[j] for j in passed_at.tolist()]
+    failed: list[tuple[bytes, bytes]] = []
+    unres: list[tuple[bytes, bytes]] = []
+    reasons: Counter[str] = Counter()
+    if len(passed_at) < len(names):
+        verdicts = sv.verdicts
+        for j in np.flatnonzero(~ok).tolist():
+            i = int(pos[j])
+            if i < 0:
+                unres.append((orjson.dumps(names[j]),
+                              orjson.dumps(f"node {names[j]} is not in the extender's inventory")))
+                reasons[UNKNOWN_NODE] += 1
+                continue
+            v = verdicts[i]
+            (unres if v.unresolvable else failed).append((nj[i], sv.message_json(i)))
+            reasons[v.reason.code if v.reason is not None else "?"] += 1
+    body = encode_filter_result(passed_names=passed_names, passed_nodes=passed_nodes, failed=failed,
+                                unresolvable=unres)
+    return Decision(body, len(passed_at), reasons)
+
+
+def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
+    """HostPriorityList for the candidates (0..10; 0 for nodes that do not fit or are unknown)."""
+    snap = _require_ready(inv)
+    q = query_for(args.pod, inv)
+    scores = snap.scores(q)
+    pos = snap.positions(args.node_names)
+    known = pos >= 0
+    hp = snap.host_prefix
+    if known.all():
+        prefixes = [hp[i] for i in pos.tolist()]
+        sc = scores[pos].tolist()
+    else:
+        prefixes = [hp[i] if i >= 0 else host_prefix(n) for i, n in zip(pos.tolist(), args.node_names)]
+        sc = np.where(known, scores[pos], 0).tolist()
+    return Decision(encode_priorities(prefixes, sc), int(known.sum()))
+
+
+def _is_gang_member(inv: Inventory, uid: str, full: dict[str, dict[str, Any]]) -> bool:
+    pod = inv.pod_by_uid(uid) or full.get(uid)
+    if pod is None:
+        return False
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    phase = (pod.get("status") or {}).get("phase")
+    bound = bool((pod.get("spec") or {}).get("nodeName"))
+    return inv.config.gang_job_label in labels and bound and phase not in ("Succeeded", "Failed")
+
+
+def decide_preempt(inv: Inventory, args: PreemptionArgs) -> Decision:
+    """Keep a node only if its victims spare every running gang member and removing them makes the
+    preemptor fit; every node kept keeps at least one victim."""
+    snap = _require_ready(inv)
+    q = query_for(args.pod, inv)
+    kept: dict[str, VictimSet] = {}
+    reasons: Counter[str] = Counter()
+    for node, victims in args.victims.items():
+        if not victims.uids:
+            reasons["NoVictims"] += 1
+            continue
+        if snap.facts_by_name(node) is None:
+            reasons[UNKNOWN_NODE] += 1
+            continue
+        full = {str((p.get("metadata") or {}).get("uid")): p for p in victims.pods}
+        if any(_is_gang_member(inv, u, full) for u in victims.uids):
+            reasons["VictimIsGangMember"] += 1
+            continue
+        after = inv.facts_for(node, without=frozenset(victims.uids))
+        if after is None:
+            reasons[UNKNOWN_NODE] += 1
+            continue
+        v = snap.check_one(after, q)
+        if not v.ok:
+            reasons[v.reason.code if v.reason is not None else "?"] += 1
+            continue
+        kept[node] = victims
+    return Decision(encode_preemption_result(kept), len(kept), reasons)

@@ -1,0 +1,287 @@
+"""The cluster's GPU inventory, fed by the watcher (or a file), served as versioned snapshots.
+
+The watcher calls `replace(kind, objects)` after each full list and `apply(kind, event, obj)` for
+each watch event. Changes only mark the affected nodes dirty; `snapshot()` rebuilds the facts of
+dirty nodes and the per-version index once, so a request does O(candidate nodes) lookups.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from extender.config import ExtenderConfig
+from extender.errors import InventoryError
+from extender.facts import DeviceKey, NodeFacts, build_facts, parse_slice_devices
+from extender.podreq import PodRecord, pod_record
+from extender.reservations import Reservation, parse_reservation
+from extender.snapshot import Snapshot
+from placement.model import DraDevice
+
+__all__ = ["Inventory", "KINDS", "normalise_kind"]
+
+log = logging.getLogger("tandem.extender.inventory")
+
+KINDS = ("Node", "Pod", "ResourceSlice", "ResourceClaim", "DeviceClass", "ConfigMap")
+"""Kinds the inventory understands; ConfigMaps are reservation ConfigMaps."""
+
+_ALIASES = {k.lower(): k for k in KINDS} | {k.lower() + "s": k for k in KINDS} | {"resourceclaims": "ResourceClaim"}
+
+
+def normalise_kind(kind: str) -> str:
+    """'nodes', 'Node', 'node' -> 'Node' (raises InventoryError on anything else)."""
+    k = _ALIASES.get(kind.lower())
+    if k is None:
+        raise InventoryError(f"unknown kind {kind!r}")
+    return k
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+class Inventory:
+    """Raw objects by kind, derived per-node facts, and a snapshot per version.
+
+    Thread-safe for one writer and many readers (the watcher and the app share an event loop in
+    practice; the lock only guards the file-mode reload and tests that use threads).
+    """
+
+    def __init__(self, config: ExtenderConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._objs: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in KINDS}
+        self._synced: set[str] = set()
+        self._records: dict[tuple[str, str], PodRecord] = {}
+        self._pods_on: dict[str, dict[tuple[str, str], PodRecord]] = {}
+        self._pods_by_uid: dict[str, dict[str, Any]] = {}
+        self._devices_on: dict[str, dict[tuple[str, str], list[DraDevice]]] = {}
+        self._reservations: dict[tuple[str, str], Reservation] = {}
+        self._facts: dict[str, NodeFacts] = {}
+        self._dirty: set[str] = set()
+        self._all_dirty = True
+        self._version = 0
+        self._snapshot: Snapshot | None = None
+        self.last_change = clock()
+        self.errors: list[str] = []
+
+    # ------------------------------------------------------------------ readiness
+
+    @property
+    def synced(self) -> bool:
+        """Every watched kind has had its first full list."""
+        return all(k in self._synced for k in KINDS if k != "ConfigMap")
+
+    @property
+    def reservations_loaded(self) -> bool:
+        return "ConfigMap" in self._synced
+
+    @property
+    def ready(self) -> bool:
+        """Decisions can be trusted: first full sync done and reservations loaded."""
+        return self.synced and self.reservations_loaded
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # ------------------------------------------------------------------ feeding
+
+    def replace(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
+        """A full list of one kind: replaces every object of that kind and marks it synced."""
+        kind = normalise_kind(kind)
+        with self._lock:
+            for obj in list(self._objs[kind].values()):
+                self._remove(kind, obj)
+            for obj in objects:
+                self._put(kind, obj)
+            self._synced.add(kind)
+            self._touch()
+
+    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        """One watch event: ADDED, MODIFIED or DELETED (BOOKMARK and others are ignored)."""
+        kind = normalise_kind(kind)
+        ev = event_type.upper()
+        if ev not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        with self._lock:
+            old = self._objs[kind].get(_key(obj))
+            if old is not None:
+                self._remove(kind, old)
+            if ev != "DELETED":
+                self._put(kind, obj)
+            self._touch()
+
+    def load_list(self, list_obj: dict[str, Any]) -> None:
+        """File mode: a `kubectl get ... -o json` List; every kind counts as synced afterwards."""
+        by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
+        items = list_obj.get("items") if list_obj.get("kind", "List").endswith("List") else [list_obj]
+        for obj in items or []:
+            kind = obj.get("kind")
+            if not isinstance(kind, str):
+                continue
+            try:
+                k = normalise_kind(kind)
+            except InventoryError:
+                continue
+            if k == "ConfigMap" and not self._is_reservation(obj):
+                continue
+            by_kind[k].append(obj)
+        for k, objs in by_kind.items():
+            self.replace(k, objs)
+
+    def _is_reservation(self, cm: dict[str, Any]) -> bool:
+        meta = cm.get("metadata") or {}
+        return (meta.get("namespace") == self.config.reservation_namespace
+                and self.config.reservation_label in (meta.get("labels") or {}))
+
+    def _touch(self) -> None:
+        self._version += 1
+        self.last_change = self._clock()
+
+    def _put(self, kind: str, obj: dict[str, Any]) -> None:
+        key = _key(obj)
+        if kind == "ConfigMap":
+            if not self._is_reservation(obj):
+                return
+            try:
+                res = parse_reservation(obj)
+            except InventoryError as e:
+                self._error(str(e))
+                return
+            self._reservations[key] = res
+            self._dirty.update(res.nodes)
+        elif kind == "Node":
+            self._dirty.add(key[1])
+        elif kind == "Pod":
+            uid = (obj.get("metadata") or {}).get("uid")
+            if isinstance(uid, str):
+                self._pods_by_uid[uid] = obj
+            rec = pod_record(obj, self.config)
+            if rec is not None:
+                self._records[key] = rec
+                self._pods_on.setdefault(rec.node, {})[key] = rec
+                self._dirty.add(rec.node)
+        elif kind == "ResourceSlice":
+            node, devices = parse_slice_devices(obj)
+            self._devices_on.setdefault(node, {})[key] = devices
+            self._dirty.add(node)
+        elif kind in ("ResourceClaim", "DeviceClass"):
+            self._all_dra_dirty()
+        self._objs[kind][key] = obj
+
+    def _remove(self, kind: str, obj: dict[str, Any]) -> None:
+        key = _key(obj)
+        self._objs[kind].pop(key, None)
+        if kind == "ConfigMap":
+            res = self._reservations.pop(key, None)
+            if res is not None:
+                self._dirty.update(res.nodes)
+        elif kind == "Node":
+            self._dirty.add(key[1])
+        elif kind == "Pod":
+            uid = (obj.get("metadata") or {}).get("uid")
+            if isinstance(uid, str):
+                self._pods_by_uid.pop(uid, None)
+            rec = self._records.pop(key, None)
+            if rec is not None:
+                self._pods_on.get(rec.node, {}).pop(key, None)
+                self._dirty.add(rec.node)
+        elif kind == "ResourceSlice":
+            for node, slices in self._devices_on.items():
+                if slices.pop(key, None) is not None:
+                    self._dirty.add(node)
+        elif kind in ("ResourceClaim", "DeviceClass"):
+            self._all_dra_dirty()
+
+    def _all_dra_dirty(self) -> None:
+        self._dirty.update(n for n, s in self._devices_on.items() if s)
+
+    def _error(self, message: str) -> None:
+        log.warning("inventory object skipped", extra={"detail": message})
+        self.errors = (self.errors + [message])[-20:]
+
+    # ------------------------------------------------------------------ lookups
+
+    def pod_by_uid(self, uid: str) -> dict[str, Any] | None:
+        return self._pods_by_uid.get(uid)
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._objs["ResourceClaim"].get((namespace, name))
+
+    def device_classes(self) -> dict[str, tuple[str, ...]]:
+        """DeviceClass name -> CEL selectors; the config's fallbacks fill in missing classes."""
+        out = {k: tuple(v) for k, v in self.config.fallback_device_classes.items()}
+        for (_, name), dc in self._objs["DeviceClass"].items():
+            sels = ((dc.get("spec") or {}).get("selectors")) or []
+            out[name] = tuple(str((s.get("cel") or {}).get("expression", "true")) for s in sels)
+        return out
+
+    def objects(self, kind: str) -> list[dict[str, Any]]:
+        return list(self._objs[normalise_kind(kind)].values())
+
+    def _consumers(self) -> dict[DeviceKey, frozenset[str]]:
+        """Allocated DRA devices -> UIDs of the pods the claim is reserved for."""
+        out: dict[DeviceKey, frozenset[str]] = {}
+        for claim in self._objs["ResourceClaim"].values():
+            status = claim.get("status") or {}
+            alloc = status.get("allocation") or {}
+            uids = frozenset(str(r.get("uid", "")) for r in status.get("reservedFor") or [])
+            for r in (alloc.get("devices") or {}).get("results") or []:
+                out[(str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))] = uids
+        return out
+
+    # ------------------------------------------------------------------ snapshots
+
+    def facts_for(self, name: str, *, without: frozenset[str] = frozenset()) -> NodeFacts | None:
+        """Fresh facts of one node, optionally as if the pods with UIDs `without` were gone."""
+        node = self._objs["Node"].get(("", name))
+        if node is None:
+            return None
+        pods = [p for p in self._pods_on.get(name, {}).values() if p.uid not in without]
+        devices = [d for ds in self._devices_on.get(name, {}).values() for d in ds]
+        consumers = self._consumers()
+        if without:
+            consumers = {k: v for k, v in consumers.items() if not (v and v <= without)}
+        res = [r for r in self._reservations.values() if name in r.nodes]
+        return build_facts(node, pods, devices, consumers, res, self.config)
+
+    def snapshot(self) -> Snapshot:
+        """The snapshot of the current version (rebuilt only when something changed)."""
+        snap = self._snapshot
+        if snap is not None and snap.version == self._version:
+            return snap
+        with self._lock:
+            names = sorted(n for _, n in self._objs["Node"])
+            if self._all_dirty:
+                dirty = set(names)
+                self._all_dirty = False
+            else:
+                dirty = self._dirty
+            self._dirty = set()
+            consumers = self._consumers() if any(self._devices_on.values()) else {}
+            by_node: dict[str, list[Reservation]] = {}
+            for r in self._reservations.values():
+                for n in r.nodes:
+                    by_node.setdefault(n, []).append(r)
+            facts = self._facts
+            for n in dirty:
+                node = self._objs["Node"].get(("", n))
+                if node is None:
+                    facts.pop(n, None)
+                    continue
+                devices = [d for ds in self._devices_on.get(n, {}).values() for d in ds]
+                facts[n] = build_facts(node, self._pods_on.get(n, {}).values(), devices, consumers,
+                                       by_node.get(n, ()), self.config)
+            for n in list(facts):
+                if ("", n) not in self._objs["Node"]:
+                    del facts[n]
+            snap = Snapshot.build(self._version, [facts[n] for n in names], self.device_classes(),
+                                  previous=self._snapshot, config=self.config)
+            self._snapshot = snap
+            return snap

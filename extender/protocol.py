@@ -1,0 +1,284 @@
+"""The kube-scheduler extender v1 wire format (Go PascalCase fields), decoded and encoded in one place.
+
+kube-scheduler marshals `k8s.io/kube-scheduler/extender/v1` structs, which carry no json tags, so
+the top-level fields are PascalCase (`Pod`, `NodeNames`, ...) while the embedded Pod and NodeList
+are ordinary camelCase Kubernetes JSON. Go's decoder matches field names case-insensitively, so we
+accept any casing on the way in and always write PascalCase on the way out.
+
+Hot path: requests are parsed with orjson and checked by hand (a pydantic model over 5,000 node
+names would cost more than the whole decision); the preemption arguments, which are small and rare,
+go through pydantic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from extender.errors import BadRequest, UndecodableBody
+
+__all__ = [
+    "ExtenderArgs",
+    "PreemptionArgs",
+    "MetaVictims",
+    "parse_extender_args",
+    "parse_preemption_args",
+    "encode_filter_result",
+    "encode_filter_error",
+    "encode_priorities",
+    "encode_preemption_result",
+    "encode_preemption_error",
+    "SCORE_MAX",
+]
+
+SCORE_MAX = 10
+"""extenderv1.MaxExtenderPriority: scores are 0..10; kube-scheduler scales them by the weight."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    """A decoded ExtenderArgs body.
+
+    node_names: candidate names in request order (both modes).
+    nodes: the NodeList items when kube-scheduler sent full Nodes (nodeCacheCapable: false), else None.
+    """
+
+    pod: dict[str, Any]
+    node_names: list[str]
+    nodes: list[dict[str, Any]] | None
+
+
+def _decode(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise UndecodableBody(f"body is not JSON: {e}") from e
+
+
+def _field(obj: Mapping[str, Any], name: str) -> Any:
+    """Top-level field by Go's case-insensitive rule (PascalCase first, the common case)."""
+    if name in obj:
+        return obj[name]
+    low = name.lower()
+    for k, v in obj.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def _check_pod(pod: Any) -> dict[str, Any]:
+    if pod is None:
+        raise BadRequest("Pod is missing")
+    if not isinstance(pod, dict):
+        raise BadRequest(f"Pod must be an object, got {type(pod).__name__}")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise BadRequest("Pod.metadata.name is missing")
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise BadRequest("Pod.spec is missing")
+    return pod
+
+
+def parse_extender_args(body: bytes) -> ExtenderArgs:
+    """Decode a filter/prioritize body. UndecodableBody -> HTTP 400; BadRequest -> `Error` field."""
+    obj = _decode(body)
+    if not isinstance(obj, dict):
+        raise BadRequest(f"ExtenderArgs must be an object, got {type(obj).__name__}")
+    pod = _check_pod(_field(obj, "Pod"))
+    names = _field(obj, "NodeNames")
+    node_list = _field(obj, "Nodes")
+    if names is not None:
+        if not isinstance(names, list) or not all(type(n) is str for n in names):
+            raise BadRequest("NodeNames must be a list of strings")
+        return ExtenderArgs(pod, names, None)
+    if node_list is None:
+        raise BadRequest("neither NodeNames nor Nodes is set")
+    if not isinstance(node_list, dict):
+        raise BadRequest(f"Nodes must be a NodeList object, got {type(node_list).__name__}")
+    items = node_list.get("items")
+    if items is None:
+        items = []
+    if not isinstance(items, list):
+        raise BadRequest("Nodes.items must be a list")
+    out_names: list[str] = []
+    for i, n in enumerate(items):
+        meta = n.get("metadata") if isinstance(n, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str):
+            raise BadRequest(f"Nodes.items[{i}].metadata.name is missing")
+        out_names.append(name)
+    return ExtenderArgs(pod, out_names, items)
+
+
+class MetaPod(BaseModel):
+    """extenderv1.MetaPod: a victim named by UID only."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    uid: str = Field(alias="UID")
+
+
+class MetaVictims(BaseModel):
+    """extenderv1.MetaVictims."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    pods: list[MetaPod] = Field(default_factory=list, alias="Pods")
+    num_pdb_violations: int = Field(0, alias="NumPDBViolations")
+
+
+class Victims(BaseModel):
+    """extenderv1.Victims: full victim Pods (sent when the extender is not nodeCacheCapable)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    pods: list[dict[str, Any]] = Field(default_factory=list, alias="Pods")
+    num_pdb_violations: int = Field(0, alias="NumPDBViolations")
+
+
+@dataclass(frozen=True, slots=True)
+class VictimSet:
+    """Victims of one node, normalised: UIDs plus the full pods when kube-scheduler sent them."""
+
+    uids: tuple[str, ...]
+    pods: tuple[dict[str, Any], ...]
+    num_pdb_violations: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    """A decoded ExtenderPreemptionArgs body."""
+
+    pod: dict[str, Any]
+    victims: dict[str, VictimSet]
+
+
+def _victims_map(raw: Any, model: type[BaseModel], field: str) -> dict[str, BaseModel]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{field} must be an object")
+    out: dict[str, BaseModel] = {}
+    for node, v in raw.items():
+        if v is None:
+            v = {}
+        try:
+            out[node] = model.model_validate(_casefold_keys(v))
+        except ValidationError as e:
+            raise BadRequest(f"{field}[{node}] is invalid: {e.errors()[0]['msg']}") from e
+    return out
+
+
+def _casefold_keys(v: Any) -> Any:
+    """Map any casing of the victims' field names onto the Go names (Go decodes case-insensitively)."""
+    if not isinstance(v, dict):
+        return v
+    canon = {"pods": "Pods", "numpdbviolations": "NumPDBViolations", "uid": "UID"}
+    out: dict[str, Any] = {}
+    for k, val in v.items():
+        key = canon.get(k.lower(), k)
+        if key == "Pods" and isinstance(val, list):
+            val = [_casefold_keys(p) if isinstance(p, dict) and "metadata" not in p else p for p in val]
+        out[key] = val
+    return out
+
+
+def parse_preemption_args(body: bytes) -> PreemptionArgs:
+    """Decode a preempt body (NodeNameToMetaVictims and/or NodeNameToVictims)."""
+    obj = _decode(body)
+    if not isinstance(obj, dict):
+        raise BadRequest(f"ExtenderPreemptionArgs must be an object, got {type(obj).__name__}")
+    pod = _check_pod(_field(obj, "Pod"))
+    meta = _victims_map(_field(obj, "NodeNameToMetaVictims"), MetaVictims, "NodeNameToMetaVictims")
+    full = _victims_map(_field(obj, "NodeNameToVictims"), Victims, "NodeNameToVictims")
+    victims: dict[str, VictimSet] = {}
+    for node, mv in meta.items():
+        assert isinstance(mv, MetaVictims)
+        victims[node] = VictimSet(tuple(p.uid for p in mv.pods), (), mv.num_pdb_violations)
+    for node, fv in full.items():
+        assert isinstance(fv, Victims)
+        if node in victims:
+            continue
+        uids = []
+        for p in fv.pods:
+            uid = (p.get("metadata") or {}).get("uid") if isinstance(p, dict) else None
+            if not isinstance(uid, str):
+                raise BadRequest(f"NodeNameToVictims[{node}] has a pod without metadata.uid")
+            uids.append(uid)
+        victims[node] = VictimSet(tuple(uids), tuple(fv.pods), fv.num_pdb_violations)
+    return PreemptionArgs(pod, victims)
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def _failed_map(failed: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """`{"name":"reason",...}` from pre-serialised (quoted name, quoted reason) pairs."""
+    return b"{" + b",".join([k + b":" + v for k, v in failed]) + b"}"
+
+
+def encode_filter_result(
+    *,
+    passed_names: Sequence[bytes] | None,
+    passed_nodes: Sequence[dict[str, Any]] | None,
+    failed: Iterable[tuple[bytes, bytes]],
+    unresolvable: Iterable[tuple[bytes, bytes]],
+) -> bytes:
+    """ExtenderFilterResult. passed_names are pre-quoted JSON strings (names mode); passed_nodes
+    are Node objects echoed back as a NodeList (NodeList mode). Exactly one of them is set."""
+    if passed_nodes is not None:
+        nodes = orjson.dumps({"metadata": {}, "items": passed_nodes})
+        head = b'{"Nodes":' + nodes + b',"NodeNames":null'
+    else:
+        head = b'{"Nodes":null,"NodeNames":[' + b",".join(passed_names or ()) + b"]"
+    return (
+        head
+        + b',"FailedNodes":'
+        + _failed_map(failed)
+        + b',"FailedAndUnresolvableNodes":'
+        + _failed_map(unresolvable)
+        + b',"Error":""}'
+    )
+
+
+def encode_filter_error(message: str) -> bytes:
+    """ExtenderFilterResult carrying only a whole-request Error (kube-scheduler fails the cycle)."""
+    return orjson.dumps(
+        {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": message}
+    )
+
+
+_SCORE_SUFFIX = [f"{s}}}".encode() for s in range(SCORE_MAX + 1)]
+
+
+def encode_priorities(host_prefixes: Sequence[bytes], scores: Sequence[int]) -> bytes:
+    """HostPriorityList: a bare JSON list of {"Host","Score"}. host_prefixes[i] is the
+    pre-serialised `{"Host":"<name>","Score":` of node i; scores are clamped to 0..10."""
+    suf = _SCORE_SUFFIX
+    return b"[" + b",".join([p + suf[s] for p, s in zip(host_prefixes, scores)]) + b"]"
+
+
+def host_prefix(name: str) -> bytes:
+    """The pre-serialised head of one HostPriority entry."""
+    return b'{"Host":' + orjson.dumps(name) + b',"Score":'
+
+
+def encode_preemption_result(kept: Mapping[str, VictimSet]) -> bytes:
+    """ExtenderPreemptionResult: NodeNameToMetaVictims only (what kube-scheduler reads back)."""
+    return orjson.dumps(
+        {
+            "NodeNameToMetaVictims": {
+                node: {"Pods": [{"UID": u} for u in v.uids], "NumPDBViolations": v.num_pdb_violations}
+                for node, v in kept.items()
+            }
+        }
+    )
+
+
+def encode_preemption_error(message: str) -> bytes:
+    """A preempt reply that keeps no node. The v1 result type has no Error field, so the message
+    only goes to the log; an empty map tells kube-scheduler that preemption finds no candidate."""
+    del message
+    return b'{"NodeNameToMetaVictims":{}}'
