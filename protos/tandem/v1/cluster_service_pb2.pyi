@@ -927,6 +927,7 @@ class Dispatch(_message.Message):
     INVENTORY_SEQUENCE_FIELD_NUMBER: _builtins.int
     PRIORITY_BAND_FIELD_NUMBER: _builtins.int
     TERMINATION_GRACE_PERIOD_FIELD_NUMBER: _builtins.int
+    PREEMPTIBLE_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Tenant (selects the namespace set)."""
     namespace_hint: _builtins.str
@@ -939,6 +940,10 @@ class Dispatch(_message.Message):
     """Inventory report sequence the plan was computed on."""
     priority_band: _builtins.str
     """Priority band (the agent maps it to a PriorityClass)."""
+    preemptible: _builtins.bool
+    """Whether the broker may preempt the attempt (the agent labels the pods so
+    in-cluster preemption tooling can tell).
+    """
     @_builtins.property
     def attempt(self) -> _common_pb2.AttemptRef:
         """Job and attempt."""
@@ -995,10 +1000,11 @@ class Dispatch(_message.Message):
         inventory_sequence: _builtins.int = ...,
         priority_band: _builtins.str = ...,
         termination_grace_period: _duration_pb2.Duration | None = ...,
+        preemptible: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "domain", b"domain", "max_runtime", b"max_runtime", "rendezvous", b"rendezvous", "start_deadline", b"start_deadline", "termination_grace_period", b"termination_grace_period"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "attempt", b"attempt", "domain", b"domain", "inventory_sequence", b"inventory_sequence", "job_set_id", b"job_set_id", "labels", b"labels", "max_runtime", b"max_runtime", "namespace_hint", b"namespace_hint", "pod_sets", b"pod_sets", "priority_band", b"priority_band", "queue", b"queue", "rendezvous", b"rendezvous", "start_deadline", b"start_deadline", "tenant", b"tenant", "termination_grace_period", b"termination_grace_period"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "attempt", b"attempt", "domain", b"domain", "inventory_sequence", b"inventory_sequence", "job_set_id", b"job_set_id", "labels", b"labels", "max_runtime", b"max_runtime", "namespace_hint", b"namespace_hint", "pod_sets", b"pod_sets", "preemptible", b"preemptible", "priority_band", b"priority_band", "queue", b"queue", "rendezvous", b"rendezvous", "start_deadline", b"start_deadline", "tenant", b"tenant", "termination_grace_period", b"termination_grace_period"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1283,16 +1289,25 @@ Global___ClusterSummary: _TypeAlias = ClusterSummary  # noqa: Y015
 
 @_typing.final
 class ListClustersRequest(_message.Message):
-    """ListClusters input."""
+    """ListClusters input. Filters are ANDed; empty = all clusters."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    REGION_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    region: _builtins.str
+    """Only clusters of this region."""
+    role: _builtins.str
+    """Only clusters of this role."""
     def __init__(
         self,
+        *,
+        region: _builtins.str = ...,
+        role: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["region", b"region", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
