@@ -1,0 +1,355 @@
+"""Feed the extender's inventory from the Kubernetes API by list+watch (the one extender module that imports kubernetes)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+from kubernetes.aio import client as kclient
+from kubernetes.aio import config as kconfig
+
+__all__ = [
+    "Backoff",
+    "InventorySink",
+    "Kind",
+    "KubeError",
+    "KubeSettings",
+    "Watcher",
+    "load_api_client",
+]
+
+log = logging.getLogger(__name__)
+
+RESERVATION_LABEL = "tandem.dev/reservation"
+
+
+class Kind(str, enum.Enum):
+    """The object kinds the inventory is fed with; the value is the ``kind`` string passed to the inventory."""
+
+    NODE = "Node"
+    POD = "Pod"
+    RESOURCE_SLICE = "ResourceSlice"
+    RESOURCE_CLAIM = "ResourceClaim"
+    DEVICE_CLASS = "DeviceClass"
+    RESERVATION = "Reservation"  # ConfigMaps labelled tandem.dev/reservation
+
+
+class InventorySink(Protocol):
+    """What the watcher needs from the inventory (extender.inventory.Inventory satisfies it)."""
+
+    def replace(self, kind: str, objects: list[dict[str, Any]]) -> None: ...
+
+    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None: ...
+
+
+class KubeError(Exception):
+    """A kube API call failed; ``status`` is the HTTP status (0 when the stream itself was bad)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class _Gone(KubeError):
+    """The resourceVersion we resume from is too old (HTTP 410 or an ERROR event with code 410): relist."""
+
+
+class _InventoryError(KubeError):
+    """The inventory raised on an object we handed it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeSettings:
+    """How the watcher talks to the API server. Every field has a default."""
+
+    reservation_namespace: str = "tandem-system"
+    """Namespace holding the reservation ConfigMaps (label ``tandem.dev/reservation``)."""
+    watch_timeout_s: int = 300
+    """Server-side ``timeoutSeconds`` of one watch request, seconds; jittered by up to +20%."""
+    list_page_size: int = 500
+    """``limit`` of one list page, objects; large pod lists are fetched in pages."""
+    backoff_base_s: float = 0.5
+    """First reconnect delay after a failure, seconds."""
+    backoff_cap_s: float = 30.0
+    """Largest reconnect delay, seconds."""
+    stable_after_s: float = 10.0
+    """A watch that lived this long (or delivered an event) resets the backoff, seconds."""
+    absent_api_retry_s: float = 300.0
+    """Re-check interval for an API group the server does not serve (404 on list), seconds."""
+
+
+@dataclasses.dataclass
+class Backoff:
+    """Capped exponential backoff with equal jitter: delay n is in [d/2, d], d = min(cap, base * 2**n)."""
+
+    base_s: float
+    cap_s: float
+    rand: Callable[[], float] = random.random
+    failures: int = 0
+
+    def next_delay(self) -> float:
+        d = min(self.cap_s, self.base_s * 2.0 ** min(self.failures, 32))
+        self.failures += 1
+        return d / 2 + self.rand() * d / 2
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+ListFn = Callable[..., Awaitable[aiohttp.ClientResponse]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    kind: Kind
+    list_fn: ListFn  # a generated ``list_*_without_preload_content`` method: raw JSON, no model validation
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _sources(api: kclient.ApiClient, settings: KubeSettings) -> list[_Source]:
+    core = kclient.CoreV1Api(api)
+    dra = kclient.ResourceV1Api(api)
+    return [
+        _Source(Kind.NODE, core.list_node_without_preload_content),
+        _Source(Kind.POD, core.list_pod_for_all_namespaces_without_preload_content),
+        _Source(Kind.RESOURCE_SLICE, dra.list_resource_slice_without_preload_content),
+        _Source(Kind.RESOURCE_CLAIM, dra.list_resource_claim_for_all_namespaces_without_preload_content),
+        _Source(Kind.DEVICE_CLASS, dra.list_device_class_without_preload_content),
+        _Source(
+            Kind.RESERVATION,
+            core.list_namespaced_config_map_without_preload_content,
+            (settings.reservation_namespace,),
+            {"label_selector": RESERVATION_LABEL},
+        ),
+    ]
+
+
+async def _error_of(resp: aiohttp.ClientResponse) -> KubeError:
+    """Turn a non-200 reply into a KubeError carrying the Status message; 410 becomes _Gone."""
+    try:
+        body = await resp.read()
+        status = orjson.loads(body)
+        message = str(status.get("message", "")) if isinstance(status, dict) else ""
+    except (ValueError, aiohttp.ClientError):
+        message = ""
+    finally:
+        resp.release()
+    message = message or (resp.reason or "")
+    cls = _Gone if resp.status == 410 else KubeError
+    return cls(resp.status, message)
+
+
+class Watcher:
+    """List then watch every kind into an inventory; relist on 410, reconnect with backoff on errors.
+
+    ``synced`` is set (and ``on_synced`` called once) when every kind has completed its first list;
+    ``reservations_loaded`` likewise after the reservation ConfigMaps were listed.
+    """
+
+    def __init__(
+        self,
+        api: kclient.ApiClient,
+        inventory: InventorySink,
+        settings: KubeSettings = KubeSettings(),
+        *,
+        on_synced: Callable[[], None] | None = None,
+        on_reservations_loaded: Callable[[], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+        kinds: frozenset[Kind] | None = None,
+    ) -> None:
+        self._inventory = inventory
+        self._settings = settings
+        self._sleep = sleep
+        self._clock = clock
+        self._rand = rand
+        self._on_synced = on_synced
+        self._on_reservations_loaded = on_reservations_loaded
+        self._sources = [s for s in _sources(api, settings) if kinds is None or s.kind in kinds]
+        self._pending = {s.kind for s in self._sources}
+        self.synced = asyncio.Event()
+        self.reservations_loaded = asyncio.Event()
+        self.resource_versions: dict[Kind, str | None] = {s.kind: None for s in self._sources}
+
+    async def run(self) -> None:
+        """Watch every kind until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            for source in self._sources:
+                group.create_task(self._run_source(source), name=f"watch-{source.kind.value}")
+
+    async def _run_source(self, source: _Source) -> None:
+        backoff = Backoff(self._settings.backoff_base_s, self._settings.backoff_cap_s, self._rand)
+        rv: str | None = None
+        gone_streak = 0
+        while True:
+            try:
+                if rv is None:
+                    rv = await self._list(source)
+                    self._listed(source.kind)
+                    backoff.reset()
+                rv, delivered = await self._watch(source, rv, backoff)
+                if delivered:
+                    gone_streak = 0
+            except _Gone as e:
+                log.info("watch expired, relisting", extra={"kind": source.kind.value})
+                rv = None
+                gone_streak += 1
+                if gone_streak > 1:  # 410 again right after a relist: do not spin
+                    await self._fail(source, backoff, e)
+            except _InventoryError as e:
+                # The inventory refused an object: start over from a fresh list after a pause.
+                log.exception("inventory update failed", extra={"kind": source.kind.value})
+                rv = None
+                await self._fail(source, backoff, e)
+            except KubeError as e:
+                if e.status == 404 and rv is None:
+                    # The API group is not served (e.g. no DRA on this cluster): nothing of this kind exists.
+                    log.warning("kind not served, treating as empty", extra={"kind": source.kind.value})
+                    self._replace(source.kind, [])
+                    self._listed(source.kind)
+                    await self._sleep(self._settings.absent_api_retry_s)
+                    continue
+                rv = self._resume_version(source.kind, rv)
+                await self._fail(source, backoff, e)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                rv = self._resume_version(source.kind, rv)
+                await self._fail(source, backoff, e)
+
+    def _resume_version(self, kind: Kind, rv: str | None) -> str | None:
+        # Resume after the last event applied before the failure; never resume from a list that failed.
+        return None if rv is None else self.resource_versions[kind]
+
+    def _replace(self, kind: Kind, items: list[dict[str, Any]]) -> None:
+        try:
+            self._inventory.replace(kind.value, items)
+        except Exception as e:
+            raise _InventoryError(0, repr(e)) from e
+
+    async def _fail(self, source: _Source, backoff: Backoff, error: BaseException) -> None:
+        delay = backoff.next_delay()
+        log.warning(
+            "watch failed, retrying",
+            extra={"kind": source.kind.value, "error": repr(error), "delay_s": delay},
+        )
+        await self._sleep(delay)
+
+    def _listed(self, kind: Kind) -> None:
+        if kind is Kind.RESERVATION and not self.reservations_loaded.is_set():
+            self.reservations_loaded.set()
+            if self._on_reservations_loaded is not None:
+                self._on_reservations_loaded()
+        self._pending.discard(kind)
+        if not self._pending and not self.synced.is_set():
+            self.synced.set()
+            log.info("inventory synced")
+            if self._on_synced is not None:
+                self._on_synced()
+
+    async def _list(self, source: _Source) -> str:
+        """Fetch every page of the list, hand the items to replace(), return the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            resp = await source.list_fn(
+                *source.args, limit=self._settings.list_page_size, _continue=token, **source.kwargs
+            )
+            if resp.status != 200:
+                raise await _error_of(resp)
+            try:
+                page = orjson.loads(await resp.read())
+            finally:
+                resp.release()
+            if not isinstance(page, dict):
+                raise ValueError("list reply is not an object")
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                rv = str(meta.get("resourceVersion") or "")
+                break
+        self._replace(source.kind, items)
+        self.resource_versions[source.kind] = rv
+        log.info("listed", extra={"kind": source.kind.value, "count": len(items), "resource_version": rv})
+        # An empty resourceVersion would make the watch start "from now" and skip events: relist instead.
+        if not rv:
+            raise KubeError(0, "list returned no resourceVersion")
+        return rv
+
+    async def _watch(self, source: _Source, rv: str, backoff: Backoff) -> tuple[str, bool]:
+        """Stream one watch request from ``rv``; return the version to resume from and whether events came."""
+        timeout = int(self._settings.watch_timeout_s * (1 + 0.2 * self._rand()))
+        started = self._clock()
+        delivered = False
+        resp = await source.list_fn(
+            *source.args,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=rv,
+            timeout_seconds=timeout,
+            _request_timeout=float(timeout + 30),
+            **source.kwargs,
+        )
+        if resp.status != 200:
+            raise await _error_of(resp)
+        try:
+            async for line in resp.content:
+                if not line.strip():
+                    continue
+                rv = self._event(source.kind, line, rv)
+                self.resource_versions[source.kind] = rv
+                delivered = True
+                backoff.reset()
+        finally:
+            resp.release()
+        if not delivered and self._clock() - started < self._settings.stable_after_s:
+            # The server closed an empty watch at once: back off so a misbehaving server is not hammered.
+            await self._fail(source, backoff, KubeError(0, "watch closed early"))
+        return rv, delivered
+
+    def _event(self, kind: Kind, line: bytes, rv: str) -> str:
+        """Apply one watch event line; return the new resume version. Raises on ERROR events and bad lines."""
+        event = orjson.loads(line)
+        if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+            raise ValueError("malformed watch event")
+        etype = event.get("type")
+        obj: dict[str, Any] = event["object"]
+        if etype == "ERROR":
+            code = int(obj.get("code") or 0)
+            message = str(obj.get("message", ""))
+            raise _Gone(code, message) if code == 410 else KubeError(code, message)
+        new_rv = str((obj.get("metadata") or {}).get("resourceVersion") or "") or rv
+        if etype in ("ADDED", "MODIFIED", "DELETED"):
+            try:
+                self._inventory.apply(kind.value, etype, obj)
+            except Exception as e:
+                raise _InventoryError(0, repr(e)) from e
+        elif etype != "BOOKMARK":
+            raise ValueError(f"unknown watch event type {etype!r}")
+        return new_rv
+
+
+async def load_api_client(
+    host: str | None = None, kubeconfig: str | None = None, context: str | None = None
+) -> kclient.ApiClient:
+    """Build the API client: an explicit host (tests, proxies), else in-cluster, else kubeconfig."""
+    cfg = kclient.Configuration()
+    if host:
+        cfg.host = host
+    elif kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        await kconfig.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, client_configuration=cfg
+        )
+    return kclient.ApiClient(cfg)
