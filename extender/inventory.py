@@ -28,7 +28,10 @@ log = logging.getLogger("tandem.extender.inventory")
 KINDS = ("Node", "Pod", "ResourceSlice", "ResourceClaim", "DeviceClass", "ConfigMap")
 """Kinds the inventory understands; ConfigMaps are reservation ConfigMaps."""
 
-_ALIASES = {k.lower(): k for k in KINDS} | {k.lower() + "s": k for k in KINDS} | {"resourceclaims": "ResourceClaim"}
+_ALIASES = (
+    {k.lower(): k for k in KINDS} | {k.lower() + "s": k for k in KINDS}
+    | {"reservation": "ConfigMap", "reservations": "ConfigMap"}  # the watcher's name for them
+)
 
 
 def normalise_kind(kind: str) -> str:

@@ -41,16 +41,16 @@ def _container_requests(c: Any, path: str) -> Requests:
     merged = dict(lim)  # kube defaults requests to limits when only limits are set
     merged.update(req)
     out = Requests()
-    try:
-        for k, v in merged.items():
+    for k, v in merged.items():
+        try:
             if k == "cpu":
                 out.cpu_milli = cpu_milli(v)
             elif k == "memory":
                 out.memory = to_int_bytes(v)
             elif "/" in k or k.startswith("hugepages-"):
                 out.extended[k] = to_int_bytes(v)
-    except (QuantityError, ValueError, TypeError) as e:
-        raise BadRequest(f"{path}.resources: {e}") from e
+        except (QuantityError, ValueError, TypeError) as e:
+            raise BadRequest(f"{path}.resources[{k}]: {e}") from e
     return out
 
 

@@ -1,0 +1,203 @@
+"""The aiohttp application kube-scheduler calls: filter / prioritize / preempt, probes and metrics."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from extender import decide, protocol
+from extender.config import ExtenderConfig
+from extender.errors import ExtenderError, UndecodableBody
+from extender.inventory import Inventory
+
+__all__ = ["make_app", "Metrics", "JsonFormatter", "ssl_context", "INVENTORY_KEY", "METRICS_KEY"]
+
+log = logging.getLogger("tandem.extender")
+
+INVENTORY_KEY = web.AppKey("inventory", Inventory)
+CONFIG_KEY = web.AppKey("config", ExtenderConfig)
+
+_LOG_KEYS = ("verb", "pod", "decision_id", "passed", "candidates", "duration_ms", "error", "detail", "version")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line with fixed keys; the message is constant, data goes in fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for k in _LOG_KEYS:
+            v = record.__dict__.get(k)
+            if v is not None:
+                out[k] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class Metrics:
+    """Prometheus metrics of one app, in a registry of its own (tests build many apps)."""
+
+    def __init__(self, inv: Inventory, clock: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "tandem_extender_request_seconds", "Extender request latency by verb.", ["verb"],
+            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0),
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "tandem_extender_decisions_total", "Per-node outcomes of extender requests by verb and reason.",
+            ["verb", "reason"], registry=self.registry,
+        )
+        self.errors = Counter(
+            "tandem_extender_request_errors_total", "Requests answered with an error, by verb and kind.",
+            ["verb", "kind"], registry=self.registry,
+        )
+        age = Gauge("tandem_extender_inventory_age_seconds", "Seconds since the inventory last changed.",
+                    registry=self.registry)
+        age.set_function(lambda: max(clock() - inv.last_change, 0.0))
+        ver = Gauge("tandem_extender_inventory_version", "Inventory version (bumps on every change).",
+                    registry=self.registry)
+        ver.set_function(lambda: float(inv.version))
+        ready = Gauge("tandem_extender_ready", "1 once the inventory is synced and reservations are loaded.",
+                      registry=self.registry)
+        ready.set_function(lambda: 1.0 if inv.ready else 0.0)
+
+
+METRICS_KEY = web.AppKey("metrics", Metrics)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+def _pod_name(pod: Any) -> str | None:
+    if isinstance(pod, dict):
+        meta = pod.get("metadata") or {}
+        return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    return None
+
+
+def make_app(
+    inventory: Inventory,
+    config: ExtenderConfig | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    extra_routes: Callable[[web.Application, ExtenderConfig], None] | None = None,
+) -> web.Application:
+    """The extender app. extra_routes lets main() mount the webhook (webhook.add_routes)."""
+    cfg = config or inventory.config
+    app = web.Application(client_max_size=cfg.max_body_bytes)
+    metrics = Metrics(inventory, clock)
+    app[INVENTORY_KEY] = inventory
+    app[CONFIG_KEY] = cfg
+    app[METRICS_KEY] = metrics
+    ids = itertools.count(1)
+
+    def verb_handler(
+        verb: str, parse: Callable[[bytes], Any], run: Callable[[Inventory, Any], decide.Decision],
+        on_error: Callable[[str], bytes],
+    ) -> Handler:
+        hist = metrics.latency.labels(verb)
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            t0 = time.perf_counter()
+            did = next(ids)
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                metrics.errors.labels(verb, "too_large").inc()
+                log.warning("request body too large", extra={"verb": verb, "decision_id": did})
+                raise
+            pod = None
+            try:
+                args = parse(body)
+                pod = _pod_name(getattr(args, "pod", None))
+                d = run(inventory, args)
+                out = d.body
+                if d.reasons:
+                    for reason, n in d.reasons.items():
+                        metrics.decisions.labels(verb, reason).inc(n)
+                if d.passed:
+                    metrics.decisions.labels(verb, "Fit").inc(d.passed)
+            except UndecodableBody as e:
+                metrics.errors.labels(verb, "undecodable").inc()
+                log.warning("undecodable request", extra={"verb": verb, "decision_id": did, "error": str(e)})
+                return _json(on_error(str(e)), status=400)
+            except ExtenderError as e:
+                metrics.errors.labels(verb, type(e).__name__).inc()
+                log.warning("request refused", extra={"verb": verb, "decision_id": did, "pod": pod,
+                                                      "error": str(e)})
+                out = on_error(str(e))
+            except Exception as e:  # never crash kube-scheduler's call: answer with Error
+                metrics.errors.labels(verb, "internal").inc()
+                log.exception("request failed", extra={"verb": verb, "decision_id": did, "pod": pod})
+                out = on_error(f"internal error: {type(e).__name__}: {e}")
+            dt = time.perf_counter() - t0
+            hist.observe(dt)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("request answered", extra={"verb": verb, "decision_id": did, "pod": pod,
+                                                     "duration_ms": round(dt * 1000, 3)})
+            return _json(out)
+
+        return handle
+
+    def _prio_error(msg: str) -> bytes:
+        del msg  # HostPriorityList has no Error field: an empty list means "no opinion"
+        return b"[]"
+
+    app.router.add_post(cfg.verb_path(cfg.filter_verb), verb_handler(
+        "filter", protocol.parse_extender_args, decide.decide_filter, protocol.encode_filter_error))
+    app.router.add_post(cfg.verb_path(cfg.prioritize_verb), verb_handler(
+        "prioritize", protocol.parse_extender_args, decide.decide_prioritize, _prio_error))
+    app.router.add_post(cfg.verb_path(cfg.preempt_verb), verb_handler(
+        "preempt", protocol.parse_preemption_args, decide.decide_preempt, protocol.encode_preemption_error))
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if inventory.ready:
+            return web.Response(text="ready")
+        missing = []
+        if not inventory.synced:
+            missing.append("inventory not synced")
+        if not inventory.reservations_loaded:
+            missing.append("reservations not loaded")
+        return web.Response(text="; ".join(missing), status=503)
+
+    async def metrics_view(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_view)
+    if extra_routes is not None:
+        extra_routes(app, cfg)
+    return app
+
+
+def ssl_context(config: ExtenderConfig) -> ssl.SSLContext | None:
+    """Server TLS context from the configured cert/key, None for plain HTTP."""
+    if config.tls_cert_file is None:
+        return None
+    if config.tls_key_file is None:
+        raise ValueError("tls_cert_file is set but tls_key_file is not")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
+    return ctx

@@ -1,0 +1,109 @@
+"""`tandem-extender serve`: load the config once, fill the inventory (files or the kube API), serve."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from extender.app import JsonFormatter, make_app, ssl_context
+from extender.config import ExtenderConfig, load_config
+from extender.inventory import Inventory
+
+__all__ = ["main", "build_parser", "load_inventory_files"]
+
+log = logging.getLogger("tandem.extender")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tandem-extender", description="Tandem kube-scheduler extender")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve the extender verbs")
+    s.add_argument("--inventory-file", action="append", type=Path, default=[],
+                   help="`kubectl get nodes,pods,resourceslices,resourceclaims,deviceclasses -A -o json` output"
+                        " (repeatable)")
+    s.add_argument("--listen", default=None, help="HOST:PORT (default from config: 127.0.0.1:8888)")
+    s.add_argument("--config", type=Path, default=None, help="YAML/JSON ExtenderConfig file")
+    s.add_argument("--kube", action="store_true", help="list+watch the cluster's API server")
+    s.add_argument("--log-level", default=None, help="logging level (default from config)")
+    return p
+
+
+def load_inventory_files(inv: Inventory, paths: Sequence[Path]) -> None:
+    """Read every file (a List or a single object) and load them as one full sync."""
+    items: list[Any] = []
+    for path in paths:
+        obj = orjson.loads(path.read_bytes())
+        if isinstance(obj, dict) and isinstance(obj.get("items"), list):
+            items.extend(obj["items"])
+        elif isinstance(obj, dict):
+            items.append(obj)
+        else:
+            raise ValueError(f"{path}: expected a Kubernetes List or object")
+    inv.load_list({"kind": "List", "items": items})
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+async def _serve(config: ExtenderConfig, files: Sequence[Path], kube: bool) -> None:
+    inv = Inventory(config)
+    extra = None
+    try:
+        from extender import webhook  # the webhook is optional in file mode (it may not exist yet)
+
+        extra = getattr(webhook, "add_routes", None)
+    except ImportError:
+        extra = None
+    if files:
+        load_inventory_files(inv, files)
+    app = make_app(inv, config, extra_routes=extra)
+    tasks: list[asyncio.Task[None]] = []
+    if kube:
+        from extender import kube as kube_mod  # imported lazily: file mode needs no cluster
+
+        api = await kube_mod.load_api_client()
+        watcher = kube_mod.Watcher(api, inv, kube_mod.KubeSettings(reservation_namespace=config.reservation_namespace))
+        tasks.append(asyncio.create_task(watcher.run(), name="kube-watch"))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context(config))
+    await site.start()
+    log.info("extender serving", extra={"detail": {"listen": config.listen, "nodes": len(inv.snapshot()),
+                                                   "ready": inv.ready}})
+    try:
+        await asyncio.Event().wait()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = load_config(args.config, listen=args.listen, log_level=args.log_level)
+    _setup_logging(config.log_level)
+    if not args.inventory_file and not args.kube:
+        log.warning("no inventory source", extra={"detail": "pass --inventory-file or --kube"})
+    try:
+        asyncio.run(_serve(config, args.inventory_file, args.kube))
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
