@@ -138,6 +138,7 @@ def make_app(
             except UndecodableBody as e:
                 metrics.errors.labels(verb, "undecodable").inc()
                 log.warning("undecodable request", extra={"verb": verb, "decision_id": did, "error": str(e)})
+                hist.observe(time.perf_counter() - t0)
                 return _json(on_error(str(e)), status=400)
             except ExtenderError as e:
                 metrics.errors.labels(verb, type(e).__name__).inc()
