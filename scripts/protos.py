@@ -53,6 +53,11 @@ def _googleapis_include() -> Path:
     return root
 
 
+def include_paths(proto_root: Path = PROTO_ROOT) -> list[Path]:
+    """protoc include roots: the package's, the well-known types', google/rpc's."""
+    return [proto_root, _well_known_include(), _googleapis_include()]
+
+
 def _plugin(name: str) -> Path:
     """Locate a protoc plugin installed next to the running interpreter, else on PATH."""
     beside = Path(sys.executable).parent / name
@@ -75,9 +80,7 @@ def generate(out_root: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
     out = str(out_root)
     args = [
         "grpc_tools.protoc",
-        f"--proto_path={proto_root}",
-        f"--proto_path={_well_known_include()}",
-        f"--proto_path={_googleapis_include()}",
+        *(f"--proto_path={path}" for path in include_paths(proto_root)),
         f"--plugin=protoc-gen-mypy={_plugin('protoc-gen-mypy')}",
         f"--plugin=protoc-gen-mypy_grpc={_plugin('protoc-gen-mypy_grpc')}",
         f"--python_out={out}",
@@ -163,10 +166,14 @@ def _tool_versions() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed code is stale")
+    parser.add_argument(
+        "--proto-root", type=Path, default=PROTO_ROOT, help="include root holding tandem/v1 (default: the repo's protos/)"
+    )
     opts = parser.parse_args(argv)
+    root: Path = opts.proto_root.resolve()
     try:
         if opts.check:
-            problems = check()
+            problems = check(root)
             if problems:
                 print("protos: committed generated code is out of date:", file=sys.stderr)
                 for problem in problems:
@@ -176,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 1
-            print(f"protos: generated code is up to date ({len(proto_files())} .proto files)")
+            print(f"protos: generated code is up to date ({len(proto_files(root))} .proto files)")
             return 0
-        written = write()
-        print(f"protos: wrote {len(written)} files under {PROTO_ROOT / PACKAGE_REL}")
+        written = write(root)
+        print(f"protos: wrote {len(written)} files under {root / PACKAGE_REL}")
         return 0
     except ProtosError as exc:
         print(f"protos: {exc}", file=sys.stderr)
