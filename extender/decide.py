@@ -15,7 +15,7 @@ import orjson
 from extender.errors import BadRequest, NotSynced
 from extender.inventory import Inventory
 from extender.nodefit import Query
-from extender.podreq import gang_of, shape_from_pod
+from extender.podreq import gang_of
 from extender.protocol import (
     ExtenderArgs,
     PreemptionArgs,
@@ -26,6 +26,8 @@ from extender.protocol import (
     host_prefix,
 )
 from extender.snapshot import Snapshot
+from placement import podspec
+from placement.errors import PlacementError
 from placement.model import DraRequest
 
 __all__ = ["Decision", "query_for", "decide_filter", "decide_prioritize", "decide_preempt"]
@@ -43,16 +45,16 @@ class Decision:
     note: str = ""
 
 
-def _claim_requests(pod: dict[str, Any], inv: Inventory) -> tuple[tuple[DraRequest, ...], frozenset[str] | None]:
-    """DRA requests of the pod's claims, and the nodes allowed by claims already allocated."""
-    spec = pod["spec"]
-    refs = spec.get("resourceClaims") or []
+def _claim_resolver(pod: dict[str, Any], inv: Inventory) -> tuple[dict[str, tuple[DraRequest, ...]], frozenset[str] | None]:
+    """Device requests of the pod's claims (empty for claims already allocated) and the nodes the
+    allocated ones pin the pod to."""
+    refs = pod["spec"].get("resourceClaims") or []
     if not refs:
-        return (), None
+        return {}, None
     ns = str(pod["metadata"].get("namespace") or "default")
     statuses = {s.get("name"): s.get("resourceClaimName")
                 for s in ((pod.get("status") or {}).get("resourceClaimStatuses") or []) if isinstance(s, dict)}
-    out: list[DraRequest] = []
+    out: dict[str, tuple[DraRequest, ...]] = {}
     allowed: frozenset[str] | None = None
     for ref in refs:
         if not isinstance(ref, dict):
@@ -66,8 +68,7 @@ def _claim_requests(pod: dict[str, Any], inv: Inventory) -> tuple[tuple[DraReque
         claim = inv.claim(ns, name)
         if claim is None:
             raise BadRequest(f"ResourceClaim {ns}/{name} is not in the inventory")
-        status = claim.get("status") or {}
-        alloc = status.get("allocation")
+        alloc = (claim.get("status") or {}).get("allocation")
         if alloc:
             nodes: set[str] = set()
             for term in ((alloc.get("nodeSelector") or {}).get("nodeSelectorTerms") or []):
@@ -76,24 +77,22 @@ def _claim_requests(pod: dict[str, Any], inv: Inventory) -> tuple[tuple[DraReque
                         nodes.update(str(v) for v in mf.get("values") or [])
             if nodes:
                 allowed = frozenset(nodes) if allowed is None else allowed & nodes
+            out[name] = ()
             continue
-        for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-            exact = r.get("exactly")
-            if exact is None and r.get("firstAvailable"):
-                exact = r["firstAvailable"][0]  # the preferred alternative only (see gaps)
-            if not isinstance(exact, dict):
-                raise BadRequest(f"ResourceClaim {ns}/{name} request {r.get('name')!r} is not understood")
-            sels = tuple(str((s.get("cel") or {}).get("expression", "true")) for s in exact.get("selectors") or [])
-            mode = exact.get("allocationMode", "ExactCount")
-            count = 0 if mode == "All" else int(exact.get("count", 1))
-            out.append(DraRequest(str(exact.get("deviceClassName", "")), sels, count))
-    return tuple(out), allowed
+        try:
+            out[name] = podspec.requests_from_claim(claim)
+        except PlacementError as e:
+            raise BadRequest(f"ResourceClaim {ns}/{name}: {e}") from e
+    return out, allowed
 
 
 def query_for(pod: dict[str, Any], inv: Inventory) -> Query:
     """The cache key and question of a pod: its shape, gang identity and pinning."""
-    reqs, claim_nodes = _claim_requests(pod, inv)
-    shape = shape_from_pod(pod, inv.config, reqs)
+    claims, claim_nodes = _claim_resolver(pod, inv)
+    try:
+        shape = podspec.shape_from_pod(pod, claims)
+    except PlacementError as e:
+        raise BadRequest(f"Pod {e}") from e
     gang = gang_of(pod, inv.config)
     return Query(
         shape=shape,

@@ -1,14 +1,16 @@
 """Per-node facts precomputed once per node change, so a request only looks them up.
 
-A NodeFacts object is rebuilt only when its node, a pod bound to it, its ResourceSlices, a claim
-allocated on it or a reservation naming it changes; its identity is the memo token of every
-per-shape verdict, so unchanged nodes keep their cached verdicts across inventory versions.
+A NodeFacts wraps the core `Node` (built by placement.inventory from the raw objects) with what
+the hot path needs besides: pre-serialised JSON fragments, the gang reservations still held on the
+node, and the identity of the pods bound there. It is rebuilt only when its node, a pod bound to
+it, its ResourceSlices, a claim allocated on it or a reservation naming it changes; its object
+identity is the memo token of per-shape verdicts, so unchanged nodes keep them across versions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -16,154 +18,107 @@ import orjson
 from extender.config import ExtenderConfig
 from extender.podreq import PodRecord
 from extender.reservations import Reservation
-from placement.model import WHOLE_GPU_MILLI, DraDevice, DraVersion
-from placement.quantity import QuantityError, cpu_milli, to_int_bytes
+from placement import fit as core_fit
+from placement.dra import DraEvaluator
+from placement.errors import CapacityError
+from placement.inventory import node_from_k8s
+from placement.model import Node, PodShape, Toleration, TopologyLevels
 
-__all__ = ["Hold", "NodeFacts", "build_facts", "parse_slice_devices", "DeviceKey"]
+__all__ = ["Hold", "NodeFacts", "build_facts", "DeviceKey", "levels_of"]
 
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device), as in a claim's allocation results."""
 
+_TOLERATE_ALL = (Toleration(operator="Exists"),)
+
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """What one gang reservation still holds on one node (replicas not yet bound)."""
+    """What one gang reservation still holds on one node: `replicas` not yet bound, each `shape`."""
 
     job: str
     attempt: str
     replicas: int
-    gpus: int
-    cpu_milli: int
-    memory: int
-    mig: tuple[tuple[str, int], ...]
+    shape: PodShape
     domain: str
+
+    @property
+    def gang(self) -> tuple[str, str]:
+        return (self.job, self.attempt)
+
+    def describe(self) -> str:
+        where = f" in {self.domain}" if self.domain else ""
+        per = f"{self.shape.gpus} GPU(s)" if self.shape.gpus else (
+            f"{self.shape.mig_count} MIG {self.shape.mig_profile}" if self.shape.mig_profile else "CPU/memory")
+        return f"{self.replicas} replica(s) x {per} for gang {self.job} (attempt {self.attempt}){where}"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class NodeFacts:
-    """Everything the filter and the scores need about one node, with usage already subtracted."""
+    """One node as the hot path sees it. `node` has the usage of bound pods already subtracted."""
 
-    name: str
+    node: Node
     name_json: bytes
     host_prefix: bytes
-    labels: Mapping[str, str]
-    ready: bool
-    cordoned: bool
-    cpu_free: int
-    memory_free: int
-    pods_free: int
-    extended_free: Mapping[str, int]
-    gpu_model: str | None
-    gpu_memory_mib: int
-    gpu_total: int
-    gpu_milli_used: tuple[int, ...]
-    mig_total: Mapping[str, int]
-    mig_free: Mapping[str, int]
-    dra_devices: tuple[DraDevice, ...]
-    dra_consumers: Mapping[DeviceKey, frozenset[str]]
     holds: tuple[Hold, ...]
     pods: tuple[PodRecord, ...]
-    topology: tuple[str | None, ...]
+    _effective: dict[tuple[str, str] | None, Node] = field(default_factory=dict, repr=False)
 
     @property
-    def whole_free(self) -> int:
-        return sum(1 for u in self.gpu_milli_used if u == 0)
+    def name(self) -> str:
+        return self.node.name
 
-    @property
-    def best_share_free(self) -> int:
-        return max((WHOLE_GPU_MILLI - u for u in self.gpu_milli_used), default=0)
-
-    def held_gpus(self, exempt: tuple[str, str] | None) -> int:
-        return sum(h.replicas * h.gpus for h in self.holds if (h.job, h.attempt) != exempt)
-
-    def held_mig(self, profile: str, exempt: tuple[str, str] | None) -> int:
-        return sum(h.replicas * c for h in self.holds if (h.job, h.attempt) != exempt
-                   for p, c in h.mig if p == profile)
-
-
-def _int(v: Any) -> int:
-    try:
-        return to_int_bytes(v)
-    except (QuantityError, ValueError, TypeError):
-        return 0
-
-
-def _attr_value(v: Any) -> Any:
-    if not isinstance(v, dict):
-        return None
-    for k in ("string", "int", "bool"):
-        if k in v:
-            return v[k]
-    if "version" in v:
-        return DraVersion(str(v["version"]))
-    return None
+    def effective(self, exempt: tuple[str, str] | None, dra: DraEvaluator) -> Node:
+        """The node minus every hold except the `exempt` gang's own (computed once per gang)."""
+        hit = self._effective.get(exempt)
+        if hit is not None:
+            return hit
+        node = self.node
+        for h in self.holds:
+            if h.gang == exempt:
+                continue
+            for n in range(h.replicas, 0, -1):  # a hold that no longer fits takes what is left
+                try:
+                    node, _ = core_fit.allocate(node, h.shape, n, dra=dra)
+                    break
+                except CapacityError:
+                    continue
+        self._effective[exempt] = node
+        return node
 
 
-def parse_slice_devices(slice_obj: dict[str, Any]) -> tuple[str, list[DraDevice]]:
-    """(node name, devices) of one ResourceSlice (resource.k8s.io/v1 layout)."""
-    spec = slice_obj.get("spec") or {}
-    driver = str(spec.get("driver", ""))
-    pool = str((spec.get("pool") or {}).get("name", ""))
-    out = []
-    for d in spec.get("devices") or []:
-        attrs = {str(k): val for k, v in (d.get("attributes") or {}).items() if (val := _attr_value(v)) is not None}
-        caps = {str(k): _int((v or {}).get("value")) for k, v in (d.get("capacity") or {}).items()}
-        out.append(DraDevice(driver=driver, pool=pool, name=str(d.get("name", "")), attributes=attrs, capacity=caps))
-    return str(spec.get("nodeName", "")), out
+def levels_of(config: ExtenderConfig) -> TopologyLevels:
+    return TopologyLevels(config.topology.keys)
 
 
-def _ready(node: dict[str, Any]) -> bool:
-    for c in (node.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready":
-            return c.get("status") == "True"
-    return False
+def hold_shape(r: Reservation) -> list[PodShape]:
+    """The per-replica shapes of a reservation: whole GPUs (with CPU/memory), then one per MIG profile."""
+    shapes: list[PodShape] = []
+    if r.gpus or not r.mig:
+        shapes.append(PodShape(gpus=r.gpus, cpu_milli=r.cpu_milli, memory=r.memory, tolerations=_TOLERATE_ALL))
+    for profile, count in r.mig:
+        first = not shapes
+        shapes.append(PodShape(mig_profile=profile, mig_count=count, cpu_milli=r.cpu_milli if first else 0,
+                               memory=r.memory if first else 0, tolerations=_TOLERATE_ALL))
+    return shapes
 
 
 def build_facts(
-    node: dict[str, Any],
-    pods: Iterable[PodRecord],
-    devices: Iterable[DraDevice],
-    consumers: Mapping[DeviceKey, frozenset[str]],
+    node_obj: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    records: Iterable[PodRecord],
+    slices: Iterable[Mapping[str, Any]],
+    allocated: frozenset[DeviceKey],
     reservations: Iterable[Reservation],
     config: ExtenderConfig,
 ) -> NodeFacts:
-    """Facts of one node from its object, the pods holding resources on it, its DRA devices (with
-    the pod UIDs each allocated device serves) and the reservations naming it."""
-    meta = node.get("metadata") or {}
-    name = str(meta.get("name", ""))
-    labels = dict(meta.get("labels") or {})
-    spec = node.get("spec") or {}
-    alloc = (node.get("status") or {}).get("allocatable") or {}
-    pods = tuple(pods)
-    try:
-        cpu = cpu_milli(alloc.get("cpu", 0))
-    except (QuantityError, ValueError):
-        cpu = 0
-    mem = _int(alloc.get("memory", 0))
-    npods = _int(alloc.get("pods", 110))
-    gpu_total = _int(alloc[config.gpu_resource]) if config.gpu_resource in alloc else _int(labels.get("nvidia.com/gpu.count", 0))
-    prefix = config.mig_resource_prefix
-    mig_total = {k[len(prefix):]: _int(v) for k, v in alloc.items() if k.startswith(prefix) and _int(v) > 0}
-    extended = {k: _int(v) for k, v in alloc.items() if "/" in k and k != config.gpu_resource and not k.startswith(prefix)}
-    cpu_used = mem_used = whole_used = 0
-    shares: list[int] = []
-    mig_used: dict[str, int] = {}
-    for p in pods:
-        cpu_used += p.cpu_milli
-        mem_used += p.memory
-        whole_used += p.gpus
-        if p.gpu_milli:
-            shares.append(p.gpu_milli)
-        for prof, c in p.mig:
-            mig_used[prof] = mig_used.get(prof, 0) + c
-    used = [WHOLE_GPU_MILLI if i < whole_used else 0 for i in range(gpu_total)]
-    for s in sorted(shares, reverse=True):  # best fit, as the sharing device plugin would
-        fits = [i for i, u in enumerate(used) if u + s <= WHOLE_GPU_MILLI]
-        if fits:
-            i = max(fits, key=lambda j: used[j])
-            used[i] += s
-    bound = {}
-    for p in pods:
+    """Facts of one node from its object, the raw pods bound to it, their records, its
+    ResourceSlices, the allocated DRA devices and the reservations naming it."""
+    node = node_from_k8s(node_obj, pods, slices, allocated, levels_of(config))
+    name = node.name
+    records = tuple(records)
+    bound: dict[tuple[str, str], int] = {}
+    for p in records:
         if p.gang is not None:
             g = (p.gang.job, p.gang.attempt)
             bound[g] = bound.get(g, 0) + 1
@@ -171,32 +126,13 @@ def build_facts(
     for r in reservations:
         left = r.nodes.get(name, 0) - bound.get(r.gang, 0)
         if left > 0:
-            holds.append(Hold(r.job, r.attempt, left, r.gpus, r.cpu_milli, r.memory, r.mig, r.domain))
-    devs = tuple(
-        DraDevice(d.driver, d.pool, d.name, d.attributes, d.capacity, allocated=d.key in consumers)
-        for d in devices
-    )
-    gpu_mem = _int(labels.get("nvidia.com/gpu.memory", 0))
+            for shape in hold_shape(r):
+                holds.append(Hold(r.job, r.attempt, left, shape, r.domain))
+    quoted = orjson.dumps(name)
     return NodeFacts(
-        name=name,
-        name_json=orjson.dumps(name),
-        host_prefix=b'{"Host":' + orjson.dumps(name) + b',"Score":',
-        labels=labels,
-        ready=_ready(node),
-        cordoned=bool(spec.get("unschedulable")),
-        cpu_free=cpu - cpu_used,
-        memory_free=mem - mem_used,
-        pods_free=npods - len(pods),
-        extended_free=extended,
-        gpu_model=labels.get("nvidia.com/gpu.product"),
-        gpu_memory_mib=gpu_mem,
-        gpu_total=gpu_total,
-        gpu_milli_used=tuple(used),
-        mig_total=mig_total,
-        mig_free={k: v - mig_used.get(k, 0) for k, v in mig_total.items()},
-        dra_devices=devs,
-        dra_consumers={k: v for k, v in consumers.items()},
+        node=node,
+        name_json=quoted,
+        host_prefix=b'{"Host":' + quoted + b',"Score":',
         holds=tuple(holds),
-        pods=pods,
-        topology=tuple(labels.get(k) for k in config.topology.keys),
+        pods=records,
     )

@@ -15,11 +15,11 @@ from typing import Any
 
 from extender.config import ExtenderConfig
 from extender.errors import InventoryError
-from extender.facts import DeviceKey, NodeFacts, build_facts, parse_slice_devices
+from extender.facts import DeviceKey, NodeFacts, build_facts
 from extender.podreq import PodRecord, pod_record
 from extender.reservations import Reservation, parse_reservation
 from extender.snapshot import Snapshot
-from placement.model import DraDevice
+from placement.errors import PlacementError
 
 __all__ = ["Inventory", "KINDS", "normalise_kind"]
 
@@ -61,9 +61,9 @@ class Inventory:
         self._objs: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in KINDS}
         self._synced: set[str] = set()
         self._records: dict[tuple[str, str], PodRecord] = {}
-        self._pods_on: dict[str, dict[tuple[str, str], PodRecord]] = {}
+        self._pods_on: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self._pods_by_uid: dict[str, dict[str, Any]] = {}
-        self._devices_on: dict[str, dict[tuple[str, str], list[DraDevice]]] = {}
+        self._slices_on: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self._reservations: dict[tuple[str, str], Reservation] = {}
         self._facts: dict[str, NodeFacts] = {}
         self._dirty: set[str] = set()
@@ -168,11 +168,11 @@ class Inventory:
             rec = pod_record(obj, self.config)
             if rec is not None:
                 self._records[key] = rec
-                self._pods_on.setdefault(rec.node, {})[key] = rec
+                self._pods_on.setdefault(rec.node, {})[key] = obj
                 self._dirty.add(rec.node)
         elif kind == "ResourceSlice":
-            node, devices = parse_slice_devices(obj)
-            self._devices_on.setdefault(node, {})[key] = devices
+            node = str((obj.get("spec") or {}).get("nodeName") or "")
+            self._slices_on.setdefault(node, {})[key] = obj
             self._dirty.add(node)
         elif kind in ("ResourceClaim", "DeviceClass"):
             self._all_dra_dirty()
@@ -196,14 +196,14 @@ class Inventory:
                 self._pods_on.get(rec.node, {}).pop(key, None)
                 self._dirty.add(rec.node)
         elif kind == "ResourceSlice":
-            for node, slices in self._devices_on.items():
+            for node, slices in self._slices_on.items():
                 if slices.pop(key, None) is not None:
                     self._dirty.add(node)
         elif kind in ("ResourceClaim", "DeviceClass"):
             self._all_dra_dirty()
 
     def _all_dra_dirty(self) -> None:
-        self._dirty.update(n for n, s in self._devices_on.items() if s)
+        self._dirty.update(n for n, s in self._slices_on.items() if s)
 
     def _error(self, message: str) -> None:
         log.warning("inventory object skipped", extra={"detail": message})
@@ -229,7 +229,7 @@ class Inventory:
         return list(self._objs[normalise_kind(kind)].values())
 
     def _consumers(self) -> dict[DeviceKey, frozenset[str]]:
-        """Allocated DRA devices -> UIDs of the pods the claim is reserved for."""
+        """Allocated DRA devices -> UIDs of the pods their claim is reserved for."""
         out: dict[DeviceKey, frozenset[str]] = {}
         for claim in self._objs["ResourceClaim"].values():
             status = claim.get("status") or {}
@@ -241,18 +241,29 @@ class Inventory:
 
     # ------------------------------------------------------------------ snapshots
 
-    def facts_for(self, name: str, *, without: frozenset[str] = frozenset()) -> NodeFacts | None:
-        """Fresh facts of one node, optionally as if the pods with UIDs `without` were gone."""
+    def _build(self, name: str, allocated: frozenset[DeviceKey], without: frozenset[str] = frozenset(),
+               reservations: Iterable[Reservation] | None = None) -> NodeFacts | None:
         node = self._objs["Node"].get(("", name))
         if node is None:
             return None
-        pods = [p for p in self._pods_on.get(name, {}).values() if p.uid not in without]
-        devices = [d for ds in self._devices_on.get(name, {}).values() for d in ds]
+        pods = [(k, p) for k, p in self._pods_on.get(name, {}).items()
+                if not without or str((p.get("metadata") or {}).get("uid")) not in without]
+        records = [self._records[k] for k, _ in pods if k in self._records]
+        if reservations is None:
+            reservations = [r for r in self._reservations.values() if name in r.nodes]
+        try:
+            return build_facts(node, [p for _, p in pods], records, self._slices_on.get(name, {}).values(),
+                               allocated, reservations, self.config)
+        except PlacementError as e:
+            self._error(f"node {name}: {e}")
+            return None
+
+    def facts_for(self, name: str, *, without: frozenset[str] = frozenset()) -> NodeFacts | None:
+        """Fresh facts of one node, optionally as if the pods with UIDs `without` were gone
+        (their DRA devices too, when no other pod shares the claim)."""
         consumers = self._consumers()
-        if without:
-            consumers = {k: v for k, v in consumers.items() if not (v and v <= without)}
-        res = [r for r in self._reservations.values() if name in r.nodes]
-        return build_facts(node, pods, devices, consumers, res, self.config)
+        allocated = frozenset(k for k, uids in consumers.items() if not (without and uids and uids <= without))
+        return self._build(name, allocated, without)
 
     def snapshot(self) -> Snapshot:
         """The snapshot of the current version (rebuilt only when something changed)."""
@@ -267,24 +278,22 @@ class Inventory:
             else:
                 dirty = self._dirty
             self._dirty = set()
-            consumers = self._consumers() if any(self._devices_on.values()) else {}
+            allocated = frozenset(self._consumers()) if any(self._slices_on.values()) else frozenset()
             by_node: dict[str, list[Reservation]] = {}
             for r in self._reservations.values():
                 for n in r.nodes:
                     by_node.setdefault(n, []).append(r)
             facts = self._facts
             for n in dirty:
-                node = self._objs["Node"].get(("", n))
-                if node is None:
+                f = self._build(n, allocated, reservations=by_node.get(n, ()))
+                if f is None:
                     facts.pop(n, None)
-                    continue
-                devices = [d for ds in self._devices_on.get(n, {}).values() for d in ds]
-                facts[n] = build_facts(node, self._pods_on.get(n, {}).values(), devices, consumers,
-                                       by_node.get(n, ()), self.config)
+                else:
+                    facts[n] = f
             for n in list(facts):
                 if ("", n) not in self._objs["Node"]:
                     del facts[n]
-            snap = Snapshot.build(self._version, [facts[n] for n in names], self.device_classes(),
+            snap = Snapshot.build(self._version, [facts[n] for n in names if n in facts], self.device_classes(),
                                   previous=self._snapshot, config=self.config)
             self._snapshot = snap
             return snap

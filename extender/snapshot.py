@@ -17,10 +17,9 @@ import orjson
 
 from extender.config import ExtenderConfig
 from extender.facts import NodeFacts
-from extender.nodefit import Query, Verdict, check_node, dra_free_matches
+from extender.nodefit import Query, Verdict, check_node, room_for
 from placement import dra as core_dra
 from placement.gpuarrays import GpuArrays, PodDemand
-from placement.model import WHOLE_GPU_MILLI
 from placement.scoring import BestFitPolicy, extender_scores
 
 __all__ = ["Snapshot", "ShapeVerdict"]
@@ -76,6 +75,9 @@ class Snapshot:
     ) -> Snapshot:
         memo = previous._memo if previous is not None else OrderedDict()
         ev = previous.evaluator if previous is not None else core_dra.DraEvaluator(classes)
+        if previous is not None and dict(previous.classes) != dict(classes):
+            memo = OrderedDict()  # device classes changed: every DRA verdict may differ
+            ev = core_dra.DraEvaluator(classes)
         return cls(version, facts, classes, memo, ev, config)
 
     def __len__(self) -> int:
@@ -97,13 +99,13 @@ class Snapshot:
         else:
             self._memo.move_to_end(q)
         out: list[Verdict] = []
-        classes, ev = self.classes, self.evaluator
+        ev = self.evaluator
         for f in self.facts:
             hit = memo.get(f.name)
             if hit is not None and hit[0] is f:
                 out.append(hit[1])
                 continue
-            v = check_node(f, q, classes, ev)
+            v = check_node(f, q, ev)
             memo[f.name] = (f, v)
             out.append(v)
         sv = ShapeVerdict(out)
@@ -114,27 +116,28 @@ class Snapshot:
 
     def check_one(self, f: NodeFacts, q: Query) -> Verdict:
         """An uncached verdict for ad-hoc facts (preemption what-ifs)."""
-        return check_node(f, q, self.classes, self.evaluator)
+        return check_node(f, q, self.evaluator)
 
     # ------------------------------------------------------------------ scores
 
     def _gpu_arrays(self) -> GpuArrays:
         if self._arrays is None:
             facts = self.facts
-            width = max((f.gpu_total for f in facts), default=1) or 1
-            left = np.zeros((len(facts), width), np.int32)
-            for i, f in enumerate(facts):
-                if f.gpu_total:
-                    left[i, : f.gpu_total] = [WHOLE_GPU_MILLI - u for u in f.gpu_milli_used]
-            models = [f.gpu_model or "" for f in facts]
+            nodes = [f.node for f in self.facts]
+            width = max((len(n.gpus) for n in nodes), default=1) or 1
+            left = np.zeros((len(nodes), width), np.int32)
+            for i, n in enumerate(nodes):
+                if n.gpus:
+                    left[i, : len(n.gpus)] = [g.milli_free for g in n.gpus]
+            models = [n.gpu_model or "" for n in nodes]
             names = sorted(set(models))
             code = {m: i for i, m in enumerate(names)}
             self._arrays = GpuArrays(
-                [f.name for f in facts],
-                [max(f.cpu_free, 0) for f in facts],
-                [max(f.memory_free, 0) >> 20 for f in facts],
+                [n.name for n in nodes],
+                [max(n.cpu_milli_free, 0) for n in nodes],
+                [max(n.memory_free, 0) >> 20 for n in nodes],
                 left,
-                [f.gpu_total for f in facts],
+                [len(n.gpus) for n in nodes],
                 [code[m] for m in models],
                 names,
             )
@@ -165,15 +168,7 @@ class Snapshot:
         out = np.zeros(len(self.facts), np.int64)
         if len(rows) == 0:
             return out
-        left = np.zeros(len(rows), np.float64)
-        for j, i in enumerate(rows.tolist()):
-            f = self.facts[i]
-            if q.shape.mig_profile is not None:
-                left[j] = f.mig_free.get(q.shape.mig_profile, 0) - q.shape.mig_count
-            else:
-                for req in q.shape.dra:
-                    m, _, _ = dra_free_matches(f, req, self.classes, self.evaluator, set())
-                    left[j] += len(m) - max(req.count, 0)
+        left = np.array([room_for(self.facts[i], q, self.evaluator) - 1 for i in rows.tolist()], np.float64)
         lo, hi = float(left.min()), float(left.max())
         out[rows] = 10 if hi <= lo else np.rint((hi - left) / (hi - lo) * 10).astype(np.int64)
         return out
@@ -191,5 +186,5 @@ class Snapshot:
 
     def node_summary(self) -> list[dict[str, Any]]:
         """Small per-node view for debugging endpoints and logs."""
-        return [{"name": f.name, "gpuModel": f.gpu_model, "gpus": f.gpu_total, "freeGpus": f.whole_free}
-                for f in self.facts]
+        return [{"name": f.name, "gpuModel": f.node.gpu_model, "gpus": f.node.total_gpus,
+                 "freeGpus": f.node.free_whole_gpus} for f in self.facts]
