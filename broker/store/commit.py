@@ -72,8 +72,8 @@ class GroupCommitter:
         self._open_error: BaseException | None = None
         self._closed = False
         self.stats = CommitStats()
-        self.fail_next_commit: BaseException | None = None
-        """Test hook: raise this at the next COMMIT (simulates a disk failure)."""
+        self.fault: Callable[[int], BaseException | None] | None = None
+        """Test hook: called with the batch size before COMMIT; an exception it returns fails the batch."""
 
     def start(self) -> None:
         self._thread.start()
@@ -167,8 +167,8 @@ class GroupCommitter:
                     continue
                 conn.execute("RELEASE op")
                 results.append((value, None))
-            if self.fail_next_commit is not None:
-                injected, self.fail_next_commit = self.fail_next_commit, None
+            injected = self.fault(len(batch)) if self.fault is not None else None
+            if injected is not None:
                 raise injected
             conn.execute("COMMIT")
         except BaseException as e:  # noqa: BLE001 - every member learns of it

@@ -1,0 +1,496 @@
+"""Store contract tests: submit/idempotency, CAS transitions, outbox, watch, pagination, cancel, retention."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+
+import pytest
+
+from broker import errors, lifecycle
+from broker.errors import Code
+from broker.records import (
+    AttemptRecord,
+    JobFilter,
+    OrderKind,
+    OrderSpec,
+    ReplicaPlacement,
+    Transition,
+)
+from broker.states import AttemptOutcome, JobState
+from broker.store.sqlite import SqliteStore
+from tests.broker.store_builders import FakeClock, clock, file_store, id_gen, new_job, store  # noqa: F401
+
+S = JobState
+
+
+async def _reserve(s: SqliteStore, job_id: str, attempt: int = 0, cluster: str = "c1") -> None:
+    _, r = await s.apply_event(lifecycle.Reserve(
+        job_id, attempt, cluster, ("z1", "r1"), (ReplicaPlacement("w", 0, "n1"), ReplicaPlacement("w", 1, "n2")),
+        "H100", 16.0, expires_at=None,
+    ))
+    assert r.transition is not None
+
+
+async def _run(s: SqliteStore, job_id: str, attempt: int = 1) -> None:
+    for ev in (lifecycle.DispatchSent(job_id, attempt), lifecycle.DispatchAccepted(job_id, attempt, "ns1"),
+               lifecycle.WorkloadReady(job_id, attempt), lifecycle.AllRunning(job_id, attempt)):
+        _, r = await s.apply_event(ev)
+        assert r.transition is not None, ev
+
+
+# -- submission ------------------------------------------------------------------------------------
+
+
+async def test_submit_writes_queued_job_with_event(store: SqliteStore, clock: FakeClock) -> None:
+    r = await store.submit(new_job(key="k1", labels={"team": "a"}))
+    assert r.created
+    j = r.job
+    assert (j.job_id, j.state, j.attempt, j.create_time) == ("job-00001", S.QUEUED, 0, clock())
+    assert await store.get_job(j.job_id) == j
+    events = await store.watch_events(0)
+    assert [(e.revision, e.job_id, e.from_state, e.to_state, e.reason) for e in events] == [
+        (j.revision, j.job_id, None, S.QUEUED, "Submitted")
+    ]
+
+
+async def test_same_key_same_body_returns_original_job(store: SqliteStore) -> None:
+    first = await store.submit(new_job(key="k1"))
+    again = await store.submit(new_job(key="k1"))
+    assert not again.created
+    assert again.job == first.job
+    assert len(await store.watch_events(0)) == 1
+    assert len((await store.list_jobs(JobFilter())).jobs) == 1
+
+
+async def test_same_key_other_body_is_conflict(store: SqliteStore) -> None:
+    first = await store.submit(new_job(key="k1", gpus=8))
+    with pytest.raises(errors.IdempotencyConflict) as ei:
+        await store.submit(new_job(key="k1", gpus=16))
+    assert ei.value.code is Code.ALREADY_EXISTS
+    assert ei.value.meta("job_id") == first.job.job_id
+    assert ei.value.details.reason == "IDEMPOTENCY_KEY_REUSED"
+
+
+async def test_keys_are_scoped_per_tenant(store: SqliteStore) -> None:
+    a = await store.submit(new_job("t1", key="k"))
+    b = await store.submit(new_job("t2", key="k"))
+    assert a.created and b.created and a.job.job_id != b.job.job_id
+
+
+async def test_submit_all_is_atomic(store: SqliteStore) -> None:
+    await store.submit(new_job(key="taken", gpus=1))
+    with pytest.raises(errors.IdempotencyConflict):
+        await store.submit_all([new_job(key="a"), new_job(key="taken", gpus=2), new_job(key="b")])
+    assert [j.idempotency_key for j in (await store.list_jobs(JobFilter())).jobs] == ["taken"]
+    results = await store.submit_all([new_job(key="a"), new_job(key="b")])
+    assert [r.created for r in results] == [True, True]
+
+
+# -- group commit ----------------------------------------------------------------------------------
+
+
+def _block_writer(s: SqliteStore) -> tuple[threading.Event, "asyncio.Future[None]"]:
+    """Occupy the writer thread until the returned event is set, so requests queue up behind it."""
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold(_: sqlite3.Connection) -> None:
+        entered.set()
+        gate.wait(10)
+
+    fut = asyncio.ensure_future(s.committer.call(hold))
+    return gate, fut, entered  # type: ignore[return-value]
+
+
+async def test_waiting_submissions_share_one_transaction(store: SqliteStore) -> None:
+    gate, blocker, entered = _block_writer(store)  # type: ignore[misc]
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+    before = store.committer.stats.batches
+    tasks = [asyncio.ensure_future(store.submit(new_job(key=f"k{i}"))) for i in range(50)]
+    await asyncio.sleep(0)  # let every task enqueue
+    gate.set()
+    await blocker
+    results = await asyncio.gather(*tasks)
+    assert all(r.created for r in results)
+    assert store.committer.stats.batches - before == 2  # the blocker's batch + one batch of 50
+    assert store.committer.stats.sizes[50] == 1
+
+
+async def test_failed_commit_fails_every_member_and_keeps_nothing(store: SqliteStore) -> None:
+    gate, blocker, entered = _block_writer(store)  # type: ignore[misc]
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+    store.committer.fault = lambda size: sqlite3.OperationalError("disk I/O error") if size == 5 else None
+    tasks = [asyncio.ensure_future(store.submit(new_job(key=f"k{i}"))) for i in range(5)]
+    await asyncio.sleep(0)
+    gate.set()
+    await blocker
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    store.committer.fault = None
+    assert all(isinstance(o, errors.BatchFailed) for o in outcomes)
+    assert all(o.code is Code.UNAVAILABLE and o.retryable for o in outcomes if isinstance(o, errors.TandemError))
+    assert (await store.list_jobs(JobFilter())).jobs == ()
+    retried = await asyncio.gather(*(store.submit(new_job(key=f"k{i}")) for i in range(5)))
+    assert all(r.created for r in retried)
+
+
+async def test_one_members_error_does_not_sink_the_batch(store: SqliteStore) -> None:
+    await store.submit(new_job(key="dup", gpus=1))
+    gate, blocker, entered = _block_writer(store)  # type: ignore[misc]
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+    good1 = asyncio.ensure_future(store.submit(new_job(key="g1")))
+    bad = asyncio.ensure_future(store.submit(new_job(key="dup", gpus=2)))
+    good2 = asyncio.ensure_future(store.submit(new_job(key="g2")))
+    await asyncio.sleep(0)
+    gate.set()
+    await blocker
+    assert (await good1).created and (await good2).created
+    with pytest.raises(errors.IdempotencyConflict):
+        await bad
+    assert len((await store.list_jobs(JobFilter())).jobs) == 3
+
+
+async def test_closed_store_is_unavailable(clock: FakeClock) -> None:
+    s = SqliteStore(clock=clock)
+    await s.open()
+    await s.close()
+    with pytest.raises(errors.StoreUnavailable) as ei:
+        await s.submit(new_job())
+    assert ei.value.code is Code.UNAVAILABLE
+
+
+# -- transitions -----------------------------------------------------------------------------------
+
+
+async def test_reserve_persists_attempt_event_and_dispatch_order_together(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    rev0 = await store.current_revision()
+    await _reserve(store, j.job_id)
+    job = await store.get_job(j.job_id)
+    assert (job.state, job.attempt, job.revision) == (S.RESERVED, 1, rev0 + 1)
+    [a] = await store.list_attempts(j.job_id)
+    assert (a.number, a.cluster, a.domain, a.gpu_model, a.gpus, a.outcome) == (1, "c1", ("z1", "r1"), "H100", 16.0, None)
+    assert a.assignments == (ReplicaPlacement("w", 0, "n1"), ReplicaPlacement("w", 1, "n2"))
+    [o] = await store.pending_orders("c1")
+    assert (o.job_id, o.attempt, o.kind) == (j.job_id, 1, OrderKind.DISPATCH)
+    [res] = await store.active_reservations()
+    assert (res.job_id, res.attempt, res.tenant, res.cluster) == (j.job_id, 1, "t1", "c1")
+
+
+async def test_cas_refuses_stale_state_or_attempt(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    await _reserve(store, j.job_id)
+    stale = Transition(j.job_id, S.QUEUED, 0, S.RESERVED, reason="Placed")
+    with pytest.raises(errors.StaleTransition) as ei:
+        await store.transition(stale)
+    assert ei.value.code is Code.ABORTED
+    with pytest.raises(errors.StaleTransition):
+        await store.transition(Transition(j.job_id, S.RESERVED, 7, S.DISPATCHED, reason="x"))
+    ok = await store.transition(Transition(j.job_id, S.RESERVED, 1, S.DISPATCHED, reason="DispatchSent"))
+    assert ok.state is S.DISPATCHED
+
+
+async def test_edges_outside_the_table_are_refused(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    with pytest.raises(errors.InvalidTransition) as ei:
+        await store.transition(Transition(j.job_id, S.QUEUED, 0, S.RUNNING, reason="x"))
+    assert ei.value.code is Code.FAILED_PRECONDITION
+    assert (await store.get_job(j.job_id)).state is S.QUEUED
+
+
+async def test_unknown_job_is_not_found(store: SqliteStore) -> None:
+    with pytest.raises(errors.JobNotFound) as ei:
+        await store.get_job("nope")
+    assert ei.value.code is Code.NOT_FOUND
+
+
+async def test_other_tenant_sees_not_found(store: SqliteStore) -> None:
+    j = (await store.submit(new_job("t1"))).job
+    with pytest.raises(errors.JobNotFound):
+        await store.get_job(j.job_id, tenant="t2")
+    with pytest.raises(errors.JobNotFound):
+        await store.cancel_job(j.job_id, tenant="t2", actor="tenant/x")
+    assert (await store.get_job(j.job_id, tenant="t1")).state is S.QUEUED
+
+
+async def test_full_lifecycle_records_attempt_times(store: SqliteStore, clock: FakeClock) -> None:
+    j = (await store.submit(new_job())).job
+    await _reserve(store, j.job_id)
+    clock.advance(5)
+    await _run(store, j.job_id)
+    clock.advance(100)
+    job, r = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.SUCCEEDED))
+    assert job.state is S.SUCCEEDED and job.end_time == clock()
+    [a] = await store.list_attempts(j.job_id)
+    assert a.outcome is AttemptOutcome.SUCCEEDED and a.namespace == "ns1"
+    assert a.dispatch_time == a.accept_time == a.start_time == a.running_time == clock() - 100
+    assert [o.kind for o in await store.pending_orders("c1")] == [OrderKind.DISPATCH, OrderKind.START]
+    history = [(e.from_state, e.to_state) for e in await store.job_history(j.job_id)]
+    assert history == [(None, S.QUEUED), (S.QUEUED, S.RESERVED), (S.RESERVED, S.DISPATCHED),
+                       (S.DISPATCHED, S.ACCEPTED), (S.ACCEPTED, S.STARTING), (S.STARTING, S.RUNNING),
+                       (S.RUNNING, S.SUCCEEDED)]
+    assert await store.active_reservations() == []
+
+
+async def test_stale_attempt_messages_are_ignored(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    await _reserve(store, j.job_id)
+    await store.apply_event(lifecycle.DispatchRejected(j.job_id, 1, "DOES_NOT_FIT", "no room", ("n1",)))
+    await _reserve(store, j.job_id, attempt=1, cluster="c2")
+    job, r = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.APP_FAILED, exit_code=3))
+    assert r.ignored is lifecycle.IgnoreReason.STALE_ATTEMPT
+    assert (job.state, job.attempt) == (S.RESERVED, 2)
+    a1, a2 = await store.list_attempts(j.job_id)
+    assert (a1.outcome, a1.rejection_reason, a1.rejection_nodes) == (AttemptOutcome.REJECTED, "DOES_NOT_FIT", ("n1",))
+    assert a2.outcome is None and a2.cluster == "c2"
+
+
+async def test_infra_failure_backs_off_and_spends_budget(store: SqliteStore, clock: FakeClock) -> None:
+    j = (await store.submit(new_job(max_infra_retries=1))).job
+    await _reserve(store, j.job_id)
+    await _run(store, j.job_id)
+    job, _ = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED, message="node down"))
+    assert (job.state, job.infra_retries, job.not_before) == (S.QUEUED, 1, clock() + 10.0)
+    await _reserve(store, j.job_id, attempt=1)
+    await _run(store, j.job_id, attempt=2)
+    job, _ = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 2, AttemptOutcome.GANG_TIMEOUT))
+    assert (job.state, job.infra_retries, job.reason) == (S.FAILED, 2, "RetryBudgetSpent")
+
+
+async def test_mutate_reads_and_writes_atomically(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    seen = []
+
+    def decide(job, attempt):  # type: ignore[no-untyped-def]
+        seen.append((job.state, attempt))
+        return Transition(job.job_id, job.state, job.attempt, S.CANCELLED, reason="Cancelled")
+
+    out = await store.mutate(j.job_id, decide)
+    assert out.state is S.CANCELLED and seen == [(S.QUEUED, None)]
+    assert (await store.mutate(j.job_id, lambda job, a: None)).state is S.CANCELLED
+
+
+# -- cancel ----------------------------------------------------------------------------------------
+
+
+async def test_cancel_queued_is_immediate(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    out = await store.cancel_job(j.job_id, tenant="t1", actor="tenant/alice", message="bye")
+    assert out.state is S.CANCELLED and out.end_time is not None
+    [ev] = (await store.job_history(j.job_id))[1:]
+    assert (ev.actor, ev.message, ev.reason) == ("tenant/alice", "bye", "Cancelled")
+    again = await store.cancel_job(j.job_id, tenant="t1", actor="tenant/alice")
+    assert again.revision == out.revision  # idempotent
+
+
+async def test_cancel_running_waits_for_cluster_confirmation(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    await _reserve(store, j.job_id)
+    await _run(store, j.job_id)
+    out = await store.cancel_job(j.job_id, tenant="t1", actor="tenant/a", grace_s=45)
+    assert out.state is S.CANCELLING
+    cancel = (await store.pending_orders("c1"))[-1]
+    assert (cancel.kind, cancel.attempt, cancel.grace_s) == (OrderKind.CANCEL, 1, 45)
+    job, _ = await store.apply_event(lifecycle.ClusterSilent(j.job_id, 1))
+    assert job.state is S.CANCELLING  # kept across a disconnect
+    job, _ = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED))
+    assert job.state is S.CANCELLED
+    [a] = await store.list_attempts(j.job_id)
+    assert a.outcome is AttemptOutcome.CANCELLED
+
+
+async def test_cancel_finished_job_fails_precondition(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    await _reserve(store, j.job_id)
+    await _run(store, j.job_id)
+    await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.SUCCEEDED))
+    with pytest.raises(errors.JobFinished) as ei:
+        await store.cancel_job(j.job_id, tenant=None, actor="admin/root")
+    assert ei.value.code is Code.FAILED_PRECONDITION
+
+
+async def test_cancel_job_set(store: SqliteStore) -> None:
+    a = (await store.submit(new_job(job_set="run1"))).job
+    b = (await store.submit(new_job(job_set="run1"))).job
+    other = (await store.submit(new_job(job_set="run2"))).job
+    foreign = (await store.submit(new_job("t2", job_set="run1"))).job
+    await _reserve(store, b.job_id)
+    await _run(store, b.job_id)
+    changed = await store.cancel_job_set("t1", "run1", actor="tenant/a")
+    assert {(j.job_id, j.state) for j in changed} == {(a.job_id, S.CANCELLED), (b.job_id, S.CANCELLING)}
+    assert (await store.get_job(other.job_id)).state is S.QUEUED
+    assert (await store.get_job(foreign.job_id)).state is S.QUEUED
+
+
+# -- outbox ----------------------------------------------------------------------------------------
+
+
+async def test_orders_are_acked_per_cluster(store: SqliteStore) -> None:
+    for _ in range(3):
+        j = (await store.submit(new_job())).job
+        await _reserve(store, j.job_id)
+    orders = await store.pending_orders("c1")
+    assert [o.order_id for o in orders] == sorted(o.order_id for o in orders) and len(orders) == 3
+    assert await store.ack_orders("c2", [orders[0].order_id]) == 0  # another cluster's ack is ignored
+    assert await store.ack_orders("c1", [orders[0].order_id, orders[1].order_id]) == 2
+    assert [o.order_id for o in await store.pending_orders("c1")] == [orders[2].order_id]
+    assert await store.pending_orders("c1", after=orders[2].order_id) == []
+
+
+async def test_transition_with_explicit_orders(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    t = Transition(j.job_id, S.QUEUED, 0, S.RESERVED, reason="Placed",
+                   new_attempt=AttemptRecord(j.job_id, 1, "c9", (), (), "A100", 1.0, 0.0),
+                   orders=(OrderSpec(OrderKind.DISPATCH, "c9"),))
+    await store.transition(t)
+    [o] = await store.pending_orders("c9")
+    assert (o.attempt, o.kind) == (1, OrderKind.DISPATCH)
+    bad = Transition(j.job_id, S.RESERVED, 1, S.QUEUED, reason="x",
+                     new_attempt=AttemptRecord(j.job_id, 5, "c9", (), (), "A100", 1.0, 0.0))
+    with pytest.raises(errors.InvalidTransition):
+        await store.transition(bad)
+
+
+# -- watch -----------------------------------------------------------------------------------------
+
+
+async def test_watch_resumes_from_a_revision(store: SqliteStore) -> None:
+    a = (await store.submit(new_job("t1", job_set="s"))).job
+    b = (await store.submit(new_job("t2"))).job
+    await _reserve(store, a.job_id)
+    events = await store.watch_events(0)
+    revs = [e.revision for e in events]
+    assert revs == sorted(revs) and len(set(revs)) == 3
+    assert revs[-1] == await store.current_revision()
+    assert [e.job_id for e in await store.watch_events(revs[0])] == [b.job_id, a.job_id]
+    assert [e.job_id for e in await store.watch_events(0, tenant="t2")] == [b.job_id]
+    assert [e.to_state for e in await store.watch_events(0, job_set="s")] == [S.QUEUED, S.RESERVED]
+    assert len(await store.watch_events(0, limit=2)) == 2
+
+
+async def test_wait_for_revision_wakes_on_commit(store: SqliteStore) -> None:
+    rev = await store.current_revision()
+    waiter = asyncio.ensure_future(store.wait_for_revision(rev, timeout_s=30))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    j = (await store.submit(new_job())).job
+    assert await asyncio.wait_for(waiter, 10) == j.revision
+    assert await store.wait_for_revision(j.revision, timeout_s=0.01) == j.revision
+
+
+# -- retention -------------------------------------------------------------------------------------
+
+
+async def test_compaction_deletes_old_finished_jobs_and_marks_revision(store: SqliteStore, clock: FakeClock) -> None:
+    old = (await store.submit(new_job(key="old"))).job
+    await store.cancel_job(old.job_id, tenant=None, actor="admin")
+    live = (await store.submit(new_job(key="live"))).job
+    clock.advance(3600)
+    recent = (await store.submit(new_job(key="recent"))).job
+    await store.cancel_job(recent.job_id, tenant=None, actor="admin")
+    result = await store.compact(finished_before=clock() - 60)
+    assert result.deleted_jobs == 1 and result.deleted_events == 2
+    assert result.compacted_revision == 2 == await store.compacted_revision()
+    with pytest.raises(errors.JobNotFound):
+        await store.get_job(old.job_id)
+    assert (await store.get_job(live.job_id)).state is S.QUEUED
+    with pytest.raises(errors.RevisionCompacted) as ei:
+        await store.watch_events(1)
+    assert ei.value.code is Code.OUT_OF_RANGE and ei.value.compacted_revision == 2
+    assert {e.job_id for e in await store.watch_events(2)} == {live.job_id, recent.job_id}
+    # the key went with its job: a new submission under it is a new job
+    again = await store.submit(new_job(key="old"))
+    assert again.created and again.job.job_id != old.job_id
+    assert again.job.revision > result.compacted_revision
+
+
+async def test_revisions_stay_monotonic_after_compacting_the_newest(store: SqliteStore, clock: FakeClock) -> None:
+    j = (await store.submit(new_job())).job
+    done = await store.cancel_job(j.job_id, tenant=None, actor="admin")
+    clock.advance(10)
+    r = await store.compact(finished_before=clock())
+    assert r.compacted_revision == done.revision
+    nxt = (await store.submit(new_job())).job
+    assert nxt.revision == done.revision + 1 and nxt.seq == j.seq + 1
+
+
+# -- listing ---------------------------------------------------------------------------------------
+
+
+async def test_list_pages_with_filters(store: SqliteStore) -> None:
+    made = []
+    for i in range(7):
+        made.append((await store.submit(new_job(
+            "t1" if i % 2 == 0 else "t2", queue="q1" if i < 4 else "q2", job_set=f"s{i % 3}",
+            labels={"team": "a" if i < 5 else "b", "i": str(i)},
+        ))).job)
+    flt = JobFilter(tenant="t1")
+    page1 = await store.list_jobs(flt, page_size=2)
+    page2 = await store.list_jobs(flt, page_size=2, page_token=page1.next_page_token)
+    assert [j.job_id for j in page1.jobs + page2.jobs] == [made[i].job_id for i in (0, 2, 4, 6)]
+    assert page2.next_page_token == ""
+    cases = [
+        (JobFilter(queue="q2"), [4, 5, 6]),
+        (JobFilter(job_set="s1"), [1, 4]),
+        (JobFilter(labels=(("team", "b"),)), [5, 6]),
+        (JobFilter(tenant="t1", labels=(("team", "a"), ("i", "4"))), [4]),
+        (JobFilter(states=frozenset({S.CANCELLED})), []),
+        (JobFilter(states=frozenset({S.QUEUED, S.CANCELLED}), queue="q1"), [0, 1, 2, 3]),
+    ]
+    for f, want in cases:
+        got = (await store.list_jobs(f, page_size=100)).jobs
+        assert [j.job_id for j in got] == [made[i].job_id for i in want], f
+
+
+async def test_tampered_or_foreign_page_tokens_are_invalid_argument(store: SqliteStore) -> None:
+    for _ in range(3):
+        await store.submit(new_job())
+    page = await store.list_jobs(JobFilter(tenant="t1"), page_size=1)
+    token = page.next_page_token
+    forged = token[:-2] + ("AA" if token[-2:] != "AA" else "BB")
+    for bad in (forged, "garbage!", "", token):
+        flt = JobFilter(tenant="t1") if bad != token else JobFilter(tenant="t2")
+        if bad == "":
+            continue
+        with pytest.raises(errors.InvalidPageToken) as ei:
+            await store.list_jobs(flt, page_size=1, page_token=bad)
+        assert ei.value.code is Code.INVALID_ARGUMENT
+
+
+# -- schema ----------------------------------------------------------------------------------------
+
+
+async def test_schema_is_migrated_once_and_newer_schemas_refused(tmp_path, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]
+    path = str(tmp_path / "s.db")
+    async with SqliteStore(path, clock=clock) as s:
+        assert s.schema_version == 1
+        await s.submit(new_job(key="k"))
+    async with SqliteStore(path, clock=clock) as s:
+        assert (await s.submit(new_job(key="k"))).created is False
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    conn.execute("INSERT INTO schema_version VALUES (99, 0)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(errors.StoreUnavailable):
+        await SqliteStore(path, clock=clock).open()
+
+
+async def test_reservations_and_orders_survive_reopen(tmp_path, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]
+    path = str(tmp_path / "s.db")
+    async with SqliteStore(path, clock=clock, id_gen=id_gen()) as s:
+        j = (await s.submit(new_job())).job
+        await _reserve(s, j.job_id)
+        token = (await s.list_jobs(JobFilter(), page_size=1)).next_page_token
+        assert token == ""
+        for _ in range(2):
+            await s.submit(new_job())
+        token = (await s.list_jobs(JobFilter(), page_size=1)).next_page_token
+    async with SqliteStore(path, clock=clock, id_gen=id_gen("x")) as s:
+        [res] = await s.active_reservations()
+        assert (res.job_id, res.attempt, res.cluster) == (j.job_id, 1, "c1")
+        assert [o.kind for o in await s.pending_orders("c1")] == [OrderKind.DISPATCH]
+        assert [a.job_id for a in await s.active_attempts()] == [j.job_id]
+        assert len(await s.active_jobs()) == 3
+        # page tokens stay valid across a restart (the signing secret is stored)
+        assert len((await s.list_jobs(JobFilter(), page_size=1, page_token=token)).jobs) == 1
