@@ -326,7 +326,10 @@ def allocate(
     """
     fit = capacity(node, shape, dra=dra)
     if fit.count < replicas:
-        raise CapacityError(node.name, replicas, fit.count, fit.reason, fit.detail)
+        why = fit
+        if fit.count > 0:  # what runs out after the replicas that do fit
+            why = capacity(allocate(node, shape, fit.count, dra=dra)[0], shape, dra=dra)
+        raise CapacityError(node.name, replicas, fit.count, why.reason, why.detail)
     gpus = list(node.gpus)
     taken_gpus: list[tuple[int, int]] = []
     taken_mig: list[tuple[int, int]] = []
