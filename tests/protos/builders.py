@@ -146,6 +146,7 @@ def job_spec() -> j.JobSpec:
         max_infra_retries=3,
         termination_grace_period=dur(120, 500_000_000),
         rendezvous_port=29_500,
+        namespace_hint="team-acme-batch",
     )
 
 
@@ -180,6 +181,7 @@ def attempt() -> j.Attempt:
         log_links=[log_link()],
         rejection=dispatch_rejection(),
         spent_retry=True,
+        domain_level="rack",
     )
 
 

@@ -141,7 +141,7 @@ def set_fields(message: Message) -> Iterator[tuple[str, str]]:
     """(message full name, field name) for every field set anywhere inside `message`."""
     for field, value in message.ListFields():
         yield message.DESCRIPTOR.full_name, field.name
-        if field.type != FieldDescriptor.TYPE_MESSAGE:
+        if field.type != FieldDescriptor.TYPE_MESSAGE or field.message_type is None:
             continue
         if field.message_type.GetOptions().map_entry:
             value_field = field.message_type.fields_by_name["value"]

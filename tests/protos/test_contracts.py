@@ -6,6 +6,7 @@ import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from google.protobuf import descriptor_pb2
@@ -19,7 +20,7 @@ from tests.protos import cases
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load_script():  # type: ignore[no-untyped-def]
+def _load_script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("tandem_protos_script", REPO_ROOT / "scripts" / "protos.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -34,9 +34,10 @@ class ClusterServiceStub:
     (BadRequest.FieldViolation naming the field path, PreconditionFailure /
     ErrorInfo naming the policy). Connect-specific codes: FAILED_PRECONDITION
     + ErrorInfo reason "PROTOCOL_VERSION_UNSUPPORTED" (metadata "min", "max");
-    ALREADY_EXISTS when another stream of the same cluster is live (the newer
-    one wins after the older one's heartbeat timeout); NOT_FOUND for unknown
-    clusters in the admin RPCs.
+    INVALID_ARGUMENT when the first message is not a Hello; ABORTED ends an
+    older stream of the same cluster when a newer one says Hello (newest
+    wins: the older one belongs to a previous leader or a half-open
+    connection). NOT_FOUND for unknown clusters in the admin RPCs.
     """
 
     def __init__(self, channel):
@@ -81,9 +82,10 @@ class ClusterServiceServicer:
     (BadRequest.FieldViolation naming the field path, PreconditionFailure /
     ErrorInfo naming the policy). Connect-specific codes: FAILED_PRECONDITION
     + ErrorInfo reason "PROTOCOL_VERSION_UNSUPPORTED" (metadata "min", "max");
-    ALREADY_EXISTS when another stream of the same cluster is live (the newer
-    one wins after the older one's heartbeat timeout); NOT_FOUND for unknown
-    clusters in the admin RPCs.
+    INVALID_ARGUMENT when the first message is not a Hello; ABORTED ends an
+    older stream of the same cluster when a newer one says Hello (newest
+    wins: the older one belongs to a previous leader or a half-open
+    connection). NOT_FOUND for unknown clusters in the admin RPCs.
     """
 
     def Connect(self, request_iterator, context):
@@ -172,9 +174,10 @@ class ClusterService:
     (BadRequest.FieldViolation naming the field path, PreconditionFailure /
     ErrorInfo naming the policy). Connect-specific codes: FAILED_PRECONDITION
     + ErrorInfo reason "PROTOCOL_VERSION_UNSUPPORTED" (metadata "min", "max");
-    ALREADY_EXISTS when another stream of the same cluster is live (the newer
-    one wins after the older one's heartbeat timeout); NOT_FOUND for unknown
-    clusters in the admin RPCs.
+    INVALID_ARGUMENT when the first message is not a Hello; ABORTED ends an
+    older stream of the same cluster when a newer one says Hello (newest
+    wins: the older one belongs to a previous leader or a half-open
+    connection). NOT_FOUND for unknown clusters in the admin RPCs.
     """
 
     @staticmethod

@@ -458,10 +458,9 @@ class PodShape(_message.Message):
     0 = no minimum.
     """
     gpu_milli: _builtins.int
-    """Fractional GPU share per GPU in thousandths of a GPU, 1..1000, applied
-    to each of the gpu_count GPUs (total request = gpu_count * gpu_milli);
-    0 means 1000 (whole GPUs). Values below 1000 require gpu_count = 1 unless
-    the cluster announces support for multi-GPU shares.
+    """Fractional GPU share per GPU in thousandths of a GPU, 1..1000, needed on
+    each of gpu_count distinct GPUs (total request = gpu_count * gpu_milli);
+    0 means 1000 (whole GPUs).
     """
     mig_profile: _builtins.str
     """MIG profile name, e.g. "1g.10gb" (resource `nvidia.com/mig-<profile>`);
@@ -733,6 +732,7 @@ class JobSpec(_message.Message):
     MAX_INFRA_RETRIES_FIELD_NUMBER: _builtins.int
     TERMINATION_GRACE_PERIOD_FIELD_NUMBER: _builtins.int
     RENDEZVOUS_PORT_FIELD_NUMBER: _builtins.int
+    NAMESPACE_HINT_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Tenant the job belongs to; must be one the caller may act for."""
     queue: _builtins.str
@@ -768,6 +768,11 @@ class JobSpec(_message.Message):
     rendezvous_port: _builtins.int
     """TCP port of the rendezvous endpoint on replica 0 of the first pod set
     (e.g. 29500 for torchrun, 6379 for Ray); 0 = the framework default.
+    """
+    namespace_hint: _builtins.str
+    """Preferred namespace among those the chosen cluster maps to the tenant
+    (passed on as Dispatch.namespace_hint); empty or not allowed there =
+    the cluster's default namespace for the tenant.
     """
     @_builtins.property
     def max_runtime(self) -> _duration_pb2.Duration:
@@ -838,10 +843,11 @@ class JobSpec(_message.Message):
         max_infra_retries: _builtins.int | None = ...,
         termination_grace_period: _duration_pb2.Duration | None = ...,
         rendezvous_port: _builtins.int = ...,
+        namespace_hint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries", "_min_available", b"_min_available", "cluster_selector", b"cluster_selector", "data_locality", b"data_locality", "max_infra_retries", b"max_infra_retries", "max_runtime", b"max_runtime", "min_available", b"min_available", "start_timeout", b"start_timeout", "termination_grace_period", b"termination_grace_period", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries", "_min_available", b"_min_available", "annotations", b"annotations", "cluster_selector", b"cluster_selector", "data_locality", b"data_locality", "display_name", b"display_name", "framework", b"framework", "job_set_id", b"job_set_id", "labels", b"labels", "max_infra_retries", b"max_infra_retries", "max_runtime", b"max_runtime", "min_available", b"min_available", "pod_sets", b"pod_sets", "preemptible", b"preemptible", "priority", b"priority", "priority_band", b"priority_band", "queue", b"queue", "rendezvous_port", b"rendezvous_port", "start_timeout", b"start_timeout", "tenant", b"tenant", "termination_grace_period", b"termination_grace_period", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries", "_min_available", b"_min_available", "annotations", b"annotations", "cluster_selector", b"cluster_selector", "data_locality", b"data_locality", "display_name", b"display_name", "framework", b"framework", "job_set_id", b"job_set_id", "labels", b"labels", "max_infra_retries", b"max_infra_retries", "max_runtime", b"max_runtime", "min_available", b"min_available", "namespace_hint", b"namespace_hint", "pod_sets", b"pod_sets", "preemptible", b"preemptible", "priority", b"priority", "priority_band", b"priority_band", "queue", b"queue", "rendezvous_port", b"rendezvous_port", "start_timeout", b"start_timeout", "tenant", b"tenant", "termination_grace_period", b"termination_grace_period", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_infra_retries: _TypeAlias = _typing.Literal["max_infra_retries"]  # noqa: Y015
     _WhichOneofArgType__max_infra_retries: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries"]  # noqa: Y015
@@ -880,6 +886,7 @@ class Attempt(_message.Message):
     LOG_LINKS_FIELD_NUMBER: _builtins.int
     REJECTION_FIELD_NUMBER: _builtins.int
     SPENT_RETRY_FIELD_NUMBER: _builtins.int
+    DOMAIN_LEVEL_FIELD_NUMBER: _builtins.int
     number: _builtins.int
     """Attempt number (1-based)."""
     cluster: _builtins.str
@@ -900,10 +907,14 @@ class Attempt(_message.Message):
     """
     spent_retry: _builtins.bool
     """True if this attempt spent retry budget."""
+    domain_level: _builtins.str
+    """Name of the topology level `domain` stops at (Hello.topology_levels[].name);
+    empty when unconstrained.
+    """
     @_builtins.property
     def domain(self) -> _common_pb2.TopologyPath:
         """Topology domain chosen (prefix path down to the required level, or the
-        level the placer used); empty segments when unconstrained.
+        level the placer used); no segments when unconstrained.
         """
 
     @_builtins.property
@@ -969,10 +980,11 @@ class Attempt(_message.Message):
         log_links: _abc.Iterable[_common_pb2.LogLink] | None = ...,
         rejection: Global___DispatchRejection | None = ...,
         spent_retry: _builtins.bool = ...,
+        domain_level: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "accept_time", b"accept_time", "dispatch_time", b"dispatch_time", "domain", b"domain", "end_time", b"end_time", "exit_code", b"exit_code", "rejection", b"rejection", "reserve_time", b"reserve_time", "running_time", b"running_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "accept_time", b"accept_time", "assignments", b"assignments", "cluster", b"cluster", "dispatch_time", b"dispatch_time", "domain", b"domain", "end_time", b"end_time", "exit_code", b"exit_code", "gpu_model", b"gpu_model", "log_links", b"log_links", "namespace", b"namespace", "number", b"number", "outcome", b"outcome", "outcome_message", b"outcome_message", "rejection", b"rejection", "rendezvous_address", b"rendezvous_address", "replicas", b"replicas", "reserve_time", b"reserve_time", "running_time", b"running_time", "spent_retry", b"spent_retry", "start_time", b"start_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "accept_time", b"accept_time", "assignments", b"assignments", "cluster", b"cluster", "dispatch_time", b"dispatch_time", "domain", b"domain", "domain_level", b"domain_level", "end_time", b"end_time", "exit_code", b"exit_code", "gpu_model", b"gpu_model", "log_links", b"log_links", "namespace", b"namespace", "number", b"number", "outcome", b"outcome", "outcome_message", b"outcome_message", "rejection", b"rejection", "rendezvous_address", b"rendezvous_address", "replicas", b"replicas", "reserve_time", b"reserve_time", "running_time", b"running_time", "spent_retry", b"spent_retry", "start_time", b"start_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015

@@ -316,7 +316,9 @@ class ListJobsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
-    """Tenant; tenant principals may name only their own (empty = own)."""
+    """Tenant; tenant principals may name only their own (empty = own);
+    admins: empty = every tenant.
+    """
     queue: _builtins.str
     """Queue name."""
     job_set_id: _builtins.str
@@ -440,7 +442,8 @@ Global___WatchJobsRequest: _TypeAlias = WatchJobsRequest  # noqa: Y015
 @_typing.final
 class JobEvent(_message.Message):
     """One event from the store's outbox (written in the same transaction as the
-    change, so revisions have no gaps for a given filter's events).
+    change, so no committed change is ever missed). Revisions increase strictly
+    along a stream; a filtered stream skips the revisions of other jobs.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
