@@ -17,6 +17,8 @@ import orjson
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
+from extender.errors import ExtenderError
+
 __all__ = [
     "Backoff",
     "InventorySink",
@@ -27,7 +29,7 @@ __all__ = [
     "load_api_client",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tandem.extender.kube")
 
 RESERVATION_LABEL = "tandem.dev/reservation"
 
@@ -51,7 +53,7 @@ class InventorySink(Protocol):
     def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None: ...
 
 
-class KubeError(Exception):
+class KubeError(ExtenderError):
     """A kube API call failed; ``status`` is the HTTP status (0 when the stream itself was bad)."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -202,20 +204,20 @@ class Watcher:
                 if delivered:
                     gone_streak = 0
             except _Gone as e:
-                log.info("watch expired, relisting", extra={"kind": source.kind.value})
+                log.info("watch expired, relisting", extra={"detail": {"kind": source.kind.value}})
                 rv = None
                 gone_streak += 1
                 if gone_streak > 1:  # 410 again right after a relist: do not spin
                     await self._fail(source, backoff, e)
             except _InventoryError as e:
                 # The inventory refused an object: start over from a fresh list after a pause.
-                log.exception("inventory update failed", extra={"kind": source.kind.value})
+                log.exception("inventory update failed", extra={"detail": {"kind": source.kind.value}})
                 rv = None
                 await self._fail(source, backoff, e)
             except KubeError as e:
                 if e.status == 404 and rv is None:
                     # The API group is not served (e.g. no DRA on this cluster): nothing of this kind exists.
-                    log.warning("kind not served, treating as empty", extra={"kind": source.kind.value})
+                    log.warning("kind not served, treating as empty", extra={"detail": {"kind": source.kind.value}})
                     self._replace(source.kind, [])
                     self._listed(source.kind)
                     await self._sleep(self._settings.absent_api_retry_s)
@@ -240,7 +242,7 @@ class Watcher:
         delay = backoff.next_delay()
         log.warning(
             "watch failed, retrying",
-            extra={"kind": source.kind.value, "error": repr(error), "delay_s": delay},
+            extra={"error": repr(error), "detail": {"kind": source.kind.value, "delay_s": round(delay, 3)}},
         )
         await self._sleep(delay)
 
@@ -280,7 +282,7 @@ class Watcher:
                 break
         self._replace(source.kind, items)
         self.resource_versions[source.kind] = rv
-        log.info("listed", extra={"kind": source.kind.value, "count": len(items), "resource_version": rv})
+        log.info("listed", extra={"detail": {"kind": source.kind.value, "count": len(items)}, "version": rv})
         # An empty resourceVersion would make the watch start "from now" and skip events: relist instead.
         if not rv:
             raise KubeError(0, "list returned no resourceVersion")
