@@ -94,3 +94,13 @@ def test_generation_is_deterministic(tmp_path: Path) -> None:
     # gRPC modules only for files that declare services.
     assert "job_service_pb2_grpc.py" in names and "cluster_service_pb2_grpc.pyi" in names
     assert "job_pb2_grpc.py" not in names
+
+
+def test_installed_package_maps_tandem_to_protos(tmp_path: Path) -> None:
+    """`pip install -e .` exposes protos/tandem as `tandem`, importable from any directory."""
+    code = "import tandem.v1.job_service_pb2_grpc as m, pathlib; print(pathlib.Path(m.__file__).resolve().parent)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == REPO_ROOT / "protos" / "tandem" / "v1"
