@@ -248,8 +248,8 @@ def react(
         return _ignore(IgnoreReason.STALE_ATTEMPT)
     if isinstance(event, Reserve):
         return _reserve(job, event, now)
-    if current is None:
-        return _ignore(IgnoreReason.NOT_APPLICABLE)
+    if current is None or current.outcome is not None or job.state is S.QUEUED:
+        return _ignore(IgnoreReason.NOT_APPLICABLE)  # the attempt already ended
     if isinstance(event, DispatchSent):
         if job.state is not S.RESERVED:
             return _ignore(IgnoreReason.NO_EFFECT)
@@ -359,6 +359,8 @@ def _requeue(
     message: str, *, orders: tuple[OrderSpec, ...] = (), actor: str = "broker",
 ) -> Reaction:
     """Close the current attempt and re-queue, or FAIL when the budget or the attempt cap is spent."""
+    if not is_allowed(job.state, S.QUEUED):
+        return _ignore(IgnoreReason.NOT_APPLICABLE)
     spent = close.spent_retry
     budget = job.max_infra_retries if job.max_infra_retries is not None else policy.max_infra_retries
     retries = job.infra_retries + (1 if spent else 0)
