@@ -173,7 +173,10 @@ class Authorizer:
             if not bucket.take():
                 raise errors.RateLimited(
                     f"tenant {caller.name} is over its rate limit of {bucket.rate:g}/s",
-                    retry_after_s=bucket.retry_after_s(),
+                    details=errors.ErrorDetails(
+                        quota_violations=(errors.QuotaViolation(f"tenant/{caller.name}", "rate", bucket.rate, bucket.rate, 1),),
+                        retry_after_s=bucket.retry_after_s(),
+                    ),
                 )
 
     def check_agent_speaks_for(self, caller: Caller, cluster: str) -> None:

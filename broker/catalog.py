@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -110,6 +111,8 @@ class ClusterEntry:
     bound: dict[AttemptKey, frozenset[ReplicaKey]] = field(default_factory=dict)
     excluded_nodes: set[str] = field(default_factory=set)
     arrays: ClusterArrays | None = None
+    empty: ClusterArrays | None = None
+    """The same nodes with everything free (never-fit check); rebuilt when the node set changes."""
 
     def usability(self, now: float, stale_after_s: float) -> Usability:
         if self.cordoned:
@@ -124,6 +127,15 @@ class ClusterEntry:
 
     def silent_for(self, now: float) -> float:
         return now - self.last_seen
+
+
+def empty_node(node: Node) -> Node:
+    """A node with every healthy GPU, CPU, memory and pod slot free."""
+    gpus = tuple(dataclasses.replace(g, milli_used=0, mig=tuple(dataclasses.replace(m, used=False) for m in g.mig))
+                 for g in node.gpus)
+    return dataclasses.replace(node, gpus=gpus, cpu_milli_free=max(node.cpu_milli_allocatable, node.cpu_milli_free),
+                               memory_free=max(node.memory_allocatable, node.memory_free), pods_free=max(node.pods_free, 110),
+                               ready=True, cordoned=False)
 
 
 class DeltaGap(Exception):
@@ -252,9 +264,17 @@ class Catalog:
         if arrays is None or report.full or not arrays.try_update(report.nodes, report.removed):
             arrays = ClusterArrays.build(entry.nodes.values(), levels, self.fleet.models)
             entry.arrays = arrays
+            entry.empty = None
         self.fleet.put(entry.name, arrays)
         self._reapply_overlay(entry.name)
         self.fleet.set_usable(entry.name, entry.usability(entry.last_seen, self.stale_after_s) is Usability.USABLE)
+
+    def empty_arrays(self, entry: ClusterEntry) -> ClusterArrays:
+        """The cluster as if nothing ran on it: what never-fit checks use."""
+        if entry.empty is None:
+            levels = tuple(l.key for l in entry.meta.levels)
+            entry.empty = ClusterArrays.build((empty_node(n) for n in entry.nodes.values()), levels, self.fleet.models)
+        return entry.empty
 
     def _reapply_overlay(self, cluster: str) -> None:
         entry = self.clusters.get(cluster)

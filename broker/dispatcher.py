@@ -1,0 +1,313 @@
+"""Cluster sessions: agent messages become lifecycle events; outbox orders become Dispatch / Start / Cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import job_pb2
+
+from broker import catalog as cat
+from broker import errors, lifecycle, serde_agent
+from broker.auth import Caller
+from broker.config import BrokerConfig
+from broker.placer import Placer
+from broker.records import AttemptRecord, JobRecord, OrderKind
+from broker.states import PRE_START, AttemptOutcome, JobState
+from broker.store.base import Store
+
+__all__ = ["Session", "Dispatcher"]
+
+_log = logging.getLogger("tandem.broker.dispatcher")
+S = JobState
+
+
+@dataclass
+class Session:
+    """One live agent stream. Outgoing messages go through `out`; `None` closes the stream."""
+
+    cluster: str
+    session_id: str
+    out: asyncio.Queue[cs.BrokerMessage | None] = field(default_factory=asyncio.Queue)
+    sequence: int = 0
+    last_agent_sequence: int = 0
+    closed: bool = False
+    inventory_sequence: int = 0
+
+    def send(self, clock: Callable[[], float], **body: Any) -> None:
+        if self.closed:
+            return
+        self.sequence += 1
+        msg = cs.BrokerMessage(sequence=self.sequence, **body)
+        msg.send_time.FromNanoseconds(int(clock() * 1e9))
+        self.out.put_nowait(msg)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.out.put_nowait(None)
+
+
+class Dispatcher:
+    """Serves every agent session and keeps job state following what clusters report."""
+
+    def __init__(
+        self, store: Store, catalog: cat.Catalog, placer: Placer, config: BrokerConfig,
+        *, clock: Callable[[], float] = time.time, metrics: Any = None,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.placer = placer
+        self.cfg = config
+        self.clock = clock
+        self.metrics = metrics
+        self.broker_id = uuid.uuid4().hex[:12]
+        self.sessions: dict[str, Session] = {}
+        self._deliver_locks: dict[str, asyncio.Lock] = {}
+        self._stopped = False
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open_session(self, caller: Caller, hello: cs.Hello) -> Session:
+        """Validate the Hello, reconcile the attempts the cluster holds, send Welcome and pending orders."""
+        if hello.cluster_name != caller.name:
+            raise errors.PermissionDenied(
+                f"agent certificate names cluster {caller.name}, Hello names {hello.cluster_name}")
+        if hello.protocol_version not in (0, 1):
+            raise errors.FailedPrecondition("protocol version unsupported",
+                                            details=errors.ErrorDetails(reason="PROTOCOL_VERSION_UNSUPPORTED",
+                                                                        metadata=(("min", "1"), ("max", "1"))))
+        old = self.sessions.get(hello.cluster_name)
+        if old is not None and not old.closed:
+            old.close()  # the newer stream wins; the old one's reader ends on close
+        now = self.clock()
+        meta = serde_agent.hello_meta(hello)
+        self.catalog.connect(meta, now)
+        session = Session(hello.cluster_name, uuid.uuid4().hex[:12])
+        self.sessions[hello.cluster_name] = session
+        wanted = {(a.job_id, a.number) for a in await self.store.active_attempts() if a.cluster == hello.cluster_name}
+        known = {(j, n) for j, n, _ in serde_agent.known_attempts(hello)}
+        welcome = serde_agent.welcome_message(
+            self.broker_id, session.session_id, self.cfg.heartbeat_interval_s, self.cfg.cluster_stale_after_s,
+            self.cfg.agent_listener.max_message_bytes, sorted(known - wanted), sorted(known & wanted))
+        session.send(self.clock, welcome=welcome)
+        session.send(self.clock, resync=cs.ResyncRequest(inventory=True, workloads=True, reason="new session"))
+        asyncio.get_running_loop().create_task(self.deliver(hello.cluster_name))
+        return session
+
+    def close_session(self, session: Session) -> None:
+        session.close()
+        if self.sessions.get(session.cluster) is session:
+            del self.sessions[session.cluster]
+            self.catalog.disconnect(session.cluster, self.clock())
+
+    # ------------------------------------------------------------------ agent -> broker
+
+    async def handle(self, session: Session, msg: cs.AgentMessage) -> None:
+        """Apply one agent message; acknowledge it once its effects are committed."""
+        now = self.clock()
+        kind = msg.WhichOneof("body")
+        self.catalog.heartbeat(session.cluster, now)
+        if kind == "inventory_snapshot" or kind == "inventory_delta":
+            await self._report(session, msg, kind, now)
+        elif kind == "dispatch_ack":
+            await self._dispatch_ack(session, msg.dispatch_ack)
+        elif kind == "workload_status":
+            await self._workload(session, serde_agent.workload_from_proto(msg.workload_status))
+        elif kind == "cancel_ack":
+            await self._cancel_ack(session, msg.cancel_ack)
+        elif kind == "hello":
+            raise errors.FailedPrecondition("Hello may only be the first message")
+        session.last_agent_sequence = max(session.last_agent_sequence, msg.sequence)
+        if kind != "heartbeat":
+            session.send(self.clock, ack=cs.Ack(acked_agent_sequence=session.last_agent_sequence))
+
+    async def _report(self, session: Session, msg: cs.AgentMessage, kind: str, now: float) -> None:
+        if kind == "inventory_snapshot":
+            report = serde_agent.report_from_snapshot(session.cluster, msg.inventory_snapshot, now)
+        else:
+            report = serde_agent.report_from_delta(session.cluster, msg.inventory_delta, now)
+        try:
+            self.catalog.apply_report(report, now)
+        except cat.DeltaGap as exc:
+            session.send(self.clock, resync=cs.ResyncRequest(inventory=True, reason=str(exc)))
+            return
+        session.inventory_sequence = report.sequence
+        self.placer.capacity_changed()
+
+    async def _apply(self, event: lifecycle.Event) -> JobRecord | None:
+        try:
+            job, reaction = await self.store.apply_event(event)
+        except errors.JobNotFound:
+            return None
+        self.placer.observe(job)
+        if reaction.transition is not None:
+            if job.state is S.RUNNING and self.metrics is not None:
+                self.metrics.started(job)
+            asyncio.get_running_loop().create_task(self.deliver_for(job))
+        return job
+
+    async def deliver_for(self, job: JobRecord) -> None:
+        attempts = await self.store.list_attempts(job.job_id)
+        clusters = {a.cluster for a in attempts if a.number >= job.attempt - 1}
+        for cluster in clusters:
+            await self.deliver(cluster)
+
+    async def _dispatch_ack(self, session: Session, ack: cs.DispatchAck) -> None:
+        job_id, attempt = ack.attempt.job_id, ack.attempt.attempt
+        if ack.accepted:
+            await self._apply(lifecycle.DispatchAccepted(job_id, attempt, ack.namespace))
+            return
+        rej = ack.rejection
+        nodes = tuple(rej.nodes) + tuple(r.node for r in rej.node_results if r.node not in rej.nodes)
+        self.catalog.exclude_nodes(session.cluster, nodes)
+        if self.metrics is not None:
+            self.metrics.rejected(session.cluster)
+        reason = job_pb2.DispatchRejectReason.Name(rej.reason).removeprefix("DISPATCH_REJECT_REASON_") \
+            if rej.reason in job_pb2.DispatchRejectReason.values() else "UNSPECIFIED"
+        job = await self._apply(lifecycle.DispatchRejected(job_id, attempt, reason, rej.message, nodes))
+        if job is not None:
+            self.placer.capacity_changed()  # re-plan at once, without the named nodes
+
+    async def _workload(self, session: Session, w: serde_agent.WorkloadReport) -> None:
+        try:
+            job = await self.store.get_job(w.job_id)
+        except errors.JobNotFound:
+            return
+        if w.attempt != job.attempt:
+            return  # a stale attempt's status is ignored (fencing)
+        phase = w.phase
+        if phase == "GATED":
+            await self._apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
+        elif phase == "RUNNING":
+            if job.state is S.ACCEPTED:
+                job = await self._apply(lifecycle.WorkloadReady(w.job_id, w.attempt)) or job
+            req = self.placer.requests.get(w.job_id)
+            need = req.min_replicas if req is not None else 0
+            if w.total_replicas and w.running_replicas < need and job.state is S.RUNNING:
+                await self._teardown(job, session.cluster, AttemptOutcome.INFRA_FAILED,
+                                     f"{w.running_replicas} replicas run, min-available is {need}", "GANG_FAILED")
+            else:
+                await self._apply(lifecycle.AllRunning(w.job_id, w.attempt))
+        elif phase in ("SUCCEEDED", "FAILED"):
+            outcome = w.outcome or (AttemptOutcome.SUCCEEDED if phase == "SUCCEEDED" else AttemptOutcome.INFRA_FAILED)
+            await self._apply(lifecycle.AttemptEnded(w.job_id, w.attempt, outcome, w.exit_code, w.message))
+        elif phase == "DELETED":
+            await self._apply(lifecycle.AttemptEnded(w.job_id, w.attempt, AttemptOutcome.CANCELLED, None, w.message))
+
+    async def _cancel_ack(self, session: Session, ack: cs.CancelAck) -> None:
+        if ack.result in (cs.CANCEL_RESULT_DELETED, cs.CANCEL_RESULT_NOT_FOUND):
+            await self._apply(lifecycle.AttemptEnded(ack.attempt.job_id, ack.attempt.attempt,
+                                                     AttemptOutcome.CANCELLED, None, ack.message or "deleted"))
+
+    async def _teardown(self, job: JobRecord, cluster: str, outcome: AttemptOutcome, message: str, why: str) -> None:
+        """End the attempt (the lifecycle re-queues it as the next attempt) and order its workload deleted."""
+        attempt = job.attempt
+        await self._apply(lifecycle.AttemptEnded(job.job_id, attempt, outcome, None, message))
+        session = self.sessions.get(cluster)
+        if session is not None:
+            session.send(self.clock, cancel=serde_agent.cancel_message(job.job_id, attempt, why, self.cfg.grace_period_s, message))
+
+    # ------------------------------------------------------------------ broker -> agent
+
+    async def deliver(self, cluster: str) -> None:
+        """Send the cluster's undelivered outbox orders on its live stream, in order, then mark them delivered."""
+        session = self.sessions.get(cluster)
+        if session is None or session.closed:
+            return
+        lock = self._deliver_locks.setdefault(cluster, asyncio.Lock())
+        async with lock:
+            orders = await self.store.pending_orders(cluster)
+            done: list[int] = []
+            for order in orders:
+                if session.closed:
+                    break
+                await self._send_order(session, order)
+                done.append(order.order_id)
+            if done:
+                await self.store.ack_orders(cluster, done)
+
+    async def _send_order(self, session: Session, order: Any) -> None:
+        try:
+            job = await self.store.get_job(order.job_id)
+        except errors.JobNotFound:
+            return
+        if order.kind is OrderKind.DISPATCH:
+            if job.attempt != order.attempt or job.state not in (S.RESERVED, S.DISPATCHED):
+                return  # superseded before it went out
+            attempt = await self._attempt(job.job_id, order.attempt)
+            if attempt is None:
+                return
+            deadline = self.clock() + self.cfg.gang_start_deadline_s
+            msg = serde_agent.dispatch_message(order, job.spec, job.tenant, attempt.domain, attempt.assignments,
+                                               deadline, self.catalog.clusters[session.cluster].sequence
+                                               if session.cluster in self.catalog.clusters else 0)
+            session.send(self.clock, dispatch=msg)
+            await self._apply(lifecycle.DispatchSent(job.job_id, order.attempt))
+        elif order.kind is OrderKind.START:
+            # Start only for the live attempt, and only on a live stream (fencing).
+            if job.attempt == order.attempt and job.state is S.STARTING:
+                session.send(self.clock, start=serde_agent.start_message(job.job_id, order.attempt))
+        else:
+            reason = "PREEMPTED" if order.kind is OrderKind.PREEMPT else (
+                "USER_REQUEST" if job.state in (S.CANCELLING, S.CANCELLED) else "SUPERSEDED")
+            session.send(self.clock, cancel=serde_agent.cancel_message(job.job_id, order.attempt, reason, order.grace_s))
+
+    async def _attempt(self, job_id: str, number: int) -> AttemptRecord | None:
+        for a in await self.store.list_attempts(job_id):
+            if a.number == number:
+                return a
+        return None
+
+    # ------------------------------------------------------------------ watchdog
+
+    async def sweep(self) -> None:
+        """Stale clusters: re-plan what has not started, LOST for started work past the further bound;
+        gangs past their start deadline and unacknowledged dispatches are torn down and re-planned."""
+        now = self.clock()
+        self.catalog.sweep(now)
+        stale = {name: e.silent_for(now) for name, e in self.catalog.clusters.items()
+                 if e.silent_for(now) > self.cfg.cluster_stale_after_s}
+        if self.metrics is not None:
+            self.metrics.staleness(self.catalog, now)
+        attempts = await self.store.active_attempts()
+        for a in attempts:
+            silent = stale.get(a.cluster)
+            try:
+                job = await self.store.get_job(a.job_id)
+            except errors.JobNotFound:
+                continue
+            if job.attempt != a.number:
+                continue
+            if silent is not None:
+                if job.state in PRE_START and silent > self.cfg.cluster_stale_after_s:
+                    await self._apply(lifecycle.ClusterSilent(job.job_id, a.number))
+                    continue
+                if job.state in (S.STARTING, S.RUNNING) and silent > self.cfg.cluster_stale_after_s + self.cfg.lost_after_s:
+                    await self._apply(lifecycle.ClusterSilent(job.job_id, a.number))
+                    continue
+            if job.state is S.DISPATCHED and a.dispatch_time and now - a.dispatch_time > self.cfg.dispatch_ack_timeout_s:
+                await self._apply(lifecycle.ReservationExpired(job.job_id, a.number))
+            elif job.state in (S.ACCEPTED, S.STARTING) and a.dispatch_time \
+                    and now - a.dispatch_time > self.cfg.gang_start_deadline_s:
+                await self._teardown(job, a.cluster, AttemptOutcome.GANG_TIMEOUT, "gang did not start by its deadline",
+                                     "GANG_TIMEOUT")
+
+    async def run_sweeps(self, every_s: float = 1.0) -> None:
+        while not self._stopped:
+            await asyncio.sleep(every_s)
+            try:
+                await self.sweep()
+            except Exception:  # noqa: BLE001 - keep sweeping
+                _log.exception("sweep failed")
+
+    def stop(self) -> None:
+        self._stopped = True
+        for s in list(self.sessions.values()):
+            s.close()

@@ -1,0 +1,279 @@
+"""Plain handler functions behind the gRPC servicers: authorised domain calls in, domain results out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from broker import errors
+from broker.auth import Caller, CallerKind
+from broker.catalog import ClusterEntry, Usability
+from broker.decide import could_ever_fit
+from broker.errors import ErrorDetails, PolicyViolation, QuotaViolation
+from broker.hub import Hub
+from broker.records import AttemptRecord, JobFilter, JobPage, JobRecord, WatchEvent
+from broker.serde import ParsedItem
+from broker.states import JobState
+
+__all__ = [
+    "ItemOutcome",
+    "submit_jobs",
+    "JobView",
+    "get_job",
+    "list_jobs",
+    "watch_jobs",
+    "cancel_job",
+    "cancel_job_set",
+    "cordon",
+    "ClusterView",
+    "list_clusters",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemOutcome:
+    index: int
+    key: str
+    job_id: str = ""
+    duplicate: bool = False
+    valid: bool = False
+    error: errors.TandemError | None = None
+
+
+def _tenant_of(caller: Caller, requested: str) -> str:
+    """The tenant a call acts for: tenants only for themselves, admins for whom they name."""
+    if caller.kind is CallerKind.TENANT:
+        if requested and requested != caller.name:
+            raise errors.PermissionDenied(f"tenant {caller.name} may not act for tenant {requested}")
+        return caller.name
+    if caller.kind is CallerKind.ADMIN:
+        return requested
+    raise errors.PermissionDenied("agents may not use the job API")
+
+
+def _policy_check(hub: Hub, item: ParsedItem, tenant: str) -> None:
+    """Band, clusters, GPU models and quota ceiling from the tenancy policy; then never-fit."""
+    pol = hub.policy.current()
+    tp = pol.tenants.get(tenant)
+    if tp is None:
+        raise errors.PolicyDenied(f"tenant {tenant} is not in the policy")
+    assert item.spec is not None and item.request is not None and item.new_job is not None
+    band = item.new_job.priority_band
+    path = f"items[{item.index}].spec"
+    if pol.band_priority(band) is None or not tp.allows_band(band):
+        raise errors.PolicyDenied(
+            f"tenant {tenant} may not use priority band {band}",
+            details=ErrorDetails(reason="BAND_NOT_ALLOWED",
+                                 policy_violations=(PolicyViolation("PRIORITY_BAND", f"tenant/{tenant}/band/{band}",
+                                                                    f"{path}.priority_band not allowed"),)))
+    for name in item.request.allowed_clusters:
+        if not tp.allows_cluster(name):
+            raise errors.PolicyDenied(
+                f"tenant {tenant} may not use cluster {name}",
+                details=ErrorDetails(reason="CLUSTER_NOT_ALLOWED", policy_violations=(
+                    PolicyViolation("CLUSTER", f"tenant/{tenant}/cluster/{name}", f"{path}.cluster_selector"),)))
+    models: set[str] = set()
+    for ps in item.request.pod_sets:
+        for model in ps.shape.gpu_models:
+            if not tp.allows_model(model):
+                raise errors.PolicyDenied(
+                    f"tenant {tenant} may not use GPU model {model}",
+                    details=ErrorDetails(reason="GPU_MODEL_NOT_ALLOWED", policy_violations=(
+                        PolicyViolation("GPU_MODEL", f"tenant/{tenant}/gpu/{model}", f"{path}.pod_sets"),)))
+            models.add(model)
+    gpus = item.new_job.gpus
+    if gpus > 0 and not item.new_job.preemptible:
+        candidates = sorted(models) or sorted(k for k in tp.quotas if k != "*") or ["*"]
+        limits = [(m, tp.quota_for(m)) for m in candidates]
+        if models or "*" in tp.quotas:
+            if all(lim is not None and gpus > lim for _, lim in limits):
+                m, lim = limits[0]
+                raise errors.QuotaExceeded(
+                    f"job needs {gpus:g} GPUs, more than tenant {tenant}'s quota of {lim:g} for {m}",
+                    details=ErrorDetails(quota_violations=(
+                        QuotaViolation(f"tenant/{tenant}", f"gpu/{m}", 0.0, float(lim or 0), gpus),)))
+    allows = tp.allows_cluster
+    fits, why = could_ever_fit(hub.catalog, item.request, allows)
+    if fits is False:
+        raise errors.Unschedulable(f"job could not fit in any allowed cluster even if empty: {why}",
+                                   details=ErrorDetails(reason="UNFITTABLE"))
+
+
+async def submit_jobs(hub: Hub, caller: Caller, items: Sequence[ParsedItem], validate_only: bool) -> list[ItemOutcome]:
+    """Items succeed or fail independently; each success is durable before this returns."""
+    out: list[ItemOutcome | None] = [None] * len(items)
+    todo: list[ParsedItem] = []
+    for item in items:
+        if item.error is not None:
+            out[item.index] = ItemOutcome(item.index, item.key, error=item.error)
+            continue
+        try:
+            assert item.new_job is not None
+            tenant = _tenant_of(caller, item.new_job.tenant)
+            _policy_check(hub, item, tenant)
+        except errors.TandemError as exc:
+            out[item.index] = ItemOutcome(item.index, item.key, error=exc)
+            continue
+        if validate_only:
+            out[item.index] = ItemOutcome(item.index, item.key, valid=True)
+        else:
+            todo.append(item)
+    results = await asyncio.gather(*(hub.store.submit(i.new_job) for i in todo if i.new_job), return_exceptions=True)
+    for item, res in zip(todo, results):
+        if isinstance(res, errors.TandemError):
+            out[item.index] = ItemOutcome(item.index, item.key, error=res)
+        elif isinstance(res, BaseException):
+            out[item.index] = ItemOutcome(item.index, item.key, error=errors.Internal(f"submit failed: {res!r}"))
+        else:
+            hub.placer.observe(res.job)
+            out[item.index] = ItemOutcome(item.index, item.key, job_id=res.job.job_id, duplicate=not res.created)
+    for o in out:
+        assert o is not None
+        hub.metrics.submissions.labels("ok" if o.error is None else o.error.details.reason).inc()
+    return [o for o in out if o is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    job: JobRecord
+    attempts: tuple[AttemptRecord, ...]
+    history: tuple[WatchEvent, ...]
+    queue_info: tuple[int | None, str, str] | None
+
+
+def _scope(caller: Caller) -> str | None:
+    return None if caller.is_admin else caller.name
+
+
+async def get_job(hub: Hub, caller: Caller, job_id: str, full: bool = True) -> JobView:
+    job = await hub.store.get_job(job_id, tenant=_scope(caller))
+    attempts = tuple(await hub.store.list_attempts(job_id)) if full else ()
+    history = tuple(await hub.store.job_history(job_id)) if full else ()
+    return JobView(job, attempts, history, queue_info(hub, job))
+
+
+def queue_info(hub: Hub, job: JobRecord) -> tuple[int | None, str, str] | None:
+    """Position among the tenant's own queued jobs and why it waits (own facts and fleet aggregates only)."""
+    if job.state is not JobState.QUEUED:
+        return None
+    wait = hub.placer.waits.get(job.job_id)
+    pos = hub.placer.position(job.job_id)
+    if wait is None:
+        return (pos, "QUEUED_BEHIND_OTHERS" if pos else "UNSPECIFIED", "not evaluated yet" if not pos else "")
+    return (pos, wait.reason.value, wait.message)
+
+
+async def list_jobs(hub: Hub, caller: Caller, flt: JobFilter, page_size: int, page_token: str) -> tuple[JobPage, int]:
+    tenant = _tenant_of(caller, flt.tenant or "") or None
+    flt = JobFilter(tenant=tenant, states=flt.states, queue=flt.queue, job_set=flt.job_set, labels=flt.labels)
+    revision = await hub.store.current_revision()
+    page = await hub.store.list_jobs(flt, page_size=page_size, page_token=page_token)
+    return page, revision
+
+
+async def watch_jobs(
+    hub: Hub, caller: Caller, from_revision: int, tenant: str, queue: str, job_set: str, job_ids: frozenset[str],
+    bookmark_s: float,
+) -> AsyncIterator[tuple[int, WatchEvent | None, JobRecord | None]]:
+    """Events after `from_revision` matching the filters, then live ones; (revision, None, None) is a bookmark."""
+    scope = _tenant_of(caller, tenant) or None
+    rev = from_revision
+    if rev == 0:
+        rev = await hub.store.current_revision()
+        yield rev, None, None
+    while True:
+        events = await hub.store.watch_events(rev, tenant=scope, job_set=job_set or None)
+        for ev in events:
+            rev = ev.revision
+            if job_ids and ev.job_id not in job_ids:
+                continue
+            try:
+                job = await hub.store.get_job(ev.job_id)
+            except errors.JobNotFound:
+                job = None
+            if queue and (job is None or job.queue != queue):
+                continue
+            yield ev.revision, ev, job
+        if not events:
+            newer = await hub.store.wait_for_revision(rev, bookmark_s)
+            if newer <= rev:
+                yield rev, None, None
+
+
+async def cancel_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[JobState, bool]:
+    before = await hub.store.get_job(job_id, tenant=_scope(caller))
+    if before.state.terminal:
+        return before.state, True
+    actor = f"{caller.kind.value}/{caller.name}"
+    job = await hub.store.cancel_job(job_id, tenant=_scope(caller), actor=actor, message=reason or "cancelled",
+                                     grace_s=hub.cfg.grace_period_s)
+    hub.placer.observe(job)
+    await hub.dispatcher.deliver_for(job)
+    return job.state, False
+
+
+async def cancel_job_set(hub: Hub, caller: Caller, tenant: str, job_set: str, reason: str) -> tuple[list[str], int]:
+    who = _tenant_of(caller, tenant)
+    if not who:
+        raise errors.InvalidArgument.fields(errors.FieldViolation("tenant", "admins must name the tenant"))
+    page = await hub.store.list_jobs(JobFilter(tenant=who, job_set=job_set), page_size=1000)
+    terminal = sum(1 for j in page.jobs if j.state.terminal)
+    changed = await hub.store.cancel_job_set(who, job_set, actor=f"{caller.kind.value}/{caller.name}",
+                                             message=reason or "cancelled", grace_s=hub.cfg.grace_period_s)
+    for job in changed:
+        hub.placer.observe(job)
+    for cluster in {c for c in hub.dispatcher.sessions}:
+        await hub.dispatcher.deliver(cluster)
+    return [j.job_id for j in changed], terminal
+
+
+# ----------------------------------------------------------------------------- clusters
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    entry: ClusterEntry
+    stale: bool
+    active_attempts: int
+    cordon_reason: str
+
+
+def _view(hub: Hub, entry: ClusterEntry, now: float) -> ClusterView:
+    use = entry.usability(now, hub.catalog.stale_after_s)
+    active = sum(1 for r in hub.catalog.reservations.values() if r.cluster == entry.name)
+    return ClusterView(entry, use in (Usability.STALE, Usability.DISCONNECTED), active,
+                       hub.cordon_reasons.get(entry.name, ""))
+
+
+def list_clusters(hub: Hub, caller: Caller) -> list[ClusterView]:
+    now = hub.clock()
+    pol = hub.policy.current().tenants.get(caller.name) if caller.kind is CallerKind.TENANT else None
+    out = []
+    for name in sorted(hub.catalog.clusters):
+        if pol is not None and not pol.allows_cluster(name):
+            continue
+        out.append(_view(hub, hub.catalog.clusters[name], now))
+    return out
+
+
+def get_cluster(hub: Hub, caller: Caller, name: str) -> ClusterView:
+    for view in list_clusters(hub, caller):
+        if view.entry.name == name:
+            return view
+    raise errors.NotFound(f"cluster {name} not found", cluster=name)
+
+
+def cordon(hub: Hub, caller: Caller, name: str, cordoned: bool, reason: str) -> ClusterView:
+    if not reason:
+        raise errors.InvalidArgument.fields(errors.FieldViolation("reason", "required (audit log)"))
+    if name not in hub.catalog.clusters:
+        raise errors.NotFound(f"cluster {name} not found", cluster=name)
+    hub.catalog.set_cordoned(name, cordoned)
+    if cordoned:
+        hub.cordon_reasons[name] = reason
+    else:
+        hub.cordon_reasons.pop(name, None)
+    hub.catalog.sweep(hub.clock())
+    hub.placer.capacity_changed()
+    return _view(hub, hub.catalog.clusters[name], hub.clock())

@@ -1,0 +1,87 @@
+"""The broker's live parts wired together once: store, catalog, placer, dispatcher, auth, metrics, background loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+from broker import auth
+from broker.catalog import Catalog
+from broker.config import BrokerConfig
+from broker.dispatcher import Dispatcher
+from broker.lifecycle import RetryPolicy
+from broker.metrics import Metrics
+from broker.placer import Placer
+from broker.policy import PolicyFile
+from broker.store.base import Store, StoreOptions
+
+__all__ = ["Hub"]
+
+
+class Hub:
+    """Everything a handler needs, passed explicitly; created by `open()`, ended by `close()`."""
+
+    def __init__(self, cfg: BrokerConfig, store: Store, *, clock: Callable[[], float] = time.time,
+                 metrics: Metrics | None = None) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self.policy = PolicyFile(cfg.policy_path)
+        self.authz = auth.Authorizer(self.policy, agent_insecure=cfg.agent_insecure)
+        self.audit = auth.AuditLog(cfg.audit_log_path, clock=clock)
+        self.catalog = Catalog(stale_after_s=cfg.cluster_stale_after_s)
+        self.cordon_reasons: dict[str, str] = {}
+        self.placer = Placer(
+            store, self.catalog, self.policy, clock=clock, batch=cfg.placement_batch,
+            candidate_domains=cfg.candidate_domains, reservation_ttl_s=cfg.dispatch_ack_timeout_s * 2,
+            metrics=self.metrics,
+        )
+        self.dispatcher = Dispatcher(store, self.catalog, self.placer, cfg, clock=clock, metrics=self.metrics)
+        self.placer.on_reserved = self._reserved
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    def store_for(cls, cfg: BrokerConfig, clock: Callable[[], float] = time.time) -> Store:
+        from broker.store.sqlite import SqliteStore
+
+        retry = RetryPolicy(
+            max_infra_retries=max(cfg.retry.max_attempts - 1, 0),
+            backoff_base_s=cfg.retry.backoff_initial_s,
+            backoff_factor=cfg.retry.backoff_factor,
+            backoff_max_s=cfg.retry.backoff_max_s,
+        )
+        return SqliteStore(cfg.db_path, clock=clock, options=StoreOptions(retry=retry))
+
+    async def start(self) -> None:
+        """Open the store, reload the queue and reservations, start the placer and watchdog loops."""
+        await self.store.open()
+        await self.placer.load()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self.placer.run(idle_s=max(self.cfg.placement_interval_s, 0.01) * 20)),
+            loop.create_task(self.dispatcher.run_sweeps(min(1.0, self.cfg.cluster_stale_after_s / 4))),
+            loop.create_task(self._retention()),
+        ]
+
+    def _reserved(self, cluster: str) -> None:
+        asyncio.get_running_loop().create_task(self.dispatcher.deliver(cluster))
+
+    async def _retention(self) -> None:
+        while True:
+            await asyncio.sleep(min(3600.0, self.cfg.retention_s / 10))
+            with contextlib.suppress(Exception):
+                await self.store.compact(finished_before=self.clock() - self.cfg.retention_s)
+
+    async def close(self) -> None:
+        self.placer.stop()
+        self.dispatcher.stop()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.store.close()
+        self.audit.close()

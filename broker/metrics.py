@@ -1,0 +1,86 @@
+"""Prometheus metrics of the broker (own registry, served on a side port)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["Metrics"]
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+
+
+class Metrics:
+    """Every broker metric; a fresh registry per instance so tests and several hubs never collide."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.queue_length = Gauge("tandem_broker_queue_length", "Queued jobs", ["tenant"], registry=r)
+        self.pending_gpus = Gauge("tandem_broker_pending_gpu_demand", "GPUs wanted by queued jobs",
+                                  ["tenant", "gpu_model"], registry=r)
+        self.reserved_gpus = Gauge("tandem_broker_reserved_gpus", "GPUs held by placed jobs per cluster",
+                                   ["cluster"], registry=r)
+        self.time_to_placement = Histogram("tandem_broker_time_to_placement_seconds",
+                                           "Submission (or re-queue) to reservation", buckets=_LATENCY, registry=r)
+        self.time_to_start = Histogram("tandem_broker_time_to_start_seconds", "Submission to RUNNING",
+                                       buckets=_LATENCY, registry=r)
+        self.decision_seconds = Histogram("tandem_broker_decision_seconds", "One placement decision",
+                                          buckets=_LATENCY, registry=r)
+        self.dispatch_rejections = Counter("tandem_broker_dispatch_rejections_total", "Rejected dispatches",
+                                           ["cluster"], registry=r)
+        self.retries = Counter("tandem_broker_attempt_retries_total", "Attempts after the first", registry=r)
+        self.staleness_seconds = Gauge("tandem_broker_catalog_staleness_seconds", "Age of the last report",
+                                       ["cluster"], registry=r)
+        self.commit_batch = Histogram("tandem_broker_commit_batch_size", "Requests per group commit",
+                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.submissions = Counter("tandem_broker_submissions_total", "Submitted items by outcome",
+                                   ["outcome"], registry=r)
+
+    def placed(self, job: Any, now: float) -> None:
+        self.time_to_placement.observe(max(0.0, now - job.update_time))
+        if job.attempt >= 1:
+            self.retries.inc()
+
+    def started(self, job: Any) -> None:
+        self.time_to_start.observe(max(0.0, job.update_time - job.create_time))
+
+    def rejected(self, cluster: str) -> None:
+        self.dispatch_rejections.labels(cluster).inc()
+
+    def staleness(self, catalog: Any, now: float) -> None:
+        for name, entry in catalog.clusters.items():
+            self.staleness_seconds.labels(name).set(max(0.0, now - entry.last_report) if entry.last_report else -1)
+
+    def refresh_queue(self, placer: Any) -> None:
+        """Recompute queue gauges from the placer's view (called on scrape cadence by the hub)."""
+        self.queue_length.clear()
+        self.pending_gpus.clear()
+        counts: dict[str, int] = {}
+        demand: dict[tuple[str, str], float] = {}
+        for job in placer.queued.values():
+            counts[job.tenant] = counts.get(job.tenant, 0) + 1
+            for model in job.gpu_models or ("any",):
+                key = (job.tenant, model)
+                demand[key] = demand.get(key, 0.0) + job.gpus / max(len(job.gpu_models), 1)
+        for tenant, n in counts.items():
+            self.queue_length.labels(tenant).set(n)
+        for (tenant, model), gpus in demand.items():
+            self.pending_gpus.labels(tenant, model).set(gpus)
+        per_cluster: dict[str, float] = {}
+        for res in placer.catalog.reservations.values():
+            held = placer.held.get(res.job_id)
+            per_cluster[res.cluster] = per_cluster.get(res.cluster, 0.0) + (held.gpus if held else 0.0)
+        self.reserved_gpus.clear()
+        for cluster, gpus in per_cluster.items():
+            self.reserved_gpus.labels(cluster).set(gpus)
+
+    def observe_commits(self, stats: Any) -> None:
+        """Feed new group-commit batch sizes from the store's committer stats (if it exposes them)."""
+        sizes = getattr(stats, "drain_batch_sizes", None)
+        if callable(sizes):
+            for n in sizes():
+                self.commit_batch.observe(n)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)

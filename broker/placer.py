@@ -1,0 +1,263 @@
+"""The scheduling loop: next job by band, fair share and priority; decide over the catalog; persist, then dispatch."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from placement.model import JobRequest
+
+from broker import catalog as cat
+from broker import errors, lifecycle, serde
+from broker.decide import Decision, Wait, decide
+from broker.policy import PolicyFile
+from broker.records import JobRecord
+from broker.states import HOLDS_CAPACITY, JobState
+from broker.store.base import Store
+
+__all__ = ["Placer", "Held", "WaitInfo"]
+
+_log = logging.getLogger("tandem.broker.placer")
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Capacity a job's current attempt holds (quota and fair share are charged for it)."""
+
+    tenant: str
+    gpu_model: str
+    gpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitInfo:
+    reason: Wait
+    message: str
+    evaluated_at: float
+
+
+class Placer:
+    """Owns the in-memory queue view (QUEUED jobs) and usage; `step()` places what it can now."""
+
+    def __init__(
+        self,
+        store: Store,
+        catalog: cat.Catalog,
+        policy: PolicyFile,
+        *,
+        on_reserved: Callable[[str], None] = lambda _c: None,
+        clock: Callable[[], float] = time.time,
+        batch: int = 64,
+        candidate_domains: int = 8,
+        reservation_ttl_s: float = 60.0,
+        metrics: object | None = None,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.policy = policy
+        self.on_reserved = on_reserved
+        self.clock = clock
+        self.batch = batch
+        self.limit = candidate_domains
+        self.reservation_ttl_s = reservation_ttl_s
+        self.metrics = metrics
+        self.queued: dict[str, JobRecord] = {}
+        self.requests: dict[str, JobRequest] = {}
+        self.held: dict[str, Held] = {}
+        self.waits: dict[str, WaitInfo] = {}
+        self._todo: set[str] = set()
+        self._wake = asyncio.Event()
+        self._stopped = False
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    async def load(self) -> None:
+        """After a restart: queued jobs, holds and reservations come back from the store (inventory does not)."""
+        jobs = {j.job_id: j for j in await self.store.active_jobs()}
+        attempts = {a.job_id: a for a in await self.store.active_attempts()}
+        for job in jobs.values():
+            self.observe(job)
+            a = attempts.get(job.job_id)
+            if a is not None and job.state in HOLDS_CAPACITY:
+                self.held[job.job_id] = Held(job.tenant, a.gpu_model, a.gpus)
+        for res in await self.store.active_reservations():
+            job = jobs.get(res.job_id)
+            if job is None:
+                continue
+            self._hold(job, res.cluster, res.attempt, res.assignments, res.gpu_model)
+
+    def _request(self, job: JobRecord) -> JobRequest:
+        req = self.requests.get(job.job_id)
+        if req is None:
+            band = self.policy.current().band_priority(job.priority_band) or 0
+            req = serde.request_from_record(job)
+            req = dataclasses.replace(req, priority=job.priority + band * 10000)
+            self.requests[job.job_id] = req
+        return req
+
+    def _hold(self, job: JobRecord, cluster: str, attempt: int, assignments: tuple, gpu_model: str) -> None:
+        req = self._request(job)
+        shapes = {ps.name: ps.shape for ps in req.pod_sets}
+        replicas = tuple(cat.ReservedReplica(a.pod_set, a.index, a.node) for a in assignments)
+        self.catalog.add_reservation(cat.Reservation(job.job_id, attempt, cluster, replicas, shapes, gpu_model))
+
+    def observe(self, job: JobRecord) -> None:
+        """Every committed job change passes here: keeps the queue, holds and overlay in step with the store."""
+        if job.state is JobState.QUEUED:
+            if job.job_id not in self.queued:
+                self._todo.add(job.job_id)
+            self.queued[job.job_id] = job
+        else:
+            self.queued.pop(job.job_id, None)
+            self.waits.pop(job.job_id, None)
+        if job.state not in HOLDS_CAPACITY:
+            if self.held.pop(job.job_id, None) is not None:
+                self.capacity_changed()
+            # The attempt ended: its reservation no longer holds anything.
+            for key in [k for k in self.catalog.reservations if k[0] == job.job_id]:
+                self.catalog.drop_reservation(key)
+        elif job.state not in (JobState.RESERVED, JobState.DISPATCHED, JobState.ACCEPTED, JobState.STARTING):
+            pass
+        if job.terminal:
+            self.requests.pop(job.job_id, None)
+        self._wake.set()
+
+    def capacity_changed(self) -> None:
+        """Inventory, cordon or holds changed: every waiting job deserves another look."""
+        self._todo.update(self.queued)
+        self._wake.set()
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    # ------------------------------------------------------------------ ordering
+
+    def usage(self, tenant: str, model: str | None = None) -> float:
+        return sum(h.gpus for h in self.held.values() if h.tenant == tenant and (model is None or h.gpu_model == model))
+
+    def ordered(self) -> list[JobRecord]:
+        """Band priority, then weighted fair share (GPUs held / weight), then priority, then arrival."""
+        pol = self.policy.current()
+        share: dict[str, float] = {}
+        for h in self.held.values():
+            share[h.tenant] = share.get(h.tenant, 0.0) + h.gpus
+
+        def key(j: JobRecord) -> tuple[float, float, float, int]:
+            band = pol.band_priority(j.priority_band) or 0
+            tenant = pol.tenants.get(j.tenant)
+            weight = tenant.weight if tenant else 1.0
+            return (-band, share.get(j.tenant, 0.0) / weight, -j.priority, j.seq)
+
+        return sorted(self.queued.values(), key=key)
+
+    def position(self, job_id: str) -> int | None:
+        """Jobs ahead of this one in its tenant's own queue order (never reveals other tenants' jobs)."""
+        job = self.queued.get(job_id)
+        if job is None:
+            return None
+        mine = [j for j in self.ordered() if j.tenant == job.tenant]
+        return next((i for i, j in enumerate(mine) if j.job_id == job_id), None)
+
+    # ------------------------------------------------------------------ the step
+
+    def _quota_blocks(self, job: JobRecord, model: str, gpus: float) -> str | None:
+        tenant = self.policy.current().tenants.get(job.tenant)
+        if tenant is None or job.preemptible:
+            return None
+        limit = tenant.quota_for(model)
+        if limit is None:
+            return None
+        used = self.usage(job.tenant, model)
+        if used + gpus > limit + 1e-9:
+            return f"gpu/{model}: {used:g} held + {gpus:g} > quota {limit:g}"
+        return None
+
+    def _allows(self, job: JobRecord) -> Callable[[str], bool]:
+        tenant = self.policy.current().tenants.get(job.tenant)
+        if tenant is None:
+            return lambda _c: False
+        return tenant.allows_cluster
+
+    def decide_one(self, job: JobRecord, now: float) -> Decision:
+        req = self._request(job)
+        if job.not_before > now:
+            return Decision(None, Wait.RETRY_BACKOFF, f"retry back-off until {job.not_before:.0f}")
+        d = decide(self.catalog, req, now, policy_allows=self._allows(job), limit=self.limit)
+        if d.choice is not None:
+            blocked = self._quota_blocks(job, d.choice.gpu_model, d.choice.gpus)
+            if blocked:
+                return Decision(None, Wait.QUOTA_EXCEEDED, blocked)
+        return d
+
+    async def step(self) -> int:
+        """Decide the next batch of jobs that need a look; persist every reservation before it is dispatched."""
+        now = self.clock()
+        self.catalog.sweep(now)
+        order = [j for j in self.ordered() if j.job_id in self._todo]
+        placed = 0
+        pending: list[tuple[JobRecord, object]] = []
+        for job in order[: self.batch]:
+            self._todo.discard(job.job_id)
+            t0 = time.perf_counter()
+            d = self.decide_one(job, now)
+            if self.metrics is not None:
+                self.metrics.decision_seconds.observe(time.perf_counter() - t0)  # type: ignore[attr-defined]
+            if d.choice is None:
+                self.waits[job.job_id] = WaitInfo(d.wait or Wait.INSUFFICIENT_CAPACITY, d.message, now)
+                if d.wait is Wait.RETRY_BACKOFF:
+                    self._todo.add(job.job_id)
+                continue
+            c = d.choice
+            # Hold it in the overlay now so the next decision in this batch sees it taken.
+            self._hold(job, c.cluster, job.attempt + 1, c.assignments, c.gpu_model)
+            self.held[job.job_id] = Held(job.tenant, c.gpu_model, c.gpus)
+            self.queued.pop(job.job_id, None)
+            ev = lifecycle.Reserve(job.job_id, job.attempt, c.cluster, c.domain, c.assignments, c.gpu_model, c.gpus,
+                                   expires_at=now + self.reservation_ttl_s)
+            pending.append((job, ev))
+        if self._todo:
+            self._wake.set()
+        results = await asyncio.gather(*(self.store.apply_event(ev) for _, ev in pending), return_exceptions=True)  # type: ignore[arg-type]
+        for (job, ev), res in zip(pending, results):
+            assert isinstance(ev, lifecycle.Reserve)
+            key = (job.job_id, job.attempt + 1)
+            if isinstance(res, BaseException) or res[1].transition is None:
+                # Lost the race (cancelled meanwhile) or the commit failed: give the capacity back.
+                self.catalog.drop_reservation(key)
+                self.held.pop(job.job_id, None)
+                if isinstance(res, errors.TandemError) and res.retryable:
+                    self.queued[job.job_id] = job
+                    self._todo.add(job.job_id)
+                elif not isinstance(res, BaseException):
+                    self.observe(res[0])
+                else:
+                    _log.warning("reserve failed", extra={"job": job.job_id, "error": repr(res)})
+                continue
+            placed += 1
+            self.waits.pop(job.job_id, None)
+            if self.metrics is not None:
+                self.metrics.placed(job, now)  # type: ignore[attr-defined]
+            self.on_reserved(ev.cluster)
+        return placed
+
+    async def run(self, idle_s: float = 0.5) -> None:
+        """Run steps whenever woken (submission, report, release) and at least every `idle_s`."""
+        while not self._stopped:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=idle_s)
+            except TimeoutError:
+                self._todo.update(j for j in self.queued.values() if j.not_before <= self.clock())
+            self._wake.clear()
+            try:
+                await self.step()
+            except Exception:  # noqa: BLE001 - the loop must survive one bad step
+                _log.exception("placer step failed")
+                await asyncio.sleep(idle_s)
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()

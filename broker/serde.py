@@ -1,0 +1,347 @@
+"""JobService protobuf <-> broker/core domain, in one place: nothing else in the broker touches job messages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from placement.errors import PodSpecError
+from placement.model import WHOLE_GPU_MILLI, DraRequest, JobRequest, PodSet, PodShape
+from placement.podspec import shape_from_pod
+from tandem.v1 import job_pb2, job_service_pb2
+
+from broker import errors, validation
+from broker.errors import FieldViolation, TandemError
+from broker.records import AttemptRecord, JobRecord, NewJob, WatchEvent, freeze_labels
+from broker.states import AttemptOutcome, JobState
+
+__all__ = [
+    "ts",
+    "spec_from_bytes",
+    "parse_items",
+    "ParsedItem",
+    "request_from_spec",
+    "request_from_record",
+    "job_to_proto",
+    "event_to_proto",
+    "status_from_error",
+]
+
+pb = job_pb2
+svc = job_service_pb2
+
+
+def ts(t: float | None) -> timestamp_pb2.Timestamp | None:
+    if t is None:
+        return None
+    out = timestamp_pb2.Timestamp()
+    out.FromNanoseconds(int(t * 1e9))
+    return out
+
+
+def _dur_s(d: duration_pb2.Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def spec_from_bytes(raw: bytes) -> job_pb2.JobSpec:
+    spec = job_pb2.JobSpec()
+    spec.ParseFromString(raw)
+    return spec
+
+
+# ----------------------------------------------------------------------------- submissions
+
+
+class ParsedItem:
+    """One SubmitJobs item after schema validation: the spec (job_set filled in), its core request, its NewJob."""
+
+    __slots__ = ("index", "key", "spec", "request", "new_job", "error")
+
+    def __init__(self, index: int, key: str) -> None:
+        self.index = index
+        self.key = key
+        self.spec: job_pb2.JobSpec | None = None
+        self.request: JobRequest | None = None
+        self.new_job: NewJob | None = None
+        self.error: TandemError | None = None
+
+
+def _shape(shape: job_pb2.PodShape, template: dict[str, object], path: str) -> tuple[PodShape, list[FieldViolation]]:
+    """The replica shape: GPU and resource facts from the proto, tolerations and selectors from the template."""
+    out: list[FieldViolation] = []
+    tpl_shape: PodShape | None = None
+    try:
+        tpl_shape = shape_from_pod(template)
+    except PodSpecError as exc:
+        out.append(FieldViolation(f"{path}.pod_template_json.{exc.field}", str(exc)))
+    if tpl_shape is not None and tpl_shape.gpus and tpl_shape.gpus != shape.gpu_count:
+        out.append(FieldViolation(
+            f"{path}.shape.gpu_count",
+            f"disagrees with the template's nvidia.com/gpu request ({tpl_shape.gpus})",
+        ))
+    milli = shape.gpu_milli or WHOLE_GPU_MILLI
+    dra = tuple(
+        DraRequest(r.device_class_name, tuple(r.selectors), max(r.count, 1)) for r in shape.device_requests
+    )
+    core = PodShape(
+        gpus=shape.gpu_count,
+        gpu_milli=milli,
+        gpu_models=frozenset(shape.allowed_gpu_models),
+        min_gpu_memory_mib=shape.min_gpu_memory_mib,
+        mig_profile=shape.mig_profile or None,
+        mig_count=shape.mig_count,
+        dra=dra,
+        cpu_milli=shape.cpu_milli,
+        memory=shape.memory_bytes,
+        extended=tuple(sorted(shape.extended_resources.items())),
+        tolerations=tpl_shape.tolerations if tpl_shape else (),
+        node_selector=tpl_shape.node_selector if tpl_shape else (),
+        affinity=tpl_shape.affinity if tpl_shape else (),
+    )
+    return core, out
+
+
+def request_from_spec(job_id: str, spec: job_pb2.JobSpec, tenant: str, base_priority: int = 0) -> JobRequest:
+    """The core's JobRequest for a (validated) spec; raises InvalidArgument on template/shape conflicts."""
+    pod_sets = []
+    violations: list[FieldViolation] = []
+    for i, ps in enumerate(spec.pod_sets):
+        try:
+            template = json.loads(ps.pod_template_json) if ps.pod_template_json else {}
+        except ValueError:
+            template = {}
+        shape, bad = _shape(ps.shape, template if isinstance(template, dict) else {}, f"spec.pod_sets[{i}]")
+        violations.extend(bad)
+        pod_sets.append(PodSet(ps.name, ps.count, shape))
+    validation.raise_if(violations)
+    sel = spec.cluster_selector
+    loc = tuple(spec.data_locality.preferred_clusters) + tuple(spec.data_locality.preferred_regions)
+    return JobRequest(
+        job_id=job_id,
+        pod_sets=tuple(pod_sets),
+        tenant=tenant,
+        queue=spec.queue or "default",
+        priority=base_priority + spec.priority,
+        preemptible=spec.preemptible,
+        min_available=spec.min_available if spec.HasField("min_available") else None,
+        required_level=spec.topology.required_level or None,
+        preferred_level=spec.topology.preferred_level or None,
+        allowed_clusters=frozenset(sel.clusters),
+        allowed_regions=frozenset(sel.regions),
+        allowed_roles=frozenset(sel.roles),
+        locality=loc,
+        max_runtime_s=int(_dur_s(spec.max_runtime)) if spec.HasField("max_runtime") else None,
+    )
+
+
+def request_from_record(rec: JobRecord) -> JobRequest:
+    return request_from_spec(rec.job_id, spec_from_bytes(rec.spec), rec.tenant, rec.priority)
+
+
+def _gpu_demand(req: JobRequest) -> float:
+    total = 0.0
+    for ps in req.pod_sets:
+        s = ps.shape
+        per = s.gpu_cost if s.gpus else (s.mig_count / 7.0 if s.mig_count else 0.0)
+        total += per * ps.count
+    return total
+
+
+def parse_items(request: job_service_pb2.SubmitJobsRequest, tenant: str) -> list[ParsedItem]:
+    """Validate every item independently; each gets either a NewJob + JobRequest or an InvalidArgument."""
+    validation.raise_if(validation.check_submit(request.job_set_id, len(request.items)))
+    out = []
+    for i, item in enumerate(request.items):
+        parsed = ParsedItem(i, item.idempotency_key)
+        path = f"items[{i}]"
+        bad = validation.check_key(item.idempotency_key, f"{path}.idempotency_key")
+        if not item.HasField("spec"):
+            bad.append(FieldViolation(f"{path}.spec", "required"))
+        else:
+            bad.extend(validation.check_spec(item.spec, f"{path}.spec"))
+            if item.spec.job_set_id and item.spec.job_set_id != request.job_set_id:
+                bad.append(FieldViolation(f"{path}.spec.job_set_id", "must be empty or equal to job_set_id"))
+            if item.spec.tenant and item.spec.tenant != tenant:
+                bad.append(FieldViolation(f"{path}.spec.tenant", f"caller acts for tenant {tenant}"))
+        if bad:
+            parsed.error = errors.InvalidArgument.fields(*bad)
+            out.append(parsed)
+            continue
+        spec = job_pb2.JobSpec()
+        spec.CopyFrom(item.spec)
+        spec.job_set_id = request.job_set_id
+        spec.tenant = tenant
+        if not spec.queue:
+            spec.queue = "default"
+        try:
+            req = request_from_spec("pending", spec, tenant)
+        except errors.InvalidArgument as exc:
+            rebased = tuple(
+                FieldViolation(f"{path}.{v.field}", v.description) for v in exc.details.field_violations
+            )
+            parsed.error = errors.InvalidArgument.fields(*rebased)
+            out.append(parsed)
+            continue
+        models = sorted({m for ps in req.pod_sets for m in ps.shape.gpu_models})
+        parsed.spec = spec
+        parsed.request = req
+        parsed.new_job = NewJob(
+            tenant=tenant,
+            queue=spec.queue,
+            spec=spec.SerializeToString(deterministic=True),
+            job_set=request.job_set_id,
+            priority_band=spec.priority_band or "default",
+            priority=spec.priority,
+            preemptible=spec.preemptible,
+            labels=freeze_labels(dict(spec.labels)),
+            gpus=_gpu_demand(req),
+            gpu_models=tuple(models),
+            max_infra_retries=spec.max_infra_retries if spec.HasField("max_infra_retries") else None,
+            max_runtime_s=_dur_s(spec.max_runtime) if spec.HasField("max_runtime") else None,
+            idempotency_key=item.idempotency_key,
+        )
+        out.append(parsed)
+    return out
+
+
+# ----------------------------------------------------------------------------- job views
+
+
+def _attempt_to_proto(a: AttemptRecord) -> job_pb2.Attempt:
+    out = job_pb2.Attempt(number=a.number, cluster=a.cluster, gpu_model=a.gpu_model,
+                          namespace=a.namespace, outcome_message=a.message, spent_retry=a.spent_retry)
+    for seg in a.domain:
+        out.domain.segments.add(value=seg)
+    for r in a.assignments:
+        out.assignments.add(pod_set=r.pod_set, index=r.index, node=r.node)
+    for name in ("reserve_time", "dispatch_time", "accept_time", "start_time", "running_time", "end_time"):
+        t = ts(getattr(a, name))
+        if t is not None:
+            getattr(out, name).CopyFrom(t)
+    if a.outcome is not None:
+        out.outcome = job_pb2.AttemptOutcome.Value(f"ATTEMPT_OUTCOME_{a.outcome.value}")
+    if a.exit_code is not None:
+        out.exit_code = a.exit_code
+    if a.rejection_reason or a.rejection_nodes:
+        name = a.rejection_reason if a.rejection_reason.startswith("DISPATCH_REJECT_REASON_") else (
+            f"DISPATCH_REJECT_REASON_{a.rejection_reason}" if a.rejection_reason else "DISPATCH_REJECT_REASON_UNSPECIFIED")
+        try:
+            out.rejection.reason = job_pb2.DispatchRejectReason.Value(name)
+        except ValueError:
+            out.rejection.reason = job_pb2.DISPATCH_REJECT_REASON_UNSPECIFIED
+        out.rejection.message = a.message
+        out.rejection.nodes.extend(a.rejection_nodes)
+    return out
+
+
+def state_to_proto(state: JobState) -> int:
+    return int(job_pb2.JobState.Value(f"JOB_STATE_{state.value}"))
+
+
+def state_from_proto(value: int) -> JobState:
+    return JobState(job_pb2.JobState.Name(value).removeprefix("JOB_STATE_"))
+
+
+def outcome_from_proto(value: int) -> AttemptOutcome | None:
+    name = job_pb2.AttemptOutcome.Name(value).removeprefix("ATTEMPT_OUTCOME_") if value in job_pb2.AttemptOutcome.values() else "UNSPECIFIED"
+    return None if name == "UNSPECIFIED" else AttemptOutcome(name)
+
+
+def job_to_proto(
+    rec: JobRecord,
+    attempts: Sequence[AttemptRecord] = (),
+    history: Iterable[WatchEvent] = (),
+    queue_info: tuple[int | None, str, str] | None = None,
+    full: bool = True,
+) -> job_pb2.Job:
+    """queue_info: (position, WaitReason name without prefix, message)."""
+    job = job_pb2.Job(job_id=rec.job_id)
+    job.spec.ParseFromString(rec.spec)
+    st = job.status
+    st.state = state_to_proto(rec.state)  # type: ignore[assignment]
+    st.current_attempt = rec.attempt
+    st.create_time.CopyFrom(ts(rec.create_time))
+    st.update_time.CopyFrom(ts(rec.update_time))
+    st.infra_retries = rec.infra_retries
+    st.message = rec.message
+    st.revision = rec.revision
+    if queue_info is not None and rec.state is JobState.QUEUED:
+        position, reason, message = queue_info
+        if position is not None:
+            st.queue_info.position = position
+        st.queue_info.reason = job_pb2.WaitReason.Value(f"WAIT_REASON_{reason}")  # type: ignore[assignment]
+        st.queue_info.message = message
+    if full:
+        for a in attempts:
+            st.attempts.append(_attempt_to_proto(a))
+        for ev in history:
+            st.history.append(_transition(ev))
+    return job
+
+
+def _transition(ev: WatchEvent) -> job_pb2.StateTransition:
+    out = job_pb2.StateTransition(
+        to_state=state_to_proto(ev.to_state),  # type: ignore[arg-type]
+        attempt=ev.attempt, reason=ev.reason, message=ev.message, actor=ev.actor,
+    )
+    if ev.from_state is not None:
+        out.from_state = state_to_proto(ev.from_state)  # type: ignore[assignment]
+    out.time.CopyFrom(ts(ev.time))
+    return out
+
+
+def event_to_proto(ev: WatchEvent, job: JobRecord | None) -> job_service_pb2.JobEvent:
+    kind = svc.JOB_EVENT_TYPE_SUBMITTED if ev.kind.value == "SUBMITTED" else svc.JOB_EVENT_TYPE_STATE_CHANGED
+    out = svc.JobEvent(revision=ev.revision, type=kind, job_id=ev.job_id)
+    out.time.CopyFrom(ts(ev.time))
+    out.transition.CopyFrom(_transition(ev))
+    if job is not None:
+        out.job.CopyFrom(job_to_proto(job, full=False))
+    return out
+
+
+def bookmark(revision: int, now: float) -> job_service_pb2.JobEvent:
+    out = svc.JobEvent(revision=revision, type=svc.JOB_EVENT_TYPE_BOOKMARK)
+    out.time.CopyFrom(ts(now))
+    return out
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def status_from_error(err: TandemError) -> status_pb2.Status:
+    """A google.rpc.Status with the error's structured details (BadRequest, QuotaFailure, ...)."""
+    d = err.details
+    out = status_pb2.Status(code=err.code.value, message=err.message)
+
+    def add(msg: object) -> None:
+        packed = any_pb2.Any()
+        packed.Pack(msg)  # type: ignore[arg-type]
+        out.details.append(packed)
+
+    if d.field_violations:
+        add(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+            for v in d.field_violations
+        ]))
+    if d.quota_violations:
+        add(error_details_pb2.QuotaFailure(violations=[
+            error_details_pb2.QuotaFailure.Violation(subject=f"{v.subject}/{v.quota}",
+                                                     description=f"used {v.used:g} + {v.requested:g} > limit {v.limit:g}")
+            for v in d.quota_violations
+        ]))
+    if d.policy_violations:
+        add(error_details_pb2.PreconditionFailure(violations=[
+            error_details_pb2.PreconditionFailure.Violation(type=v.type, subject=v.subject, description=v.description)
+            for v in d.policy_violations
+        ]))
+    if d.retry_after_s is not None:
+        info = error_details_pb2.RetryInfo()
+        info.retry_delay.FromNanoseconds(int(d.retry_after_s * 1e9))
+        add(info)
+    add(error_details_pb2.ErrorInfo(reason=d.reason, domain="tandem.dev", metadata=dict(d.metadata)))
+    assert code_pb2.OK == 0
+    return out

@@ -1,0 +1,281 @@
+"""ClusterService protobuf <-> broker/core domain, in one place: the agent stream's messages and admin views."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from google.protobuf import duration_pb2
+
+from placement.model import Gpu, MigInstance, Node, Taint
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import common_pb2
+from tandem.v1 import inventory_pb2 as inv
+from tandem.v1 import job_pb2
+
+from broker.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level
+from broker.records import DispatchOrder, ReplicaPlacement
+from broker.serde import spec_from_bytes, ts
+from broker.states import AttemptOutcome
+
+__all__ = [
+    "node_from_proto",
+    "hello_meta",
+    "report_from_snapshot",
+    "report_from_delta",
+    "WorkloadReport",
+    "workload_from_proto",
+    "dispatch_message",
+    "start_message",
+    "cancel_message",
+    "welcome_message",
+    "cluster_summary",
+]
+
+_EFFECT = {
+    inv.TAINT_EFFECT_NO_SCHEDULE: "NoSchedule",
+    inv.TAINT_EFFECT_PREFER_NO_SCHEDULE: "PreferNoSchedule",
+    inv.TAINT_EFFECT_NO_EXECUTE: "NoExecute",
+}
+
+
+def node_from_proto(n: inv.NodeInventory) -> Node:
+    gpus = []
+    for g in n.gpus:
+        mig: tuple[MigInstance, ...] = ()
+        if g.mig_mode == inv.MIG_MODE_ENABLED:
+            mig = tuple(
+                MigInstance(m.profile, m.gi_profile_id if m.HasField("gi_profile_id") else None,
+                            m.placement_start, m.placement_size, m.in_use)
+                for m in g.mig_instances
+            )
+        healthy = g.health != inv.GPU_HEALTH_UNHEALTHY and g.mig_mode != inv.MIG_MODE_PENDING_CHANGE
+        gpus.append(Gpu(index=g.index, model=g.model or n.gpu_model, memory_mib=g.memory_mib or n.gpu_memory_mib,
+                        milli_used=min(g.milli_in_use, 1000), mig=mig, healthy=healthy))
+    if not gpus:
+        # Count-only report: synthesise whole GPUs from the extended resource counts.
+        total = int(n.extended_allocatable.get("nvidia.com/gpu", 0))
+        free = int(n.extended_free.get("nvidia.com/gpu", 0))
+        gpus = [Gpu(index=i, model=n.gpu_model, memory_mib=n.gpu_memory_mib, milli_used=0 if i < free else 1000)
+                for i in range(total)]
+    extended = {k: int(v) for k, v in n.extended_free.items() if k != "nvidia.com/gpu"}
+    return Node(
+        name=n.name,
+        labels=dict(n.labels),
+        taints=tuple(Taint(t.key, t.value, _EFFECT.get(t.effect, "NoSchedule")) for t in n.taints),
+        ready=n.ready,
+        cordoned=n.unschedulable,
+        cpu_milli_allocatable=n.allocatable.cpu_milli,
+        cpu_milli_free=n.free.cpu_milli,
+        memory_allocatable=n.allocatable.memory_bytes,
+        memory_free=n.free.memory_bytes,
+        pods_free=int(n.free.pods) if n.HasField("free") else 110,
+        gpus=tuple(gpus),
+        extended_free=extended,
+        topology=tuple(s.value if s.HasField("value") else None for s in n.topology_path.segments),
+    )
+
+
+def hello_meta(h: cs.Hello) -> ClusterMeta:
+    c = h.cluster
+    return ClusterMeta(
+        name=h.cluster_name,
+        region=h.region or c.region,
+        role=h.role or c.role,
+        labels=dict(c.labels),
+        levels=tuple(Level(l.name, l.label_key) for l in h.topology_levels),
+    )
+
+
+def _bound(progress: Sequence[inv.ReservationProgress]) -> dict[tuple[str, int], frozenset[tuple[str, int]]]:
+    return {
+        (p.attempt.job_id, p.attempt.attempt): frozenset((b.pod_set, b.index) for b in p.bound)
+        for p in progress
+    }
+
+
+def report_from_snapshot(cluster: str, s: inv.InventorySnapshot, now: float) -> InventoryReport:
+    return InventoryReport(
+        cluster=cluster, sequence=s.sequence, full=True,
+        observed_at=s.observe_time.ToNanoseconds() / 1e9 if s.HasField("observe_time") else now,
+        nodes=tuple(node_from_proto(n) for n in s.nodes), bound=_bound(s.reservations),
+    )
+
+
+def report_from_delta(cluster: str, d: inv.InventoryDelta, now: float) -> InventoryReport:
+    return InventoryReport(
+        cluster=cluster, sequence=d.sequence, full=False, base_sequence=d.base_sequence,
+        observed_at=d.observe_time.ToNanoseconds() / 1e9 if d.HasField("observe_time") else now,
+        nodes=tuple(node_from_proto(n) for n in d.upserted_nodes), removed=tuple(d.removed_node_names),
+        bound=_bound(d.reservations),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadReport:
+    """A WorkloadStatus reduced to what the broker's lifecycle reacts to."""
+
+    job_id: str
+    attempt: int
+    phase: str
+    """CREATING, GATED, STARTING, RUNNING, SUCCEEDED, FAILED, DELETED, UNSPECIFIED."""
+    outcome: AttemptOutcome | None
+    exit_code: int | None
+    message: str
+    namespace: str
+    running_replicas: int
+    total_replicas: int
+
+
+_RUNNING = {common_pb2.REPLICA_PHASE_RUNNING, common_pb2.REPLICA_PHASE_SUCCEEDED}
+
+
+def workload_from_proto(w: cs.WorkloadStatus) -> WorkloadReport:
+    name = cs.WorkloadPhase.Name(w.phase) if w.phase in cs.WorkloadPhase.values() else "WORKLOAD_PHASE_UNSPECIFIED"
+    oname = (job_pb2.AttemptOutcome.Name(w.outcome) if w.outcome in job_pb2.AttemptOutcome.values()
+             else "ATTEMPT_OUTCOME_UNSPECIFIED").removeprefix("ATTEMPT_OUTCOME_")
+    return WorkloadReport(
+        job_id=w.attempt.job_id, attempt=w.attempt.attempt, phase=name.removeprefix("WORKLOAD_PHASE_"),
+        outcome=None if oname == "UNSPECIFIED" else AttemptOutcome(oname),
+        exit_code=w.exit_code if w.HasField("exit_code") else None, message=w.message,
+        namespace=w.namespace, running_replicas=sum(1 for r in w.replicas if r.phase in _RUNNING),
+        total_replicas=len(w.replicas),
+    )
+
+
+def _dur(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+_DEFAULT_PORTS = {job_pb2.FRAMEWORK_TORCHRUN: 29500, job_pb2.FRAMEWORK_RAY: 6379, job_pb2.FRAMEWORK_MPI: 2222}
+
+
+def dispatch_message(
+    order: DispatchOrder, spec_bytes: bytes, tenant: str, domain: Sequence[str],
+    assignments: Sequence[ReplicaPlacement], start_deadline: float, inventory_sequence: int,
+) -> cs.Dispatch:
+    """The Dispatch for an attempt: per pod set the nodes in index order, contiguous per node."""
+    spec = spec_from_bytes(spec_bytes)
+    msg = cs.Dispatch(tenant=tenant, job_set_id=spec.job_set_id, queue=spec.queue,
+                      priority_band=spec.priority_band or "default", inventory_sequence=inventory_sequence)
+    msg.attempt.job_id = order.job_id
+    msg.attempt.attempt = order.attempt
+    for seg in domain:
+        msg.domain.segments.add(value=seg)
+    by_set: dict[str, list[ReplicaPlacement]] = {}
+    for r in assignments:
+        by_set.setdefault(r.pod_set, []).append(r)
+    for ps in spec.pod_sets:
+        reps = sorted(by_set.get(ps.name, []), key=lambda r: r.index)
+        out = msg.pod_sets.add(name=ps.name, count=len(reps), pod_template_json=ps.pod_template_json,
+                               fixed_count=ps.fixed_count)
+        out.shape.CopyFrom(ps.shape)
+        for r in reps:
+            if out.nodes and out.nodes[-1].node == r.node:
+                out.nodes[-1].replicas += 1
+            else:
+                out.nodes.add(node=r.node, replicas=1)
+    framework = spec.framework or job_pb2.FRAMEWORK_PLAIN
+    msg.rendezvous.framework = framework
+    msg.rendezvous.port = spec.rendezvous_port or _DEFAULT_PORTS.get(framework, 29400)
+    msg.rendezvous.service_name = f"{order.job_id}-{order.attempt}"
+    msg.start_deadline.CopyFrom(ts(start_deadline))
+    if spec.HasField("max_runtime"):
+        msg.max_runtime.CopyFrom(spec.max_runtime)
+    if spec.HasField("termination_grace_period"):
+        msg.termination_grace_period.CopyFrom(spec.termination_grace_period)
+    msg.labels.update(spec.labels)
+    msg.annotations.update(spec.annotations)
+    return msg
+
+
+def start_message(job_id: str, attempt: int) -> cs.Start:
+    out = cs.Start()
+    out.attempt.job_id = job_id
+    out.attempt.attempt = attempt
+    return out
+
+
+_CANCEL_REASON = {
+    "USER_REQUEST": cs.CANCEL_REASON_USER_REQUEST, "PREEMPTED": cs.CANCEL_REASON_PREEMPTED,
+    "GANG_TIMEOUT": cs.CANCEL_REASON_GANG_TIMEOUT, "SUPERSEDED": cs.CANCEL_REASON_SUPERSEDED,
+    "GANG_FAILED": cs.CANCEL_REASON_GANG_FAILED,
+}
+
+
+def cancel_message(job_id: str, attempt: int, reason: str, grace_s: float, message: str = "") -> cs.Cancel:
+    out = cs.Cancel(reason=_CANCEL_REASON.get(reason, cs.CANCEL_REASON_UNSPECIFIED), message=message)
+    out.attempt.job_id = job_id
+    out.attempt.attempt = attempt
+    out.grace_period.CopyFrom(_dur(grace_s))
+    return out
+
+
+def welcome_message(
+    broker_id: str, session_id: str, heartbeat_s: float, timeout_s: float, max_bytes: int,
+    obsolete: Sequence[tuple[str, int]], current: Sequence[tuple[str, int]],
+) -> cs.Welcome:
+    out = cs.Welcome(protocol_version=1, broker_id=broker_id, session_id=session_id, max_message_bytes=max_bytes)
+    out.heartbeat_interval.CopyFrom(_dur(heartbeat_s))
+    out.heartbeat_timeout.CopyFrom(_dur(timeout_s))
+    for job, attempt in obsolete:
+        out.obsolete_attempts.add(job_id=job, attempt=attempt)
+    for job, attempt in current:
+        out.current_attempts.add(job_id=job, attempt=attempt)
+    return out
+
+
+def known_attempts(h: cs.Hello) -> list[tuple[str, int, str]]:
+    return [(k.attempt.job_id, k.attempt.attempt, cs.WorkloadPhase.Name(k.phase)) for k in h.known_attempts]
+
+
+def cluster_summary(
+    entry: ClusterEntry, now: float, stale: bool, active_attempts: int, cordon_reason: str = "",
+    with_domains: bool = False, models: Sequence[str] = (),
+) -> cs.ClusterSummary:
+    out = cs.ClusterSummary(
+        name=entry.name, region=entry.meta.region, role=entry.meta.role, connected=entry.connected,
+        cordoned=entry.cordoned, cordon_reason=cordon_reason, stale=stale, nodes=len(entry.nodes),
+        active_attempts=active_attempts,
+    )
+    for lvl in entry.meta.levels:
+        out.topology_levels.add(name=lvl.name, label_key=lvl.key)
+    if entry.last_report:
+        out.last_report_time.CopyFrom(ts(entry.last_report))
+        out.last_report_age.CopyFrom(_dur(max(0.0, now - entry.last_report)))
+    arrays = entry.arrays
+    if arrays is None:
+        return out
+    free = arrays.eff_free_gpu()
+    totals: dict[str, list[int]] = {}
+    for i, node in enumerate(arrays.nodes):
+        model = node.gpu_model or ""
+        if not node.gpus:
+            continue
+        acc = totals.setdefault(model, [0, 0])
+        acc[0] += node.total_gpus
+        acc[1] += int(free[i])
+    for model in sorted(totals):
+        out.gpus.add(model=model, total=totals[model][0], free=totals[model][1])
+    if with_domains:
+        for depth, level in enumerate(entry.meta.levels[:-1] if len(entry.meta.levels) > 1 else entry.meta.levels):
+            groups: dict[int, list[int]] = {}
+            for i, d in enumerate(arrays.dom[depth]):
+                groups.setdefault(int(d), []).append(i)
+            for d, rows in sorted(groups.items()):
+                ds = out.domains.add(level=level.name, nodes=len(rows))
+                for seg in arrays.dom_paths[depth][d]:
+                    ds.path.segments.add(value=seg) if seg is not None else ds.path.segments.add()
+                per: dict[str, list[int]] = {}
+                for i in rows:
+                    node = arrays.nodes[i]
+                    if node.gpus:
+                        acc = per.setdefault(node.gpu_model or "", [0, 0])
+                        acc[0] += node.total_gpus
+                        acc[1] += int(free[i])
+                for model in sorted(per):
+                    ds.gpus.add(model=model, total=per[model][0], free=per[model][1])
+    return out
+

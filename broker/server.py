@@ -1,0 +1,105 @@
+"""The two grpc.aio servers (tenant and agent listeners) with TLS, health checking, reflection and graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from tandem.v1 import cluster_service_pb2, cluster_service_pb2_grpc, job_service_pb2, job_service_pb2_grpc
+
+from broker.config import BrokerConfig, ListenerConfig
+from broker.hub import Hub
+from broker.services.clusters import AgentServicer, ClusterAdminServicer
+from broker.services.jobs import JobServicer
+
+__all__ = ["Servers", "serve"]
+
+JOB_SERVICE = job_service_pb2.DESCRIPTOR.services_by_name["JobService"].full_name
+CLUSTER_SERVICE = cluster_service_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name
+
+
+def _credentials(lc: ListenerConfig) -> grpc.ServerCredentials | None:
+    tls = lc.tls
+    if not tls.enabled:
+        return None
+    assert tls.cert_file and tls.key_file
+    ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())],
+        root_certificates=ca,
+        require_client_auth=bool(ca) and tls.require_client_cert,
+    )
+
+
+def _options(lc: ListenerConfig) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", lc.max_message_bytes),
+        ("grpc.max_send_message_length", lc.max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def _bind(server: grpc.aio.Server, lc: ListenerConfig) -> int:
+    creds = _credentials(lc)
+    port = server.add_secure_port(lc.address, creds) if creds else server.add_insecure_port(lc.address)
+    if port == 0:
+        raise OSError(f"cannot bind {lc.address}")
+    return port
+
+
+@dataclass
+class Servers:
+    hub: Hub
+    tenant: grpc.aio.Server
+    agent: grpc.aio.Server
+    tenant_port: int
+    agent_port: int
+    health: health.aio.HealthServicer | None = None
+
+    async def stop(self, grace_s: float) -> None:
+        """Graceful: report NOT_SERVING, close agent streams, let in-flight calls finish, then close the store."""
+        for h in (self._healths()):
+            await h.enter_graceful_shutdown()
+        self.hub.dispatcher.stop()
+        await asyncio.gather(self.tenant.stop(grace_s), self.agent.stop(grace_s))
+        await self.hub.close()
+
+    def _healths(self) -> list[health.aio.HealthServicer]:
+        return [h for h in (self.health, getattr(self, "_agent_health", None)) if h is not None]
+
+
+async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
+    """Start the hub and both listeners; returns once they accept connections."""
+    hub = hub or Hub(cfg, Hub.store_for(cfg))
+    await hub.start()
+    tenant = grpc.aio.server(options=_options(cfg.tenant_listener))
+    agent = grpc.aio.server(options=_options(cfg.agent_listener))
+    job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(hub), tenant)
+    cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterAdminServicer(hub), tenant)
+    cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(AgentServicer(hub), agent)
+    healths = []
+    for server, services in ((tenant, (JOB_SERVICE, CLUSTER_SERVICE)), (agent, (CLUSTER_SERVICE,))):
+        h = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(h, server)
+        for name in ("",) + services:
+            await h.set(name, health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection(services + (reflection.SERVICE_NAME, health.SERVICE_NAME), server)
+        healths.append(h)
+    tport = _bind(tenant, cfg.tenant_listener)
+    aport = _bind(agent, cfg.agent_listener)
+    await tenant.start()
+    await agent.start()
+    if cfg.metrics_port:
+        with contextlib.suppress(OSError):
+            hub.metrics.serve(cfg.metrics_port)
+    servers = Servers(hub, tenant, agent, tport, aport, healths[0])
+    servers._agent_health = healths[1]  # type: ignore[attr-defined]
+    return servers

@@ -1,0 +1,118 @@
+"""ClusterService servicers: the agents' Connect stream (own listener) and the admin cluster RPCs (tenant listener)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
+
+from broker import errors, handlers, serde_agent
+from broker.auth import Caller, Listener, Method
+from broker.dispatcher import Session
+from broker.hub import Hub
+from broker.services.edge import Edge
+
+__all__ = ["AgentServicer", "ClusterAdminServicer"]
+
+_log = logging.getLogger("tandem.broker.clusters")
+
+
+class AgentServicer(cs_grpc.ClusterServiceServicer):
+    """Connect only; the admin RPCs are not served on the agent listener."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.edge = Edge(hub, Listener.AGENT)
+
+    async def Connect(self, request_iterator: AsyncIterator[cs.AgentMessage],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[cs.BrokerMessage]:
+        caller: Caller | None = None
+        session: Session | None = None
+        reader: asyncio.Task[None] | None = None
+        try:
+            caller = self.edge.caller(context, Method.CONNECT)
+            first = await anext(aiter(request_iterator), None)
+            if first is None or first.WhichOneof("body") != "hello":
+                raise errors.FailedPrecondition("the first message must be a Hello")
+            session = await self.hub.dispatcher.open_session(caller, first.hello)
+            self.hub.audit.record(caller, Method.CONNECT, "ok", session=session.session_id)
+            reader = asyncio.get_running_loop().create_task(self._read(session, request_iterator))
+            while True:
+                msg = await session.out.get()
+                if msg is None:
+                    break
+                yield msg
+        except Exception as exc:  # noqa: BLE001
+            if session is None:
+                await self.edge.fail(context, exc, Method.CONNECT, caller)
+            _log.warning("agent stream ended with error", extra={"cluster": session.cluster, "error": repr(exc)})
+        finally:
+            if reader is not None:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader
+            if session is not None:
+                self.hub.dispatcher.close_session(session)
+
+    async def _read(self, session: Session, it: AsyncIterator[cs.AgentMessage]) -> None:
+        try:
+            async for msg in it:
+                try:
+                    await self.hub.dispatcher.handle(session, msg)
+                except Exception:  # noqa: BLE001 - one bad message must not drop the cluster
+                    _log.exception("agent message failed", extra={"cluster": session.cluster})
+        except Exception as exc:  # noqa: BLE001 - a broken stream closes the session
+            _log.warning("agent stream read ended", extra={"cluster": session.cluster, "error": repr(exc)}, exc_info=True)
+        finally:
+            session.close()
+
+
+class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
+    """ListClusters / GetCluster for tenants and admins; Cordon / Uncordon for admins."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.edge = Edge(hub, Listener.TENANT)
+
+    def _summary(self, view: handlers.ClusterView, domains: bool) -> cs.ClusterSummary:
+        return serde_agent.cluster_summary(view.entry, self.hub.clock(), view.stale, view.active_attempts,
+                                           view.cordon_reason, domains)
+
+    async def ListClusters(self, request: cs.ListClustersRequest, context: grpc.aio.ServicerContext) -> cs.ListClustersResponse:
+        try:
+            caller = self.edge.caller(context, Method.LIST_CLUSTERS)
+            views = handlers.list_clusters(self.hub, caller)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.LIST_CLUSTERS)
+        return cs.ListClustersResponse(clusters=[self._summary(v, False) for v in views])
+
+    async def GetCluster(self, request: cs.GetClusterRequest, context: grpc.aio.ServicerContext) -> cs.GetClusterResponse:
+        try:
+            caller = self.edge.caller(context, Method.GET_CLUSTER)
+            view = handlers.get_cluster(self.hub, caller, request.name)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.GET_CLUSTER)
+        return cs.GetClusterResponse(cluster=self._summary(view, True))
+
+    async def _cordon(self, name: str, reason: str, on: bool, context: grpc.aio.ServicerContext) -> cs.ClusterSummary:
+        method = Method.CORDON if on else Method.UNCORDON
+        caller: Caller | None = None
+        try:
+            caller = self.edge.caller(context, method)
+            view = handlers.cordon(self.hub, caller, name, on, reason)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, method, caller, cluster=name)
+        self.hub.audit.record(caller, method, "ok", cluster=name, reason=reason)
+        return self._summary(view, False)
+
+    async def Cordon(self, request: cs.CordonRequest, context: grpc.aio.ServicerContext) -> cs.CordonResponse:
+        return cs.CordonResponse(cluster=await self._cordon(request.name, request.reason, True, context))
+
+    async def Uncordon(self, request: cs.UncordonRequest, context: grpc.aio.ServicerContext) -> cs.UncordonResponse:
+        return cs.UncordonResponse(cluster=await self._cordon(request.name, request.reason, False, context))

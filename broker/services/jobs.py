@@ -1,0 +1,129 @@
+"""JobService servicer: protobuf in, serde, plain handler, serde, protobuf out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf import empty_pb2
+
+from tandem.v1 import job_service_pb2 as svc
+from tandem.v1 import job_service_pb2_grpc as svc_grpc
+
+from broker import errors, handlers, serde, validation
+from broker.auth import Caller, Listener, Method
+from broker.hub import Hub
+from broker.records import JobFilter, freeze_labels
+from broker.services.edge import Edge
+
+__all__ = ["JobServicer"]
+
+
+class JobServicer(svc_grpc.JobServiceServicer):
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.edge = Edge(hub, Listener.TENANT)
+
+    async def SubmitJobs(self, request: svc.SubmitJobsRequest, context: grpc.aio.ServicerContext) -> svc.SubmitJobsResponse:
+        caller: Caller | None = None
+        try:
+            caller = self.edge.caller(context, Method.SUBMIT_JOBS)
+            tenant = caller.name if caller.tenant is not None else ""
+            if caller.is_admin:
+                tenant = request.items[0].spec.tenant if request.items else ""
+                if not tenant:
+                    raise errors.InvalidArgument.fields(errors.FieldViolation("items[0].spec.tenant", "admins must name the tenant"))
+            parsed = serde.parse_items(request, tenant)
+            results = await handlers.submit_jobs(self.hub, caller, parsed, request.validate_only)
+        except Exception as exc:  # noqa: BLE001 - mapped at the edge
+            await self.edge.fail(context, exc, Method.SUBMIT_JOBS, caller, job_set=request.job_set_id)
+        out = svc.SubmitJobsResponse()
+        for r in results:
+            item = out.results.add(index=r.index, idempotency_key=r.key, duplicate=r.duplicate)
+            if r.error is not None:
+                item.error.CopyFrom(serde.status_from_error(r.error))
+            elif r.valid:
+                item.valid.CopyFrom(empty_pb2.Empty())
+            else:
+                item.job_id = r.job_id
+        if not request.validate_only:
+            self.hub.audit.record(caller, Method.SUBMIT_JOBS, "ok", job_set=request.job_set_id,
+                                  jobs=[r.job_id for r in results if r.job_id],
+                                  refused=sum(1 for r in results if r.error is not None))
+        return out
+
+    async def GetJob(self, request: svc.GetJobRequest, context: grpc.aio.ServicerContext) -> svc.GetJobResponse:
+        try:
+            caller = self.edge.caller(context, Method.GET_JOB)
+            validation.raise_if(validation.check_job_id(request.job_id))
+            full = request.view != svc.JOB_VIEW_BASIC
+            view = await handlers.get_job(self.hub, caller, request.job_id, full)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.GET_JOB)
+        return svc.GetJobResponse(job=serde.job_to_proto(view.job, view.attempts, view.history, view.queue_info, full))
+
+    async def ListJobs(self, request: svc.ListJobsRequest, context: grpc.aio.ServicerContext) -> svc.ListJobsResponse:
+        try:
+            caller = self.edge.caller(context, Method.LIST_JOBS)
+            if request.page_size > 1000:
+                raise errors.InvalidArgument.fields(errors.FieldViolation("page_size", "must lie in 0..1000"))
+            flt = JobFilter(
+                tenant=request.tenant or None,
+                states=frozenset(serde.state_from_proto(s) for s in request.states if s),
+                queue=request.queue or None, job_set=request.job_set_id or None,
+                labels=freeze_labels(dict(request.label_selector)),
+            )
+            page, revision = await handlers.list_jobs(self.hub, caller, flt, request.page_size, request.page_token)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.LIST_JOBS)
+        full = request.view == svc.JOB_VIEW_FULL
+        out = svc.ListJobsResponse(next_page_token=page.next_page_token, revision=revision)
+        for job in page.jobs:
+            out.jobs.append(serde.job_to_proto(job, queue_info=handlers.queue_info(self.hub, job), full=full))
+        return out
+
+    async def WatchJobs(self, request: svc.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[svc.JobEvent]:
+        try:
+            caller = self.edge.caller(context, Method.WATCH_JOBS)
+            for i, job_id in enumerate(request.job_ids):
+                validation.raise_if(validation.check_job_id(job_id, f"job_ids[{i}]"))
+            stream = handlers.watch_jobs(
+                self.hub, caller, request.from_revision, request.tenant, request.queue, request.job_set_id,
+                frozenset(request.job_ids), float(request.bookmark_interval_seconds or 30),
+            )
+            async for revision, event, job in stream:
+                if event is None:
+                    yield serde.bookmark(revision, self.hub.clock())
+                else:
+                    yield serde.event_to_proto(event, job)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.WATCH_JOBS)
+
+    async def CancelJob(self, request: svc.CancelJobRequest, context: grpc.aio.ServicerContext) -> svc.CancelJobResponse:
+        caller: Caller | None = None
+        try:
+            caller = self.edge.caller(context, Method.CANCEL_JOB)
+            bad = validation.check_job_id(request.job_id)
+            if len(request.reason) > validation.MAX_REASON:
+                bad.append(errors.FieldViolation("reason", f"at most {validation.MAX_REASON} characters"))
+            validation.raise_if(bad)
+            state, already = await handlers.cancel_job(self.hub, caller, request.job_id, request.reason)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.CANCEL_JOB, caller, job_id=request.job_id)
+        self.hub.audit.record(caller, Method.CANCEL_JOB, "ok", job_id=request.job_id, reason=request.reason)
+        return svc.CancelJobResponse(state=serde.state_to_proto(state), already_terminal=already)  # type: ignore[arg-type]
+
+    async def CancelJobSet(self, request: svc.CancelJobSetRequest, context: grpc.aio.ServicerContext) -> svc.CancelJobSetResponse:
+        caller: Caller | None = None
+        try:
+            caller = self.edge.caller(context, Method.CANCEL_JOB_SET)
+            bad = validation.check_submit(request.job_set_id, 1)
+            if len(request.reason) > validation.MAX_REASON:
+                bad.append(errors.FieldViolation("reason", f"at most {validation.MAX_REASON} characters"))
+            validation.raise_if(bad)
+            ids, terminal = await handlers.cancel_job_set(self.hub, caller, request.tenant, request.job_set_id,
+                                                          request.reason)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.CANCEL_JOB_SET, caller, job_set=request.job_set_id)
+        self.hub.audit.record(caller, Method.CANCEL_JOB_SET, "ok", job_set=request.job_set_id, jobs=ids)
+        return svc.CancelJobSetResponse(cancelled_job_ids=ids, already_terminal_count=terminal)
