@@ -1,0 +1,337 @@
+"""The shipped manifests: parse, validate against the Kubernetes 1.35 schema, and agree with the code and each other."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from extender import kube, webhook
+from extender.config import ExtenderConfig
+from tests.extender.test_webhook import PENDING, admission_review, as_created
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+K8S_VERSION = "1.35.0"  # the fixtures' version; kubernetes-validate ships schemas up to 1.37
+CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}  # no schema: CRDs
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*", "escalate", "bind", "impersonate"}
+
+
+def load_docs() -> list[tuple[Path, dict[str, Any]]]:
+    docs = []
+    for path in sorted(MANIFESTS.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((path, doc))
+    return docs
+
+
+DOCS = load_docs()
+OBJECTS = [d for _, d in DOCS if d.get("kind") != "Kustomization"]
+
+
+def one(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in OBJECTS if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, (kind, name, len(found))
+    return found[0]
+
+
+def scheduler_config() -> dict[str, Any]:
+    cfg: dict[str, Any] = yaml.safe_load(one("ConfigMap", "tandem-scheduler-config")["data"]["config.yaml"])
+    return cfg
+
+
+def extender_config() -> ExtenderConfig:
+    return ExtenderConfig.model_validate(yaml.safe_load(one("ConfigMap", "tandem-extender-config")["data"]["config.yaml"]))
+
+
+def pod_template() -> dict[str, Any]:
+    tpl: dict[str, Any] = one("Deployment", "tandem-scheduler")["spec"]["template"]
+    return tpl
+
+
+def container(name: str) -> dict[str, Any]:
+    (c,) = [c for c in pod_template()["spec"]["containers"] if c["name"] == name]
+    return c
+
+
+def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        value, op = labels.get(e["key"]), e["operator"]
+        if op == "In" and value not in e["values"] or op == "NotIn" and value in e["values"]:
+            return False
+        if op == "Exists" and value is None or op == "DoesNotExist" and value is not None:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------- parse & schema
+
+
+def test_every_manifest_parses_and_is_named() -> None:
+    assert len(OBJECTS) >= 20
+    for obj in OBJECTS:
+        assert obj.get("apiVersion") and obj.get("kind") and obj["metadata"].get("name"), obj
+
+
+@pytest.mark.parametrize("obj", OBJECTS, ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
+def test_validates_against_kubernetes_schema(obj: dict[str, Any]) -> None:
+    if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+        pytest.skip("cert-manager CRD: no schema in kubernetes-validate; checked in test_cert_manager_overlay")
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_kustomizations_list_every_file() -> None:
+    for kfile in MANIFESTS.rglob("kustomization.yaml"):
+        listed = {(kfile.parent / r).resolve() for r in yaml.safe_load(kfile.read_text())["resources"]}
+        assert all(p.exists() for p in listed), kfile
+        local = {p.resolve() for p in kfile.parent.glob("*.yaml") if p.name != "kustomization.yaml"}
+        assert local <= listed, (kfile, local - listed)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed")
+@pytest.mark.parametrize("overlay", ["", "cert-manager"])
+def test_kustomize_builds(overlay: str) -> None:
+    out = subprocess.run(["kubectl", "kustomize", str(MANIFESTS / overlay)], capture_output=True, text=True, check=True)
+    built = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out.stdout) if d}
+    expected = {(o["kind"], o["metadata"]["name"]) for o in OBJECTS if overlay or o["apiVersion"] not in {a for a, _ in CRD_KINDS}}
+    assert built == expected
+
+
+def test_cert_manager_overlay() -> None:
+    cert = one("Certificate", "tandem-webhook")
+    service = one("Service", "tandem-webhook")
+    assert f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc" in cert["spec"]["dnsNames"]
+    secrets = [v["secret"]["secretName"] for v in pod_template()["spec"]["volumes"] if "secret" in v]
+    assert cert["spec"]["secretName"] in secrets
+    assert one("Issuer", cert["spec"]["issuerRef"]["name"])
+    mwc = one("MutatingWebhookConfiguration")
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "tandem-system/tandem-webhook"
+
+
+# ---------------------------------------------------------------------------- scheduler configuration
+
+# Field names of kubescheduler.config.k8s.io/v1 (kube-scheduler decodes strictly: an unknown field stops it).
+KSC_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection", "enableProfiling",
+              "enableContentionProfiling", "percentageOfNodesToScore", "podInitialBackoffSeconds",
+              "podMaxBackoffSeconds", "profiles", "extenders", "delayCacheUntilActive"}
+EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
+                   "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable"}
+PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
+LEADER_FIELDS = {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock", "resourceName",
+                 "resourceNamespace"}
+
+
+def test_scheduler_configuration_fields_are_known() -> None:
+    cfg = scheduler_config()
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1" and cfg["kind"] == "KubeSchedulerConfiguration"
+    assert set(cfg) <= KSC_FIELDS
+    assert set(cfg["leaderElection"]) <= LEADER_FIELDS
+    for p in cfg["profiles"]:
+        assert set(p) <= PROFILE_FIELDS
+    for e in cfg["extenders"]:
+        assert set(e) <= EXTENDER_FIELDS
+
+
+def test_scheduler_configuration_values() -> None:
+    cfg = scheduler_config()
+    le = cfg["leaderElection"]
+    assert le["leaderElect"] is True
+    assert (le["resourceName"], le["resourceNamespace"], le["resourceLock"]) == ("tandem-scheduler", "tandem-system", "leases")
+    (profile,) = cfg["profiles"]
+    assert profile["schedulerName"] == "tandem-scheduler"
+    assert cfg["percentageOfNodesToScore"] == 100 and profile.get("percentageOfNodesToScore", 100) == 100
+    (fit,) = [pc["args"] for pc in profile["pluginConfig"] if pc["name"] == "NodeResourcesFit"]
+    strategy = fit["scoringStrategy"]
+    assert strategy["type"] == "MostAllocated"
+    weights = {r["name"]: r["weight"] for r in strategy["resources"]}
+    assert set(weights) == {"cpu", "memory", "nvidia.com/gpu"}
+    assert weights["nvidia.com/gpu"] > max(weights["cpu"], weights["memory"])
+    (ext,) = cfg["extenders"]
+    assert ext["nodeCacheCapable"] is True
+    assert ext["managedResources"] == []
+    assert ext["ignorable"] is False
+    assert ext["enableHTTPS"] is False and ext["httpTimeout"] == "2s"
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"]) == ("filter", "prioritize", "preempt")
+    assert "bindVerb" not in ext  # kube-scheduler binds; the extender only advises
+
+
+def test_extender_weight_dominates_plugin_scores() -> None:
+    cfg = scheduler_config()
+    (profile,) = cfg["profiles"]
+    score = profile["plugins"]["score"]
+    disabled = {p["name"] for p in score["disabled"]}
+    assert {"NodeResourcesBalancedAllocation", "ImageLocality"} <= disabled
+    enabled_weight = sum(p["weight"] for p in score["enabled"])
+    headroom = 2  # score plugins a feature gate may add at weight 1 (VolumeBinding, DynamicResources)
+    plugin_spread = 100 * (enabled_weight + headroom)  # each plugin scores 0..100
+    one_extender_point = cfg["extenders"][0]["weight"] * 10  # 0..10 rescaled by 100/10
+    assert one_extender_point > plugin_spread
+
+
+def test_extender_url_matches_the_extender_config() -> None:
+    (ext,) = scheduler_config()["extenders"]
+    url = urlsplit(ext["urlPrefix"])
+    xcfg = extender_config()
+    assert url.scheme == "http" and url.hostname == "127.0.0.1"  # loopback only: plain HTTP stays in the pod
+    assert (url.hostname, url.port) == (xcfg.host, xcfg.port)
+    for verb, field in (("filterVerb", "filter_verb"), ("prioritizeVerb", "prioritize_verb"), ("preemptVerb", "preempt_verb")):
+        assert f"{url.path.rstrip('/')}/{ext[verb]}" == xcfg.verb_path(getattr(xcfg, field))
+
+
+def test_scheduler_name_is_the_same_everywhere() -> None:
+    name = scheduler_config()["profiles"][0]["schedulerName"]
+    xcfg = extender_config()
+    assert name == xcfg.scheduler_name == ExtenderConfig().scheduler_name == "tandem-scheduler"
+    answer = webhook.review(admission_review(as_created(PENDING["want-8"]), "team-a"), xcfg)
+    assert answer["response"]["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(answer["response"]["patch"]))[0]["value"] == name
+    assert xcfg.reservation_namespace == le_ns() == "tandem-system"
+
+
+def le_ns() -> str:
+    ns: str = scheduler_config()["leaderElection"]["resourceNamespace"]
+    return ns
+
+
+# ---------------------------------------------------------------------------------------- webhook
+
+
+def test_webhook_cannot_block_the_cluster() -> None:
+    (hook,) = one("MutatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["timeoutSeconds"] <= 5
+    assert hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]
+    assert hook["namespaceSelector"] == {"matchLabels": {"tandem.dev/gpu-routing": "enabled"}}
+    # The scheduler's own pods never go through the webhook (no dependency loop at startup).
+    assert not selector_matches(hook["objectSelector"], pod_template()["metadata"]["labels"])
+    assert selector_matches(hook["objectSelector"], PENDING["want-8"]["metadata"].get("labels") or {})
+    assert not selector_matches(hook["objectSelector"], {"tandem.dev/gpu-routing": "disabled"})
+
+
+def test_webhook_service_reaches_the_extender_listener() -> None:
+    (hook,) = one("MutatingWebhookConfiguration")["webhooks"]
+    ref = hook["clientConfig"]["service"]
+    service = one("Service", ref["name"])
+    assert service["metadata"]["namespace"] == ref["namespace"]
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == ref["port"]]
+    assert selector_matches({"matchLabels": service["spec"]["selector"]}, pod_template()["metadata"]["labels"])
+    ext = container("extender")
+    (cport,) = [p for p in ext["ports"] if p["name"] == port["targetPort"]]
+    env = {e["name"]: e["value"] for e in ext["env"]}
+    settings = webhook.WebhookSettings.from_config(ExtenderConfig(), env)
+    assert settings.listen is not None and int(settings.listen.rsplit(":", 1)[1]) == cport["containerPort"]
+    assert ref["path"] == settings.path
+    mounts = {m["name"]: m["mountPath"] for m in ext["volumeMounts"]}
+    assert settings.tls_cert_file is not None and settings.tls_key_file is not None
+    assert str(settings.tls_cert_file.parent) == mounts["webhook-tls"] == str(settings.tls_key_file.parent)
+
+
+# ------------------------------------------------------------------------------------- deployment
+
+
+def test_pod_is_hardened_and_wired() -> None:
+    tpl = pod_template()
+    spec = tpl["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["priorityClassName"] == one("PriorityClass", "tandem-scheduler-critical")["metadata"]["name"]
+    assert one("ServiceAccount", spec["serviceAccountName"])
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        for m in c["volumeMounts"]:
+            v = volumes[m["name"]]
+            if "configMap" in v:
+                one("ConfigMap", v["configMap"]["name"])
+    sched, ext = container("kube-scheduler"), container("extender")
+    assert sched["image"].startswith("registry.k8s.io/kube-scheduler:")
+    config_mount = {m["name"]: m["mountPath"] for m in sched["volumeMounts"]}["scheduler-config"]
+    assert f"--config={config_mount}/config.yaml" in sched["command"]
+    assert ext["image"] == "tandem:latest"
+    assert ext["command"][:3] == ["tandem-extender", "serve", "--kube"]
+    xmount = {m["name"]: m["mountPath"] for m in ext["volumeMounts"]}["extender-config"]
+    assert f"--config={xmount}/config.yaml" in ext["command"]
+    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "webhook", "scheme": "HTTPS"}
+    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "webhook", "scheme": "HTTPS"}
+
+
+def test_pdb_and_priority_classes() -> None:
+    pdb = one("PodDisruptionBudget", "tandem-scheduler")
+    assert selector_matches(pdb["spec"]["selector"], pod_template()["metadata"]["labels"])
+    assert pdb["spec"]["minAvailable"] < one("Deployment", "tandem-scheduler")["spec"]["replicas"]
+    gang, crit = one("PriorityClass", "tandem-gang"), one("PriorityClass", "tandem-scheduler-critical")
+    assert 0 < gang["value"] < crit["value"] <= 1_000_000_000  # above 1e9 is reserved for system classes
+    assert not gang["globalDefault"] and not crit["globalDefault"]
+
+
+# ------------------------------------------------------------------------------------------- RBAC
+
+# What the watcher lists and watches, per kube.Kind: (apiGroup, resource, namespace or None for cluster-wide).
+WATCHED = {
+    kube.Kind.NODE: ("", "nodes", None),
+    kube.Kind.POD: ("", "pods", None),
+    kube.Kind.RESOURCE_SLICE: ("resource.k8s.io", "resourceslices", None),
+    kube.Kind.RESOURCE_CLAIM: ("resource.k8s.io", "resourceclaims", None),
+    kube.Kind.DEVICE_CLASS: ("resource.k8s.io", "deviceclasses", None),
+    kube.Kind.RESERVATION: ("", "configmaps", "tandem-system"),
+}
+
+
+def grants(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] and not r.get("resourceNames")
+               for r in rules)
+
+
+def bound_roles(sa: str = "tandem-scheduler") -> list[dict[str, Any]]:
+    out = []
+    for b in OBJECTS:
+        if b["kind"] in ("ClusterRoleBinding", "RoleBinding") and any(s["name"] == sa for s in b["subjects"]):
+            ref = b["roleRef"]
+            out.append({"binding": b, "ref": ref, "role": next((o for o in OBJECTS if o["kind"] == ref["kind"] and o["metadata"]["name"] == ref["name"]), None)})
+    return out
+
+
+def test_rbac_covers_every_watched_kind() -> None:
+    assert set(WATCHED) == set(kube.Kind)
+    for kind, (group, resource, namespace) in WATCHED.items():
+        for verb in ("list", "watch"):
+            ok = [
+                b for b in bound_roles() if b["role"] is not None
+                and (namespace is None) == (b["ref"]["kind"] == "ClusterRole")
+                and (namespace is None or b["binding"]["metadata"]["namespace"] == namespace)
+                and grants(b["role"]["rules"], group, resource, verb)
+            ]
+            assert ok, (kind, verb)
+
+
+def test_rbac_is_least_privilege() -> None:
+    builtin = {"system:kube-scheduler", "system:volume-scheduler", "extension-apiserver-authentication-reader"}
+    for b in bound_roles():
+        if b["role"] is None:
+            assert b["ref"]["name"] in builtin, b["ref"]  # the stock scheduler's own roles, bound, not widened
+    for role in (o for o in OBJECTS if o["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            assert "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+            writes = WRITE_VERBS & set(rule["verbs"])
+            if role["kind"] == "ClusterRole":
+                assert not writes, (role["metadata"]["name"], rule)  # nothing cluster-scoped is written
+            elif writes:
+                # Justified: kube-scheduler's leader Lease (create cannot be scoped by name; get/update are).
+                assert role["metadata"]["name"] == "tandem-scheduler-leases", rule
+                assert rule["resources"] == ["leases"] and writes <= {"create", "update"}
+                assert "update" not in writes or rule["resourceNames"] == ["tandem-scheduler"]
+    (cm_role,) = [o for o in OBJECTS if o["kind"] == "Role" and o["metadata"]["name"] == "tandem-extender-reservations"]
+    assert cm_role["metadata"]["namespace"] == "tandem-system" and cm_role["rules"][0]["verbs"] == ["get", "list", "watch"]
