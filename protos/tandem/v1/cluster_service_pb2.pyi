@@ -1082,7 +1082,9 @@ class Ack(_message.Message):
 
     ACKED_AGENT_SEQUENCE_FIELD_NUMBER: _builtins.int
     acked_agent_sequence: _builtins.int
-    """Every agent message with sequence <= this one is durably processed."""
+    """Every agent message with sequence <= this one has been processed (any
+    job state change it caused is committed to the store).
+    """
     def __init__(
         self,
         *,

@@ -1097,8 +1097,9 @@ class QueueInfo(_message.Message):
     NEXT_ELIGIBLE_TIME_FIELD_NUMBER: _builtins.int
     EVALUATE_TIME_FIELD_NUMBER: _builtins.int
     position: _builtins.int
-    """Number of jobs ahead of it in its queue's scheduling order, 0 = next.
-    A count only; absent when not computed.
+    """Number of jobs (of any tenant) ahead of it in the broker's scheduling
+    order, 0 = next. A count only, never identities; absent when not
+    computed.
     """
     reason: Global___WaitReason.ValueType
     """Typed main reason."""
