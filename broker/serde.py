@@ -150,8 +150,10 @@ def _gpu_demand(req: JobRequest) -> float:
     return total
 
 
-def parse_items(request: job_service_pb2.SubmitJobsRequest, tenant: str) -> list[ParsedItem]:
-    """Validate every item independently; each gets either a NewJob + JobRequest or an InvalidArgument."""
+def parse_items(request: job_service_pb2.SubmitJobsRequest, caller_tenant: str, admin: bool = False) -> list[ParsedItem]:
+    """Validate every item independently; each gets either a NewJob + JobRequest or an error.
+
+    Tenants submit for themselves (spec.tenant empty or their own); admins name the tenant in each spec."""
     validation.raise_if(validation.check_submit(request.job_set_id, len(request.items)))
     out = []
     for i, item in enumerate(request.items):
@@ -164,12 +166,17 @@ def parse_items(request: job_service_pb2.SubmitJobsRequest, tenant: str) -> list
             bad.extend(validation.check_spec(item.spec, f"{path}.spec"))
             if item.spec.job_set_id and item.spec.job_set_id != request.job_set_id:
                 bad.append(FieldViolation(f"{path}.spec.job_set_id", "must be empty or equal to job_set_id"))
-            if item.spec.tenant and item.spec.tenant != tenant:
-                bad.append(FieldViolation(f"{path}.spec.tenant", f"caller acts for tenant {tenant}"))
+        if not bad and admin and not item.spec.tenant:
+            bad.append(FieldViolation(f"{path}.spec.tenant", "admins must name the tenant"))
+        if not bad and not admin and item.spec.tenant and item.spec.tenant != caller_tenant:
+            parsed.error = errors.PermissionDenied(f"tenant {caller_tenant} may not submit for tenant {item.spec.tenant}")
+            out.append(parsed)
+            continue
         if bad:
             parsed.error = errors.InvalidArgument.fields(*bad)
             out.append(parsed)
             continue
+        tenant = item.spec.tenant if admin else caller_tenant
         spec = job_pb2.JobSpec()
         spec.CopyFrom(item.spec)
         spec.job_set_id = request.job_set_id

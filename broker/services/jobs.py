@@ -28,12 +28,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.SUBMIT_JOBS)
-            tenant = caller.name if caller.tenant is not None else ""
-            if caller.is_admin:
-                tenant = request.items[0].spec.tenant if request.items else ""
-                if not tenant:
-                    raise errors.InvalidArgument.fields(errors.FieldViolation("items[0].spec.tenant", "admins must name the tenant"))
-            parsed = serde.parse_items(request, tenant)
+            parsed = serde.parse_items(request, caller.name, caller.is_admin)
             results = await handlers.submit_jobs(self.hub, caller, parsed, request.validate_only)
         except Exception as exc:  # noqa: BLE001 - mapped at the edge
             await self.edge.fail(context, exc, Method.SUBMIT_JOBS, caller, job_set=request.job_set_id)

@@ -216,7 +216,7 @@ class ScriptedAgent:
         self.seq = 0
         self.inventory_seq = 0
         self.outbox: asyncio.Queue[cs.AgentMessage | None] = asyncio.Queue()
-        self.inbox: asyncio.Queue[cs.BrokerMessage] = asyncio.Queue()
+        self.inbox: asyncio.Queue[cs.BrokerMessage | None] = asyncio.Queue()
         self.call: Any = None
         self.welcome: cs.Welcome | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -257,6 +257,7 @@ class ScriptedAgent:
                 await self.inbox.put(msg)
         except grpc.aio.AioRpcError as exc:
             self.error = exc
+        await self.inbox.put(None)  # type: ignore[arg-type]
 
     def snapshot(self, nodes: Iterable[inv.NodeInventory], bound: Iterable[tuple[str, int, str, int, str]] = ()) -> None:
         """bound: (job, attempt, pod_set, index, node) the cluster shows bound."""
@@ -280,6 +281,10 @@ class ScriptedAgent:
         async def loop() -> Any:
             while True:
                 msg = await self.inbox.get()
+                if msg is None:
+                    if self.error is not None:
+                        raise self.error
+                    raise ConnectionError("stream closed")
                 if msg.WhichOneof("body") == kind:
                     return getattr(msg, kind)
         return await asyncio.wait_for(loop(), timeout)
