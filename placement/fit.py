@@ -199,26 +199,32 @@ def _dra_plan(node: Node, shape: PodShape, evaluator: DraEvaluator, limit: int) 
         sl = slices[d.key]
         return sl is None or not busy.get(sl[0], 0) & sl[1]
 
+    def mark(d: DraDevice) -> None:
+        taken.add(d.key)
+        sl = slices[d.key]
+        if sl is not None:
+            busy[sl[0]] = busy.get(sl[0], 0) | sl[1]
+
     plan: list[list[DraDevice]] = []
     while len(plan) < limit:
         chosen: list[DraDevice] = []
         for req, m in zip(shape.dra, matches):
-            picks = [d for d in m.devices if free(d)][: req.count]
+            picks: list[DraDevice] = []
+            for d in m.devices:  # one at a time: two picks of one request may overlap (dynamic MIG)
+                if len(picks) == req.count:
+                    break
+                if free(d):
+                    picks.append(d)
+                    mark(d)
             if len(picks) < req.count:
                 if plan:
                     return plan, None
-                have = sum(1 for d in m.devices if free(d))
+                have = len(picks) + sum(1 for d in m.devices if free(d))
                 if not m.devices:
                     if m.errors:
                         return plan, _refuse(Reason.DRA_SELECTOR_ERROR, node=node.name, detail=m.first_error)
                     return plan, _refuse(Reason.NO_DRA_DEVICES, node=node.name, want=req.device_class)
                 return plan, _refuse(Reason.INSUFFICIENT_DRA_DEVICES, node=node.name, have=have, want=req.device_class, need=req.count)
-            # Take them now so the next request of the same replica cannot reuse them.
-            for d in picks:
-                taken.add(d.key)
-                sl = slices[d.key]
-                if sl is not None:
-                    busy[sl[0]] = busy.get(sl[0], 0) | sl[1]
             chosen.extend(picks)
         plan.append(chosen)
     return plan, None

@@ -55,7 +55,7 @@ def dra_device(i: int, allocated: bool) -> DraDevice:
 
 def dyn_mig(parent: int, start: int, size: int, allocated: bool) -> DraDevice:
     return DraDevice(
-        "gpu.nvidia.com", "p", f"gpu-{parent}-mig-x-0-{start}",
+        "gpu.nvidia.com", "p", f"gpu-{parent}-mig-{start}-{size}",
         {"type": "mig", "parentUUID": f"U{parent}", "profile": f"{size}s"},
         {f"memorySlice{k}": 1 for k in range(start, start + size)}, allocated,
     )
