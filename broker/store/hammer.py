@@ -1,0 +1,71 @@
+"""Store load generator: concurrent idempotent submissions, each key printed only after its commit.
+
+Used by the durability test (SIGKILL mid-way, reopen, retry) and the store
+benchmark. ``python -m broker.store.hammer DB --writers N --jobs M``
+prints ``ACK <key> <job_id>`` per acknowledged submission, ``DONE`` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+from broker.records import NewJob
+from broker.store.base import StoreOptions
+from broker.store.sqlite import SqliteStore
+
+__all__ = ["job_for_key", "key_for", "run", "main"]
+
+
+def key_for(writer: int, i: int) -> str:
+    return f"w{writer:03d}-{i:06d}"
+
+
+def job_for_key(key: str, tenant: str = "hammer") -> NewJob:
+    """The one request body for a key: deterministic, so retries fingerprint the same."""
+    w = int(key[1:4])
+    return NewJob(
+        tenant=tenant, queue=f"q{w % 4}", spec=f"spec:{key}".encode() * 8, job_set=f"set{w}",
+        priority=w % 7, labels=(("writer", str(w)),), gpus=float(1 + w % 8), gpu_models=("H100",),
+        idempotency_key=key,
+    )
+
+
+async def run(path: str, writers: int, jobs: int, *, max_batch: int = 512, out: bool = True) -> float:
+    """Submit ``writers × jobs`` jobs from ``writers`` concurrent tasks; returns elapsed seconds."""
+    store = SqliteStore(path, options=StoreOptions(max_batch=max_batch))
+    await store.open()
+    write = sys.stdout.write
+
+    async def writer(w: int) -> None:
+        for i in range(jobs):
+            key = key_for(w, i)
+            r = await store.submit(job_for_key(key))
+            if out:
+                write(f"ACK {key} {r.job.job_id}\n")
+                sys.stdout.flush()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(writer(w) for w in range(writers)))
+    elapsed = time.perf_counter() - t0
+    await store.close()
+    if out:
+        write("DONE\n")
+        sys.stdout.flush()
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("db")
+    p.add_argument("--writers", type=int, default=16)
+    p.add_argument("--jobs", type=int, default=1000, help="submissions per writer")
+    p.add_argument("--max-batch", type=int, default=512)
+    a = p.parse_args(argv)
+    asyncio.run(run(a.db, a.writers, a.jobs, max_batch=a.max_batch))
+
+
+if __name__ == "__main__":
+    main()
