@@ -20,6 +20,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from broker.errors import QuotaViolation
 from broker.records import AttemptRecord, JobRecord
@@ -36,7 +37,11 @@ __all__ = [
     "QueueBook",
     "QueueSnapshot",
     "ordinal",
+    "policy_from_tenancy",
 ]
+
+if TYPE_CHECKING:
+    from broker.policy import Policy
 
 _EPS = 1e-9
 
@@ -177,6 +182,20 @@ class Preempt:
     tenant: str
     model: str
     gpus: float
+
+
+def policy_from_tenancy(
+    policy: "Policy", *, model_weights: Mapping[str, float] | None = None, default_model_weight: float = 1.0
+) -> QueuePolicy:
+    """The queue's view of the tenancy policy: tenant weights, quotas (``"*"`` kept) and band ranks."""
+    tenants = policy.doc.tenants
+    return QueuePolicy(
+        tenant_weights={t.name: t.weight for t in tenants},
+        model_weights=dict(model_weights or {}),
+        default_model_weight=default_model_weight,
+        quotas={(t.name, model): limit for t in tenants for model, limit in t.quotas.items()},
+        band_ranks=dict(policy.doc.priority_bands),
+    )
 
 
 def ordinal(n: int) -> str:

@@ -217,3 +217,19 @@ def test_book_loads_from_store_lists() -> None:
     book.load(jobs, attempts)
     s = book.snapshot(NOW)
     assert s.usage.used("t1", "H100") == 4 and [e.job_id for e in s.order()] == ["j2"]
+
+
+def test_policy_from_tenancy() -> None:
+    from broker.policy import parse_policy
+    from broker.queue import policy_from_tenancy
+
+    pol = parse_policy(
+        "tenants:\n"
+        "  - {name: a, weight: 2, quotas: {H100: 16, '*': 4}, priority_bands: [default, high]}\n"
+        "  - {name: b}\n"
+        "priority_bands: {default: 0, high: 100}\n"
+    )
+    qp = policy_from_tenancy(pol, model_weights={"H100": 2.0})
+    assert (qp.tenant_weight("a"), qp.tenant_weight("b")) == (2.0, 1.0)
+    assert (qp.quota("a", "H100"), qp.quota("a", "A100"), qp.quota("b", "H100")) == (16, 4, None)
+    assert (qp.band_rank("high"), qp.band_rank("default"), qp.model_weight("H100")) == (100, 0, 2.0)
