@@ -219,3 +219,34 @@ async def test_inventory_error_relists_after_backoff(kmock: Any, api: kclient.Ap
 
     assert sleep.delays == [1.0]
     assert [r.params["resourceVersion"] for r in node_watches(kmock)] == ["100", "100"]
+
+
+async def test_error_event_other_than_410_resumes_after_backoff(kmock: Any, api: kclient.ApiClient) -> None:
+    n1, n2 = NODES[0], NODES[1]
+    internal = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500, "reason": "InternalError",
+                "message": "an error on the server has prevented the request from succeeding"}
+    kmock["list v1/nodes"] << node_list("100", [n1])
+    kmock["watch v1/nodes"] << iter((event("ADDED", with_rv(n2, "140")), event("ERROR", internal)))
+    kmock["watch v1/nodes"] << hang
+    inv, sleep = RecordingInventory(), SleepRecorder()
+    async with Running(watcher(api, inv, sleep, kube.Kind.NODE)):
+        await eventually(lambda: len(node_watches(kmock)) == 2)
+
+    assert sleep.delays == [1.0]
+    assert [r.params["resourceVersion"] for r in node_watches(kmock)] == ["100", "140"]
+    assert len(node_lists(kmock)) == 1
+
+
+async def test_empty_watch_closed_at_once_is_not_hammered(kmock: Any, api: kclient.ApiClient) -> None:
+    kmock["list v1/nodes"] << node_list("100", NODES[:1])
+    kmock["watch v1/nodes"] << times(3, 200, b"")
+    kmock["watch v1/nodes"] << hang
+    inv, sleep = RecordingInventory(), SleepRecorder()
+    settings = kube.KubeSettings(backoff_base_s=1.0, backoff_cap_s=8.0, stable_after_s=10.0)
+    frozen_clock = lambda: 500.0  # noqa: E731  (every watch "lasted" 0 s)
+    async with Running(watcher(api, inv, sleep, kube.Kind.NODE, settings=settings, clock=frozen_clock)):
+        await eventually(lambda: len(node_watches(kmock)) == 4)
+
+    # Each watch ended with no event well before stable_after_s: back off, keep the resume version.
+    assert sleep.delays == [1.0, 2.0, 4.0]
+    assert {r.params["resourceVersion"] for r in node_watches(kmock)} == {"100"}
