@@ -22,10 +22,9 @@ from extender.protocol import (
     VictimSet,
     encode_filter_result,
     encode_preemption_result,
-    encode_priorities,
     host_prefix,
 )
-from extender.snapshot import Snapshot
+from extender.snapshot import Snapshot, code_name
 from placement import podspec
 from placement.errors import PlacementError
 from placement.model import DraRequest
@@ -86,8 +85,28 @@ def _claim_resolver(pod: dict[str, Any], inv: Inventory) -> tuple[dict[str, tupl
     return out, allowed
 
 
+_QUERY_CACHE_LIMIT = 1024
+
+
 def query_for(pod: dict[str, Any], inv: Inventory) -> Query:
-    """The cache key and question of a pod: its shape, gang identity and pinning."""
+    """The question a pod asks, cached per (uid, resourceVersion, inventory version): filter and
+    prioritize of one cycle, and retries, parse the pod once."""
+    meta = pod["metadata"]
+    uid, rv = meta.get("uid"), meta.get("resourceVersion")
+    if not isinstance(uid, str) or not isinstance(rv, str) or not uid or not rv:
+        return _query_for(pod, inv)
+    cache = inv.query_cache
+    key = (uid, rv, inv.version)
+    q = cache.get(key)
+    if q is None:
+        q = _query_for(pod, inv)
+        if len(cache) >= _QUERY_CACHE_LIMIT:
+            cache.clear()
+        cache[key] = q
+    return q
+
+
+def _query_for(pod: dict[str, Any], inv: Inventory) -> Query:
     claims, claim_nodes = _claim_resolver(pod, inv)
     try:
         shape = podspec.shape_from_pod(pod, claims)
@@ -108,41 +127,55 @@ def _require_ready(inv: Inventory) -> Snapshot:
     return inv.snapshot()
 
 
+def _positions(snap: Snapshot, names: list[str]) -> np.ndarray:
+    try:
+        pos = snap.positions(names)
+    except TypeError as e:  # an unhashable element
+        raise BadRequest("NodeNames must be a list of strings") from e
+    if (pos < 0).any() and not all(type(names[j]) is str for j in np.flatnonzero(pos < 0).tolist()):
+        raise BadRequest("NodeNames must be a list of strings")
+    return pos
+
+
 def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     """ExtenderFilterResult: the candidates that fit, the others with a reason each."""
     snap = _require_ready(inv)
     q = query_for(args.pod, inv)
     sv = snap.verdict(q)
     names = args.node_names
-    pos = snap.positions(names)
+    pos = _positions(snap, names)
     known = pos >= 0
-    if len(names) and not known.any():
+    all_known = bool(known.all())
+    if names and not known.any():
         raise BadRequest(f"none of the {len(names)} candidate nodes is in the extender's inventory")
-    ok = sv.ok[pos] & known
+    sv.ensure(pos if all_known else pos[known])
+    ok = sv.ok[pos]
+    if not all_known:
+        ok &= known
     passed_at = np.flatnonzero(ok)
-    nj = snap.name_json
+    passed_names = passed_nodes = None
     if args.nodes is None:
-        passed_names: list[bytes] | None = [nj[i] for i in pos[passed_at].tolist()]
-        passed_nodes = None
+        passed_names = b",".join(snap.name_json_arr[pos[passed_at]].tolist())
     else:
-        passed_names = None
         nodes = args.nodes
         passed_nodes = [nodes[j] for j in passed_at.tolist()]
-    failed: list[tuple[bytes, bytes]] = []
-    unres: list[tuple[bytes, bytes]] = []
+    failed = unres = b""
     reasons: Counter[str] = Counter()
     if len(passed_at) < len(names):
-        verdicts = sv.verdicts
-        for j in np.flatnonzero(~ok).tolist():
-            i = int(pos[j])
-            if i < 0:
-                unres.append((orjson.dumps(names[j]),
-                              orjson.dumps(f"node {names[j]} is not in the extender's inventory")))
-                reasons[UNKNOWN_NODE] += 1
-                continue
-            v = verdicts[i]
-            (unres if v.unresolvable else failed).append((nj[i], sv.message_json(i)))
-            reasons[v.reason.code if v.reason is not None else "?"] += 1
+        rows = pos[~ok if all_known else ~ok & known]
+        u = sv.unresolvable[rows]
+        frags = sv.frags
+        failed = b",".join(frags[rows[~u]].tolist())
+        unres_parts = frags[rows[u]].tolist()
+        counts = np.bincount(sv.codes[rows])
+        for c in np.flatnonzero(counts).tolist():
+            reasons[code_name(c)] = int(counts[c])
+        if not all_known:
+            missing = [names[j] for j in np.flatnonzero(~known).tolist()]
+            unres_parts += [orjson.dumps(n) + b":" + orjson.dumps(f"node {n} is not in the extender's inventory")
+                            for n in missing]
+            reasons[UNKNOWN_NODE] += len(missing)
+        unres = b",".join(unres_parts)
     body = encode_filter_result(passed_names=passed_names, passed_nodes=passed_nodes, failed=failed,
                                 unresolvable=unres)
     return Decision(body, len(passed_at), reasons)
@@ -152,17 +185,16 @@ def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
     """HostPriorityList for the candidates (0..10; 0 for nodes that do not fit or are unknown)."""
     snap = _require_ready(inv)
     q = query_for(args.pod, inv)
-    scores = snap.scores(q)
-    pos = snap.positions(args.node_names)
+    names = args.node_names
+    pos = _positions(snap, names)
     known = pos >= 0
-    hp = snap.host_prefix
     if known.all():
-        prefixes = [hp[i] for i in pos.tolist()]
-        sc = scores[pos].tolist()
-    else:
-        prefixes = [hp[i] if i >= 0 else host_prefix(n) for i, n in zip(pos.tolist(), args.node_names)]
-        sc = np.where(known, scores[pos], 0).tolist()
-    return Decision(encode_priorities(prefixes, sc), int(known.sum()))
+        entries = snap.entries(pos, snap.scores(q, pos))
+        return Decision(b"[" + b",".join(entries) + b"]", len(names))
+    rows = pos[known]
+    by_row = dict(zip(rows.tolist(), snap.entries(rows, snap.scores(q, rows))))
+    parts = [by_row[i] if i >= 0 else host_prefix(n) + b"0}" for i, n in zip(pos.tolist(), names)]
+    return Decision(b"[" + b",".join(parts) + b"]", int(known.sum()))
 
 
 def _is_gang_member(inv: Inventory, uid: str, full: dict[str, dict[str, Any]]) -> bool:

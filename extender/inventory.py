@@ -72,6 +72,8 @@ class Inventory:
         self._snapshot: Snapshot | None = None
         self.last_change = clock()
         self.errors: list[str] = []
+        self.query_cache: dict[tuple[str, str, int], Any] = {}
+        """Parsed pod questions by (uid, resourceVersion, version); owned by extender.decide."""
 
     # ------------------------------------------------------------------ readiness
 

@@ -12,7 +12,7 @@ go through pydantic.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +93,7 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     names = _field(obj, "NodeNames")
     node_list = _field(obj, "Nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(type(n) is str for n in names):
+        if not isinstance(names, list):  # element types are checked where a name is not found
             raise BadRequest("NodeNames must be a list of strings")
         return ExtenderArgs(pod, names, None)
     if node_list is None:
@@ -214,33 +214,22 @@ def parse_preemption_args(body: bytes) -> PreemptionArgs:
 # ----------------------------------------------------------------------------- encoding
 
 
-def _failed_map(failed: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """`{"name":"reason",...}` from pre-serialised (quoted name, quoted reason) pairs."""
-    return b"{" + b",".join([k + b":" + v for k, v in failed]) + b"}"
-
-
 def encode_filter_result(
     *,
-    passed_names: Sequence[bytes] | None,
+    passed_names: bytes | None,
     passed_nodes: Sequence[dict[str, Any]] | None,
-    failed: Iterable[tuple[bytes, bytes]],
-    unresolvable: Iterable[tuple[bytes, bytes]],
+    failed: bytes,
+    unresolvable: bytes,
 ) -> bytes:
-    """ExtenderFilterResult. passed_names are pre-quoted JSON strings (names mode); passed_nodes
-    are Node objects echoed back as a NodeList (NodeList mode). Exactly one of them is set."""
+    """ExtenderFilterResult from pre-serialised parts: passed_names is the inside of the NodeNames
+    array (quoted names joined by commas; names mode), passed_nodes the Node objects to echo as a
+    NodeList (NodeList mode); failed / unresolvable are the insides of the two maps."""
     if passed_nodes is not None:
-        nodes = orjson.dumps({"metadata": {}, "items": passed_nodes})
-        head = b'{"Nodes":' + nodes + b',"NodeNames":null'
+        head = b'{"Nodes":' + orjson.dumps({"metadata": {}, "items": passed_nodes}) + b',"NodeNames":null'
     else:
-        head = b'{"Nodes":null,"NodeNames":[' + b",".join(passed_names or ()) + b"]"
-    return (
-        head
-        + b',"FailedNodes":'
-        + _failed_map(failed)
-        + b',"FailedAndUnresolvableNodes":'
-        + _failed_map(unresolvable)
-        + b',"Error":""}'
-    )
+        head = b'{"Nodes":null,"NodeNames":[' + (passed_names or b"") + b"]"
+    return (head + b',"FailedNodes":{' + failed + b'},"FailedAndUnresolvableNodes":{' + unresolvable
+            + b'},"Error":""}')
 
 
 def encode_filter_error(message: str) -> bytes:

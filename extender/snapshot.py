@@ -1,12 +1,14 @@
 """One immutable inventory version: name index, pre-serialised fragments and per-shape verdicts.
 
-Verdicts are cached per (version, query) as numpy columns over all nodes; each node's verdict is
-also memoised per query against its NodeFacts object, so after a pod binds only that node is
-re-checked. Scores are computed once per (version, query), vectorised.
+A request costs O(candidates): verdicts of a query are filled in lazily, only for the rows a
+request names, and kept for the version; each node's verdict is also memoised per query against
+its NodeFacts object, so after a pod binds only that node is checked again. Raw scores are one
+vectorised pass per (version, query); each reply rescales them over its own candidates.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,32 +22,99 @@ from extender.facts import NodeFacts
 from extender.nodefit import Query, Verdict, check_node, room_for
 from placement import dra as core_dra
 from placement.gpuarrays import GpuArrays, PodDemand
-from placement.scoring import BestFitPolicy, extender_scores
+from placement.scoring import BestFitPolicy
 
-__all__ = ["Snapshot", "ShapeVerdict"]
+__all__ = ["Snapshot", "ShapeVerdict", "SCORE_MAX"]
 
+SCORE_MAX = 10
 _MEMO_LIMIT = 64
+_SUFFIX = [f"{v}}}".encode() for v in range(SCORE_MAX + 1)]
+_CODES: dict[str, int] = {"Fit": 0}
+_CODE_NAMES: list[str] = ["Fit"]
+
+Rows = npt.NDArray[np.intp]
+
+
+def _code(v: Verdict) -> int:
+    name = v.reason.code if v.reason is not None else "Fit"
+    c = _CODES.get(name)
+    if c is None:
+        c = _CODES[name] = len(_CODE_NAMES)
+        _CODE_NAMES.append(name)
+    return c
+
+
+def code_name(code: int) -> str:
+    return _CODE_NAMES[code]
+
+
+def _objects(items: Sequence[bytes]) -> npt.NDArray[np.object_]:
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    return arr
 
 
 class ShapeVerdict:
-    """Verdicts of one query over every node of a snapshot (row i = snapshot node i)."""
+    """Verdicts of one query over the nodes of a snapshot (row i = snapshot node i), filled in
+    for the rows requests name. For each refused row, `"name":"reason"` is kept pre-serialised."""
 
-    __slots__ = ("verdicts", "ok", "unresolvable", "_frags", "_scores")
+    __slots__ = ("snap", "query", "memo", "done", "ok", "unresolvable", "codes", "verdicts", "frags", "_raw")
 
-    def __init__(self, verdicts: list[Verdict]) -> None:
-        self.verdicts = verdicts
-        self.ok: npt.NDArray[np.bool_] = np.fromiter((v.reason is None for v in verdicts), np.bool_, len(verdicts))
-        self.unresolvable: npt.NDArray[np.bool_] = np.fromiter((v.unresolvable for v in verdicts), np.bool_,
-                                                               len(verdicts))
-        self._frags: dict[int, bytes] = {}
-        self._scores: npt.NDArray[np.int64] | None = None
+    def __init__(self, snap: Snapshot, query: Query, memo: dict[str, tuple[NodeFacts, Verdict]]) -> None:
+        n = len(snap.facts)
+        self.snap = snap
+        self.query = query
+        self.memo = memo
+        self.done = np.zeros(n, np.bool_)
+        self.ok = np.zeros(n, np.bool_)
+        self.unresolvable = np.zeros(n, np.bool_)
+        self.codes = np.zeros(n, np.intp)
+        self.verdicts: list[Verdict | None] = [None] * n
+        self.frags = _objects([b""] * n)
+        self._raw: npt.NDArray[np.float64] | None = None
 
-    def message_json(self, i: int) -> bytes:
-        """The refusal message of node i, JSON-quoted (cached)."""
-        m = self._frags.get(i)
-        if m is None:
-            m = self._frags[i] = orjson.dumps(self.verdicts[i].message)
-        return m
+    def ensure(self, rows: Rows) -> None:
+        """Compute the verdicts of `rows` (valid rows only) not computed yet."""
+        todo = rows[~self.done[rows]]
+        if not len(todo):
+            return
+        facts, memo, q, ev = self.snap.facts, self.memo, self.query, self.snap.evaluator
+        nj = self.snap.name_json
+        for i in set(todo.tolist()):
+            f = facts[i]
+            hit = memo.get(f.name)
+            if hit is not None and hit[0] is f:
+                v = hit[1]
+            else:
+                v = check_node(f, q, ev)
+                memo[f.name] = (f, v)
+            self.verdicts[i] = v
+            if v.reason is None:
+                self.ok[i] = True
+            else:
+                self.unresolvable[i] = v.unresolvable
+                self.codes[i] = _code(v)
+                self.frags[i] = nj[i] + b":" + orjson.dumps(v.message)
+        self.done[todo] = True
+
+    def ensure_all(self) -> None:
+        self.ensure(np.arange(len(self.done), dtype=np.intp))
+
+    def raw_scores(self, rows: Rows) -> npt.NDArray[np.float64]:
+        """Policy scores (higher = better) of `rows`; rows must be ensured and fit."""
+        q = self.query
+        s = q.shape
+        if s.gpus and not s.dra and s.mig_profile is None:
+            if self._raw is None:  # one vectorised pass over every node
+                snap = self.snap
+                demand = PodDemand(cpu_milli=s.cpu_milli, mem_mib=s.memory >> 20, gpu_count=s.gpus,
+                                   gpu_milli=s.gpu_milli)
+                arrays = snap.gpu_arrays()
+                self._raw = BestFitPolicy().score(arrays, demand, np.ones(len(arrays), np.bool_))
+            return self._raw[rows]
+        # MIG / DRA: the tighter the node (fewest further replicas it could take), the better
+        facts, ev = self.snap.facts, self.snap.evaluator
+        return -np.array([room_for(facts[i], q, ev) for i in rows.tolist()], np.float64)
 
 
 class Snapshot:
@@ -61,6 +130,7 @@ class Snapshot:
         self.index: dict[str, int] = {f.name: i for i, f in enumerate(facts)}
         self.name_json: list[bytes] = [f.name_json for f in facts]
         self.host_prefix: list[bytes] = [f.host_prefix for f in facts]
+        self.name_json_arr = _objects(self.name_json)
         self.classes = classes
         self.evaluator = evaluator
         self.config = config
@@ -86,29 +156,16 @@ class Snapshot:
     # ------------------------------------------------------------------ verdicts
 
     def verdict(self, q: Query) -> ShapeVerdict:
-        """Verdicts of `q` on every node, cached for this version."""
+        """The (lazily filled) verdicts of `q` for this version."""
         sv = self._verdicts.get(q)
         if sv is not None:
-            self._verdicts.move_to_end(q)
             return sv
         memo = self._memo.get(q)
         if memo is None:
             memo = self._memo[q] = {}
             if len(self._memo) > _MEMO_LIMIT:
                 self._memo.popitem(last=False)
-        else:
-            self._memo.move_to_end(q)
-        out: list[Verdict] = []
-        ev = self.evaluator
-        for f in self.facts:
-            hit = memo.get(f.name)
-            if hit is not None and hit[0] is f:
-                out.append(hit[1])
-                continue
-            v = check_node(f, q, ev)
-            memo[f.name] = (f, v)
-            out.append(v)
-        sv = ShapeVerdict(out)
+        sv = ShapeVerdict(self, q, memo)
         self._verdicts[q] = sv
         if len(self._verdicts) > self.config.verdict_cache_size:
             self._verdicts.popitem(last=False)
@@ -120,9 +177,9 @@ class Snapshot:
 
     # ------------------------------------------------------------------ scores
 
-    def _gpu_arrays(self) -> GpuArrays:
+    def gpu_arrays(self) -> GpuArrays:
+        """Free CPU, memory and per-GPU share of every node as numpy columns (for the scorers)."""
         if self._arrays is None:
-            facts = self.facts
             nodes = [f.node for f in self.facts]
             width = max((len(n.gpus) for n in nodes), default=1) or 1
             left = np.zeros((len(nodes), width), np.int32)
@@ -143,48 +200,42 @@ class Snapshot:
             )
         return self._arrays
 
-    def scores(self, q: Query) -> npt.NDArray[np.int64]:
-        """Extender scores 0..10 of `q` on every node (0 where it does not fit), cached."""
+    def scores(self, q: Query, rows: Rows) -> npt.NDArray[np.int64]:
+        """Extender scores 0..10 of `rows` (valid rows): 0 where the pod does not fit; among the
+        rows that fit, the policy's scores rescaled so the best gets 10 and the worst 0."""
         sv = self.verdict(q)
-        if sv._scores is not None:
-            return sv._scores
-        s = q.shape
-        n = len(self.facts)
-        if not s.wants_gpu or q.pinned is not None:
-            out = np.where(sv.ok, 10 if q.pinned is not None else 0, 0).astype(np.int64)
-        elif s.gpus and not s.dra and s.mig_profile is None:
-            demand = PodDemand(cpu_milli=s.cpu_milli, mem_mib=s.memory >> 20, gpu_count=s.gpus,
-                               gpu_milli=s.gpu_milli)
-            out = extender_scores(self._gpu_arrays(), demand, sv.ok, BestFitPolicy())
+        sv.ensure(rows)
+        fit = sv.ok[rows]
+        out = np.zeros(len(rows), np.int64)
+        if not q.shape.wants_gpu or not fit.any():
+            return out
+        if q.pinned is not None:  # a gang replica passes only its assigned node
+            out[fit] = SCORE_MAX
+            return out
+        raw = sv.raw_scores(rows[fit])
+        lo, hi = float(raw.min()), float(raw.max())
+        if hi - lo <= 0.0:
+            out[fit] = SCORE_MAX
         else:
-            out = self._pack_scores(q, sv)
-        sv._scores = out
-        del n
+            out[fit] = np.rint((raw - lo) / (hi - lo) * SCORE_MAX).astype(np.int64)
         return out
 
-    def _pack_scores(self, q: Query, sv: ShapeVerdict) -> npt.NDArray[np.int64]:
-        """MIG / DRA: prefer the node left with the fewest matching free units (keeps others whole)."""
-        rows = np.flatnonzero(sv.ok)
-        out = np.zeros(len(self.facts), np.int64)
-        if len(rows) == 0:
-            return out
-        left = np.array([room_for(self.facts[i], q, self.evaluator) - 1 for i in rows.tolist()], np.float64)
-        lo, hi = float(left.min()), float(left.max())
-        out[rows] = 10 if hi <= lo else np.rint((hi - left) / (hi - lo) * 10).astype(np.int64)
-        return out
+    def entries(self, rows: Rows, scores: npt.NDArray[np.int64]) -> list[bytes]:
+        """`{"Host":"name","Score":s}` of each row."""
+        hp, suf = self.host_prefix, _SUFFIX
+        return [hp[i] + suf[s] for i, s in zip(rows.tolist(), scores.tolist())]
 
     # ------------------------------------------------------------------ lookups
 
-    def positions(self, names: Sequence[str]) -> npt.NDArray[np.intp]:
+    def positions(self, names: Sequence[str]) -> Rows:
         """Snapshot row of each name, -1 for names the inventory does not know."""
-        get = self.index.get
-        return np.fromiter([get(n, -1) for n in names], np.intp, len(names))
+        return np.array(list(map(self.index.get, names, itertools.repeat(-1))), np.intp)
 
     def facts_by_name(self, name: str) -> NodeFacts | None:
         i = self.index.get(name)
         return None if i is None else self.facts[i]
 
     def node_summary(self) -> list[dict[str, Any]]:
-        """Small per-node view for debugging endpoints and logs."""
+        """Small per-node view for debugging and logs."""
         return [{"name": f.name, "gpuModel": f.node.gpu_model, "gpus": f.node.total_gpus,
                  "freeGpus": f.node.free_whole_gpus} for f in self.facts]

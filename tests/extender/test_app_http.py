@@ -33,6 +33,9 @@ async def test_garbage_body_is_400_and_server_keeps_answering(client: Client) ->
         {"NodeNames": ["h100-r1-n2"]},
         {"Pod": "pod", "NodeNames": ["h100-r1-n2"]},
         {"Pod": {"metadata": {"name": "x"}, "spec": {}}, "NodeNames": "h100-r1-n2"},
+        {"Pod": {"metadata": {"name": "x"}, "spec": {}}, "NodeNames": [1, "h100-r1-n2"]},
+        {"Pod": {"metadata": {"name": "x"}, "spec": {}}, "NodeNames": [["h100-r1-n2"]]},
+        {"Pod": {"metadata": {"name": "x"}, "spec": {"containers": "x"}}, "NodeNames": ["h100-r1-n2"]},
         [1, 2, 3],
     ],
 )
