@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from placement.errors import CapacityError
-from placement.fit import allocate, capacity
-from placement.model import JobRequest, Node, PodShape
+from placement import overlay as core_overlay
+from placement.model import JobRequest, Node, PodShape, TopologyLevels
+from placement.ranking import ClusterOption, rank_clusters
+from placement.topology import GangPlacement, fit_gang
 
 from broker.catalog import Catalog, ClusterEntry, Usability
 from broker.records import ReplicaPlacement
@@ -86,51 +88,44 @@ def level_index(entry: ClusterEntry, level: str | None) -> int | None | bool:
 
 
 def overlaid_nodes(catalog: Catalog, entry: ClusterEntry, rows: Sequence[int]) -> list[Node]:
-    """Nodes of `rows` minus reserved-but-unbound replicas (the reservations overlay, via the core's allocate)."""
+    """Nodes of `rows` minus reserved-but-unbound replicas: the core's reservations overlay."""
     arrays = entry.arrays
     assert arrays is not None
-    pending: dict[str, list[PodShape]] = {}
-    names = {arrays.nodes[r].name for r in rows}
-    for res, rep in catalog.pending_replicas(entry.name):
-        if rep.node in names:
-            pending.setdefault(rep.node, []).append(res.shapes[rep.pod_set])
-    out = []
-    for r in rows:
-        node = arrays.nodes[r]
-        for shape in pending.get(node.name, ()):
-            try:
-                node, _ = allocate(node, shape, 1)
-            except CapacityError:
-                break  # over-reserved by the report: the arrays already show it as full
-        out.append(node)
-    return out
+    nodes = tuple(arrays.nodes[r] for r in rows)
+    names = {n.name for n in nodes}
+    reservations = []
+    bound = []
+    for res in catalog.reservations.values():
+        if res.cluster != entry.name or not any(r.node in names for r in res.replicas):
+            continue
+        merged: dict[tuple[str, str], int] = {}
+        for r in res.replicas:
+            if r.node in names:
+                merged[(r.pod_set, r.node)] = merged.get((r.pod_set, r.node), 0) + 1
+        parts = tuple(core_overlay.ReservedPart(ps, node, n, res.shapes[ps]) for (ps, node), n in merged.items())
+        reservations.append(core_overlay.Reservation(res.job_id, res.attempt, parts))
+        done = entry.bound.get(res.key, frozenset())
+        counts: dict[tuple[str, str], int] = {}
+        for r in res.replicas:
+            if (r.pod_set, r.index) in done and r.node in names:
+                counts[(r.pod_set, r.node)] = counts.get((r.pod_set, r.node), 0) + 1
+        bound.append(core_overlay.BoundReplicas(res.job_id, res.attempt, counts))
+    if not reservations:
+        return list(nodes)
+    report = core_overlay.InventoryReport(entry.name, entry.sequence, nodes, tuple(bound))
+    return list(core_overlay.effective_nodes(report, reservations))
 
 
-def exact_assign(nodes: list[Node], demands: Sequence[tuple[str, PodShape, int]]) -> list[ReplicaPlacement] | None:
-    """Assign every replica to a node with the core's fit: a chunk that fits whole goes to the tightest node,
-    otherwise the roomiest node is filled first (keeps large nodes whole for large gangs)."""
-    placed: list[ReplicaPlacement] = []
-    for pod_set, shape, count in demands:
-        remaining = count
-        index = 0
-        while remaining > 0:
-            caps = [capacity(n, shape).count for n in nodes]
-            best = -1
-            fitting = [(c, i) for i, c in enumerate(caps) if c >= remaining]
-            if fitting:
-                best = min(fitting)[1]
-            else:
-                c, i = max((c, i) for i, c in enumerate(caps)) if caps else (0, -1)
-                if c <= 0:
-                    return None
-                best = i
-            take = min(caps[best], remaining)
-            nodes[best], _ = allocate(nodes[best], shape, take)
-            for _ in range(take):
-                placed.append(ReplicaPlacement(pod_set, index, nodes[best].name))
-                index += 1
-            remaining -= take
-    return placed
+def _placements(req: JobRequest, placed: GangPlacement) -> tuple[ReplicaPlacement, ...]:
+    """The core's per-node counts as one (pod set, index, node) per replica, indexes contiguous per node."""
+    out: list[ReplicaPlacement] = []
+    next_index: dict[str, int] = {}
+    order = {ps.name: i for i, ps in enumerate(req.pod_sets)}
+    for a in sorted(placed.assignments, key=lambda a: order.get(a.pod_set, 0)):
+        i = next_index.get(a.pod_set, 0)
+        out.extend(ReplicaPlacement(a.pod_set, i + k, a.node) for k in range(a.replicas))
+        next_index[a.pod_set] = i + a.replicas
+    return tuple(out)
 
 
 def _rows_for(entry: ClusterEntry, demands: Sequence[tuple[PodShape, int]], rows: np.ndarray) -> list[int]:
@@ -149,32 +144,48 @@ def _rows_for(entry: ClusterEntry, demands: Sequence[tuple[PodShape, int]], rows
     return [int(r) for r in rows[keep[:cut]]] if len(keep) > 64 else [int(r) for r in rows[keep]]
 
 
+def _core_request(entry: ClusterEntry, req: JobRequest) -> JobRequest:
+    """The job with its levels named by this cluster's label keys (the core's vocabulary)."""
+    keys = {l.name: l.key for l in entry.meta.levels}
+    keys.update({l.key: l.key for l in entry.meta.levels})
+    return dataclasses.replace(
+        req, required_level=keys.get(req.required_level) if req.required_level else None,
+        preferred_level=keys.get(req.preferred_level) if req.preferred_level else None)
+
+
 def _try_cluster(
-    catalog: Catalog, entry: ClusterEntry, req: JobRequest, counts: Sequence[int] | None, limit: int
+    catalog: Catalog, entry: ClusterEntry, req: JobRequest, limit: int
 ) -> tuple[Choice | None, bool]:
-    """Best-fit choice in one cluster; the flag says whether the cluster had the GPUs but not in one domain."""
+    """Best choice in one cluster; the flag says whether the cluster had the GPUs but not in one domain.
+
+    numpy narrows the cluster to candidate domains (capacity sums at the required level); the
+    core's exact gang fit runs only on those, over the overlaid nodes."""
     lvl = level_index(entry, req.required_level)
     if lvl is False or entry.arrays is None:
         return None, False
     level = lvl if isinstance(lvl, int) and not isinstance(lvl, bool) else None
-    demands = demands_of(req, counts)
+    demands = demands_of(req, _shrunk_counts(req))
     cands = entry.arrays.candidate_domains(demands, level, limit)
     if not cands:
         if level is not None and entry.arrays.candidate_domains(demands, None, 1):
             return None, True
         return None, False
-    named = [(ps.name, shape, n) for ps, (shape, n) in zip(req.pod_sets, demands)]
+    core_req = _core_request(entry, req)
+    levels = TopologyLevels(tuple(l.key for l in entry.meta.levels))
     for cand in cands:
         rows = _rows_for(entry, demands, cand.rows)
         nodes = overlaid_nodes(catalog, entry, rows)
-        placed = exact_assign(nodes, named)
-        if placed is None:
+        placed = fit_gang(nodes, core_req, levels)
+        if not isinstance(placed, GangPlacement):
             continue
-        models = {entry.arrays.nodes[entry.arrays.row[p.node]].gpu_model or "" for p in placed}
+        replicas = _placements(req, placed)
+        shapes = {ps.name: ps.shape for ps in req.pod_sets}
+        models = {entry.arrays.nodes[entry.arrays.row[p.node]].gpu_model or "" for p in replicas
+                  if shapes[p.pod_set].wants_gpu}
         gpu_model = sorted(models - {""})[0] if models - {""} else ""
-        gpus = sum(shape.gpu_cost * n for shape, n in demands)
+        gpus = sum(shapes[p.pod_set].gpu_cost for p in replicas)
         domain = tuple(s or "" for s in cand.path)
-        return Choice(entry.name, domain, tuple(placed), gpu_model, gpus, cand.leftover_gpus, entry.sequence), False
+        return Choice(entry.name, domain, replicas, gpu_model, gpus, placed.leftover_gpus, entry.sequence), False
     return None, True
 
 
@@ -185,10 +196,9 @@ def decide(
     *,
     policy_allows: Callable[[str], bool] = lambda _c: True,
     excluded_clusters: Collection[str] = (),
-    locality: Mapping[str, int] | None = None,
     limit: int = 8,
 ) -> Decision:
-    """Where the job goes now (feasible choices ranked best-fit, then locality), or why it waits."""
+    """Where the job goes now (feasible clusters ranked by the core: fit, locality, queue, freshness), or why it waits."""
     allowed = [e for e in catalog.clusters.values()
                if cluster_allowed(e, req, policy_allows) and e.name not in excluded_clusters]
     usable = [e for e in allowed if e.usability(now, catalog.stale_after_s) is Usability.USABLE]
@@ -197,24 +207,23 @@ def decide(
             return Decision(None, Wait.CLUSTERS_CORDONED, "every allowed cluster is cordoned")
         return Decision(None, Wait.NO_FRESH_INVENTORY, "no allowed cluster is connected with a fresh report")
     fragmented = False
-    for counts in (None, _shrunk_counts(req)):
-        if counts is None and req.min_available is not None and _shrunk_counts(req) is None:
-            pass
-        pruned = set(catalog.fleet.prune(demands_of(req, counts)))
-        choices: list[Choice] = []
-        for entry in usable:
-            if entry.name not in pruned:
-                continue
-            choice, frag = _try_cluster(catalog, entry, req, counts, limit)
-            fragmented |= frag
-            if choice is not None:
-                choices.append(choice)
-        if choices:
-            loc = locality or {}
-            choices.sort(key=lambda c: (loc.get(c.cluster, len(loc)), c.leftover_gpus, c.cluster))
-            return Decision(choices[0])
-        if _shrunk_counts(req) is None:
-            break
+    pruned = set(catalog.fleet.prune(demands_of(req, _shrunk_counts(req))))
+    options: list[ClusterOption] = []
+    found: dict[str, Choice] = {}
+    for entry in usable:
+        if entry.name not in pruned:
+            continue
+        choice, frag = _try_cluster(catalog, entry, req, limit)
+        fragmented |= frag
+        if choice is not None:
+            found[entry.name] = choice
+            queue = sum(1 for r in catalog.reservations.values() if r.cluster == entry.name)
+            options.append(ClusterOption(entry.name, entry.meta.region, entry.meta.role, feasible=True,
+                                         fragmentation_cost=float(choice.leftover_gpus), queue_length=queue,
+                                         report_age_s=max(0.0, now - entry.last_report)))
+    if options:
+        ranked = rank_clusters(req, options)
+        return Decision(found[ranked[0].cluster])
     if fragmented:
         return Decision(None, Wait.TOPOLOGY_FRAGMENTED,
                         f"free GPUs exist but no {req.required_level or 'node set'} domain holds the whole gang")

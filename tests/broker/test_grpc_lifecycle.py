@@ -1,0 +1,210 @@
+"""Failure paths over real gRPC with an injected clock: stale clusters, LOST, gang deadlines, restarts, watch resume."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import job_pb2
+from tandem.v1 import job_service_pb2 as svc
+
+from broker.client import SubmitItem
+from tests.broker.hub_builders import Broker, eventually, node, spec, start_broker
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
+
+
+async def _state(b: Broker, job_id: str) -> int:
+    return (await b.client("admin").get(job_id)).status.state
+
+
+def _is(b: Broker, job_id: str, state: int):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return await _state(b, job_id) == state
+    return check
+
+
+async def _running(b: Broker, agent, job_id: str, replicas: int = 1):  # type: ignore[no-untyped-def]
+    d = await agent.expect("dispatch")
+    agent.accept(d)
+    agent.status(job_id, d.attempt.attempt, cs.WORKLOAD_PHASE_GATED, replicas=replicas)
+    await agent.expect("start")
+    agent.status(job_id, d.attempt.attempt, cs.WORKLOAD_PHASE_RUNNING, replicas=replicas, running=replicas)
+    await eventually(_is(b, job_id, job_pb2.JOB_STATE_RUNNING))
+    return d
+
+
+async def test_stale_cluster_is_excluded_and_unstarted_work_replanned(tmp_path: Path) -> None:
+    clock = FakeClock()
+    b = await start_broker(tmp_path, clock=clock, cluster_stale_after_s=30, lost_after_s=60)
+    try:
+        c1 = b.agent("c1")
+        await c1.connect([node("n1")])
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])
+        d1 = await c1.expect("dispatch")
+        c2 = b.agent("c2")
+        await c2.connect([node("m1")])
+        clock.advance(31)
+        c2.heartbeat()
+        await eventually(lambda: b.hub.catalog.clusters["c2"].last_seen == clock.t)
+        await b.hub.dispatcher.sweep()
+        d2 = await c2.expect("dispatch")
+        assert (d2.attempt.job_id, d2.attempt.attempt) == (j.job_id, 2)
+        cancel = await c1.expect("cancel")  # the replaced attempt is ordered away where it was
+        assert cancel.attempt.attempt == d1.attempt.attempt
+        job = await c.get(j.job_id)
+        assert job.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_LOST
+        # The stale cluster is excluded, never counted as empty: a job only it could hold waits.
+        [only_c1] = await c.submit("s", [SubmitItem("k2", spec(gpus=8, clusters=["c1"]))])
+        await eventually(lambda: only_c1.job_id in b.hub.placer.waits)
+        assert b.hub.placer.waits[only_c1.job_id].reason.value == "NO_FRESH_INVENTORY"
+        await c1.close()
+        await c2.close()
+    finally:
+        await b.close()
+
+
+async def test_running_job_on_silent_cluster_becomes_lost_then_recovers(tmp_path: Path) -> None:
+    clock = FakeClock()
+    b = await start_broker(tmp_path, clock=clock, cluster_stale_after_s=30, lost_after_s=60)
+    try:
+        a = b.agent("c1")
+        await a.connect([node("n1")])
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])
+        await _running(b, a, j.job_id)
+        clock.advance(31)
+        await b.hub.dispatcher.sweep()
+        assert await _state(b, j.job_id) == job_pb2.JOB_STATE_RUNNING  # running work keeps running
+        clock.advance(60)
+        await b.hub.dispatcher.sweep()
+        assert await _state(b, j.job_id) == job_pb2.JOB_STATE_LOST
+        a.status(j.job_id, 1, cs.WORKLOAD_PHASE_RUNNING, replicas=1, running=1)
+        await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_RUNNING))
+        await a.close()
+    finally:
+        await b.close()
+
+
+async def test_gang_not_started_by_deadline_is_torn_down_and_restarted(tmp_path: Path) -> None:
+    clock = FakeClock()
+    b = await start_broker(tmp_path, clock=clock, gang_start_deadline_s=100, cluster_stale_after_s=1000,
+                           lost_after_s=1000)
+    try:
+        a = b.agent("c1")
+        await a.connect([node("n1"), node("n2", rack="r2")])
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8, replicas=2))])
+        d = await a.expect("dispatch")
+        a.accept(d)
+        a.status(j.job_id, 1, cs.WORKLOAD_PHASE_GATED, replicas=2)
+        await a.expect("start")
+        a.status(j.job_id, 1, cs.WORKLOAD_PHASE_STARTING, replicas=2, running=1)
+        clock.advance(101)
+        a.heartbeat()
+        await b.hub.dispatcher.sweep()
+        cancel = await a.expect("cancel")
+        assert (cancel.attempt.attempt, cancel.reason) == (1, cs.CANCEL_REASON_GANG_TIMEOUT)
+        job = await c.get(j.job_id)
+        assert job.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_GANG_TIMEOUT
+        assert job.status.state == job_pb2.JOB_STATE_QUEUED and job.status.infra_retries == 1
+        clock.advance(60)  # past the retry back-off
+        b.hub.placer.capacity_changed()
+        d2 = await a.expect("dispatch")
+        assert (d2.attempt.job_id, d2.attempt.attempt) == (j.job_id, 2)
+        await a.close()
+    finally:
+        await b.close()
+
+
+async def test_gang_below_min_available_is_restarted(tmp_path: Path) -> None:
+    b = await start_broker(tmp_path)
+    try:
+        a = b.agent("c1")
+        await a.connect([node("n1"), node("n2", rack="r2")])
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8, replicas=2))])
+        await _running(b, a, j.job_id, replicas=2)
+        a.status(j.job_id, 1, cs.WORKLOAD_PHASE_RUNNING, replicas=2, running=1)
+        cancel = await a.expect("cancel")
+        assert (cancel.attempt.attempt, cancel.reason) == (1, cs.CANCEL_REASON_GANG_FAILED)
+        job = await c.get(j.job_id)
+        assert job.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED
+        await a.close()
+    finally:
+        await b.close()
+
+
+async def test_watch_resumes_from_a_revision(tmp_path: Path) -> None:
+    b = await start_broker(tmp_path)
+    try:
+        c = b.client("beta")
+        [first] = await c.submit("s", [SubmitItem("a", spec(gpus=1))])
+        rev = (await c.list()).revision
+        [second] = await c.submit("s", [SubmitItem("b", spec(gpus=1))])
+        await c.cancel(first.job_id)
+        seen = []
+        async for ev in c.watch(from_revision=rev):
+            seen.append((ev.job_id, ev.type, ev.transition.to_state))
+            if len(seen) == 2:
+                break
+        assert seen == [(second.job_id, svc.JOB_EVENT_TYPE_SUBMITTED, job_pb2.JOB_STATE_QUEUED),
+                        (first.job_id, svc.JOB_EVENT_TYPE_STATE_CHANGED, job_pb2.JOB_STATE_CANCELLED)]
+        # From 0: a bookmark with the current revision comes first.
+        async for ev in c.watch(from_revision=0):
+            assert ev.type == svc.JOB_EVENT_TYPE_BOOKMARK and ev.revision >= rev + 2
+            break
+        # Another tenant's watch sees none of beta's events.
+        other = b.client("alpha")
+        async for ev in other.watch(from_revision=0, bookmark_interval_seconds=1):
+            assert ev.type == svc.JOB_EVENT_TYPE_BOOKMARK
+            break
+    finally:
+        await b.close()
+
+
+async def test_restart_places_nothing_until_fresh_snapshots_and_keeps_reservations(tmp_path: Path) -> None:
+    b = await start_broker(tmp_path)
+    a = b.agent("c1")
+    await a.connect([node("n1"), node("n2", rack="r2")])
+    c = b.client("alpha")
+    [j1] = await c.submit("s", [SubmitItem("k1", spec(gpus=8))])
+    d1 = await a.expect("dispatch")
+    a.accept(d1)
+    await eventually(_is(b, j1.job_id, job_pb2.JOB_STATE_ACCEPTED))
+    held = d1.pod_sets[0].nodes[0].node
+    await a.close()
+    await b.close()
+
+    b = await start_broker(tmp_path)
+    try:
+        a = b.agent("c1")
+        welcome = await a.connect(known=[(j1.job_id, 1)], snapshot=False)
+        assert [(x.job_id, x.attempt) for x in welcome.current_attempts] == [(j1.job_id, 1)]
+        c = b.client("alpha")
+        [j2] = await c.submit("s", [SubmitItem("k2", spec(gpus=8))])
+        await eventually(lambda: j2.job_id in b.hub.placer.waits)
+        assert b.hub.placer.waits[j2.job_id].reason.value == "NO_FRESH_INVENTORY"
+        # The snapshot does not show j1 bound yet: its reloaded reservation keeps its node taken.
+        a.snapshot([node("n1"), node("n2", rack="r2")])
+        d2 = await a.expect("dispatch")
+        assert d2.attempt.job_id == j2.job_id
+        assert d2.pod_sets[0].nodes[0].node != held
+        await a.close()
+    finally:
+        await b.close()
