@@ -26,6 +26,7 @@ __all__ = [
     "KubeError",
     "KubeSettings",
     "Watcher",
+    "create_or_get",
     "load_api_client",
 ]
 
@@ -355,3 +356,58 @@ async def load_api_client(
             config_file=kubeconfig, context=context, client_configuration=cfg
         )
     return kclient.ApiClient(cfg)
+
+
+# Namespaced kinds the agent creates, by kind: (API group, version, plural).
+WRITABLE: dict[str, tuple[str, str, str]] = {
+    "ConfigMap": ("", "v1", "configmaps"),
+    "Service": ("", "v1", "services"),
+    "Job": ("batch", "v1", "jobs"),
+}
+
+
+async def _raw(
+    api: kclient.ApiClient, method: str, path: str, body: dict[str, Any] | None = None,
+    query: list[tuple[str, str]] | None = None,
+) -> aiohttp.ClientResponse:
+    """One request with a raw JSON body and reply (no generated models: nothing is dropped or re-validated)."""
+    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    params = await api.param_serialize(
+        method=method, resource_path=path, query_params=query or [], header_params=headers, body=body,
+        auth_settings=["BearerToken"],
+    )
+    resp = await api.call_api(*params, _preload_content=False)
+    raw: aiohttp.ClientResponse = resp.response
+    return raw
+
+
+async def create_or_get(
+    api: kclient.ApiClient, body: dict[str, Any], *, field_manager: str = "tandem-agent"
+) -> tuple[dict[str, Any], bool]:
+    """Create a namespaced object, or return the one of that name that already exists (idempotent dispatch).
+
+    Returns (the object as the server has it, whether this call created it). Another object of the
+    same name is returned as is: the caller decides whether it is its own (labels name job and attempt).
+    """
+    group, version, plural = WRITABLE[body["kind"]]
+    meta = body["metadata"]
+    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    collection = f"{base}/namespaces/{meta['namespace']}/{plural}"
+    resp = await _raw(api, "POST", collection, body, [("fieldManager", field_manager)])
+    if resp.status in (200, 201, 202):
+        try:
+            created: dict[str, Any] = orjson.loads(await resp.read())
+        finally:
+            resp.release()
+        return created, True
+    if resp.status != 409:
+        raise await _error_of(resp)
+    resp.release()
+    resp = await _raw(api, "GET", f"{collection}/{meta['name']}")
+    if resp.status != 200:
+        raise await _error_of(resp)  # e.g. 404: deleted between our POST and GET; the caller retries
+    try:
+        existing: dict[str, Any] = orjson.loads(await resp.read())
+    finally:
+        resp.release()
+    return existing, False
