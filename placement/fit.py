@@ -53,6 +53,13 @@ class Allocation:
         return tuple(i for i, _ in self.gpus)
 
 
+_FITS = tuple(Fit(i) for i in range(257))  # shared instances: building a frozen dataclass costs ~1 us
+
+
+def _fit(count: int) -> Fit:
+    return _FITS[count] if count < len(_FITS) else Fit(count)
+
+
 def _refuse(reason: Reason, **fields: object) -> Fit:
     return Fit(0, reason, reason.message(**fields))
 
@@ -63,10 +70,14 @@ def node_admits(node: Node, shape: PodShape) -> Fit | None:
         return _refuse(Reason.NOT_READY, node=node.name)
     if node.cordoned:
         return _refuse(Reason.CORDONED, node=node.name)
+    tolerations = shape.tolerations
     for taint in node.taints:
         if taint.effect == "PreferNoSchedule":
             continue
-        if not any(t.tolerates(taint) for t in shape.tolerations):
+        for tol in tolerations:
+            if tol.tolerates(taint):
+                break
+        else:
             shown = f"{taint.key}={taint.value}:{taint.effect}" if taint.value else f"{taint.key}:{taint.effect}"
             return _refuse(Reason.TAINT_NOT_TOLERATED, node=node.name, taint=shown)
     labels = node.labels
@@ -90,26 +101,6 @@ def _requirement_ok(req: LabelRequirement, node: Node) -> bool:
     return req.matches(node.labels)
 
 
-def _eligible_gpus(node: Node, shape: PodShape) -> list[Gpu] | Fit:
-    """GPUs of the right model and memory, not in MIG mode; or the refusal when there are not enough."""
-    model = node.gpu_model
-    if shape.gpu_models and model is not None and model not in shape.gpu_models:
-        return _refuse(Reason.GPU_MODEL_MISMATCH, node=node.name, have=model, want="|".join(sorted(shape.gpu_models)))
-    if not node.gpus:
-        return _refuse(Reason.NO_GPU, node=node.name)
-    models = shape.gpu_models
-    min_mem = shape.min_gpu_memory_mib
-    usable = [g for g in node.gpus if (not models or g.model in models) and not g.mig and g.healthy]
-    if not usable:
-        return _refuse(Reason.GPU_MODEL_MISMATCH, node=node.name, have=model, want="|".join(sorted(models)) or "non-MIG")
-    eligible = [g for g in usable if g.memory_mib >= min_mem]
-    if not eligible:
-        return _refuse(Reason.GPU_MEMORY_TOO_SMALL, node=node.name, have=max(g.memory_mib for g in usable), want=min_mem)
-    if len(eligible) < shape.gpus:
-        return _refuse(Reason.GPU_COUNT_TOO_LARGE, node=node.name, have=len(eligible), want=shape.gpus)
-    return eligible
-
-
 def _share_replicas(slots: Sequence[int], per_replica: int) -> int:
     """Most replicas when each needs `per_replica` distinct devices and device i offers slots[i]."""
     if per_replica == 1:
@@ -125,21 +116,42 @@ def _share_replicas(slots: Sequence[int], per_replica: int) -> int:
 
 
 def _gpu_capacity(node: Node, shape: PodShape) -> Fit:
-    got = _eligible_gpus(node, shape)
-    if isinstance(got, Fit):
-        return got
-    if shape.gpu_milli >= WHOLE_GPU_MILLI:
-        free = sum(1 for g in got if g.milli_used == 0)
-        n = free // shape.gpus
-        if n == 0:
-            return _refuse(Reason.INSUFFICIENT_GPUS, node=node.name, have=free, want=shape.gpus)
-        return Fit(n)
-    slots = [g.milli_free // shape.gpu_milli for g in got]
-    n = _share_replicas(slots, shape.gpus)
+    """Replicas by GPUs alone: one pass, no lists for whole GPUs (this runs per node per request)."""
+    if not node.gpus:
+        return _refuse(Reason.NO_GPU, node=node.name)
+    models, min_mem, milli, want = shape.gpu_models, shape.min_gpu_memory_mib, shape.gpu_milli, shape.gpus
+    whole = milli >= WHOLE_GPU_MILLI
+    usable = eligible = free = best_mem = best_share = 0
+    slots: list[int] = []
+    for g in node.gpus:
+        if g.mig or not g.healthy or (models and g.model not in models):
+            continue
+        usable += 1
+        if g.memory_mib < min_mem:
+            best_mem = max(best_mem, g.memory_mib)
+            continue
+        eligible += 1
+        if whole:
+            if g.milli_used == 0:
+                free += 1
+        else:
+            left = WHOLE_GPU_MILLI - g.milli_used
+            best_share = max(best_share, left)
+            slots.append(left // milli)
+    if not usable:
+        return _refuse(Reason.GPU_MODEL_MISMATCH, node=node.name, have=node.gpu_model, want="non-MIG GPU")
+    if not eligible:
+        return _refuse(Reason.GPU_MEMORY_TOO_SMALL, node=node.name, have=best_mem, want=min_mem)
+    if eligible < want:
+        return _refuse(Reason.GPU_COUNT_TOO_LARGE, node=node.name, have=eligible, want=want)
+    if whole:
+        if free < want:
+            return _refuse(Reason.INSUFFICIENT_GPUS, node=node.name, have=free, want=want)
+        return _fit(free // want)
+    n = _share_replicas(slots, want)
     if n == 0:
-        best = max((g.milli_free for g in got), default=0)
-        return _refuse(Reason.INSUFFICIENT_GPU_SHARE, node=node.name, have=best, want=shape.gpu_milli)
-    return Fit(n)
+        return _refuse(Reason.INSUFFICIENT_GPU_SHARE, node=node.name, have=best_share, want=milli)
+    return _fit(n)
 
 
 def _mig_detailed(node: Node) -> bool:
@@ -147,9 +159,6 @@ def _mig_detailed(node: Node) -> bool:
 
 
 def _mig_capacity(node: Node, shape: PodShape, profile: str) -> Fit:
-    model = node.gpu_model
-    if shape.gpu_models and model is not None and model not in shape.gpu_models:
-        return _refuse(Reason.GPU_MODEL_MISMATCH, node=node.name, have=model, want="|".join(sorted(shape.gpu_models)))
     if _mig_detailed(node):
         offered = any(i.profile == profile for g in node.gpus if g.healthy for i in g.mig)
         free = sum(mig.free_instances(g, profile) for g in node.gpus)
@@ -162,7 +171,7 @@ def _mig_capacity(node: Node, shape: PodShape, profile: str) -> Fit:
     n = free // shape.mig_count
     if n == 0:
         return _refuse(Reason.INSUFFICIENT_MIG, node=node.name, have=free, want=shape.mig_count, profile=profile)
-    return Fit(n)
+    return _fit(n)
 
 
 # --------------------------------------------------------------------------- DRA planning
@@ -272,7 +281,7 @@ def capacity(node: Node, shape: PodShape, *, dra: DraEvaluator | None = None) ->
         if refusal is not None:
             return refusal
         n = len(plan)
-    return Fit(n)
+    return _fit(n)
 
 
 # --------------------------------------------------------------------------- allocate / release

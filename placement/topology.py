@@ -236,19 +236,28 @@ def fit_gang(
     # Nodes that cannot hold one replica of any pod set are dropped up front (with their reason).
     node_reasons: Counter[Reason] = Counter()
     useful: list[Node] = []
+    alone: dict[str, tuple[int, ...]] = {}  # replicas of each pod set the node holds on its own
     for n in nodes:
         fits = [capacity(n, ps.shape, dra=dra) for ps in job.pod_sets]
         if any(f.count > 0 for f in fits):
             useful.append(n)
+            alone[n.name] = tuple(f.count for f in fits)
         else:
             node_reasons[fits[0].reason or Reason.NO_FEASIBLE_NODE] += 1
     groups: dict[DomainId, list[Node]] = (
         group_by_level(useful, levels, req_depth) if req_depth is not None else {(): useful}
     )
 
+    room = {
+        dom: [sum(alone[n.name][i] for n in members) for i in range(len(job.pod_sets))]
+        for dom, members in groups.items()
+    }
+
     def attempt(counts: Mapping[str, int]) -> GangPlacement | None:
         best: tuple[tuple[int, int, DomainId], GangPlacement] | None = None
         for dom, members in groups.items():
+            if any(room[dom][i] < counts[ps.name] for i, ps in enumerate(job.pod_sets)):
+                continue  # cannot hold even each pod set alone
             got = _assign(members, job.pod_sets, counts, levels, pref_depth, dra)
             if got is None:
                 continue
