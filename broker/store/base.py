@@ -197,8 +197,9 @@ class Store(abc.ABC):
         """Wait until a revision > ``after`` is committed or the timeout passes; returns the current revision."""
 
     @abc.abstractmethod
-    async def compact(self, *, finished_before: float) -> CompactionResult:
-        """Delete terminal jobs that ended before ``finished_before`` with their attempts, orders, events and keys."""
+    async def compact(self, *, finished_before: float, limit: int = 10_000) -> CompactionResult:
+        """Delete up to ``limit`` terminal jobs that ended before ``finished_before``, oldest first, with their
+        attempts, orders, events and idempotency keys, in one transaction (call again while it deletes ``limit``)."""
 
     @abc.abstractmethod
     async def compacted_revision(self) -> int:

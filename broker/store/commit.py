@@ -87,6 +87,8 @@ class GroupCommitter:
             raise StoreUnavailable("store is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
+        # mark the outcome retrieved even if the caller was cancelled and never looks at it
+        fut.add_done_callback(lambda f: None if f.cancelled() else f.exception())
         self._queue.put(_Request(op, loop, fut))
         # shield: a cancelled caller must not make the committed result vanish unnoticed by the writer
         return await asyncio.shield(fut)

@@ -104,7 +104,7 @@ class SqliteStore(Store):
         self._reader_conn: sqlite3.Connection | None = None
         self._tokens: codec.PageTokens | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._committed = asyncio.Event()
+        self._commit_signal: asyncio.Future[None] | None = None
         self.schema_version = 0
 
     @property
@@ -123,7 +123,7 @@ class SqliteStore(Store):
         if self._writer is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._committed = asyncio.Event()
+        self._commit_signal = self._loop.create_future()
         secret: list[bytes] = []
 
         def setup() -> sqlite3.Connection:
@@ -162,7 +162,16 @@ class SqliteStore(Store):
     def _notify(self) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._committed.set)
+            loop.call_soon_threadsafe(self._signal_commit)
+
+    def _signal_commit(self) -> None:
+        """Resolve the current commit signal and arm a fresh one (no wake-up is lost between the two)."""
+        fut, loop = self._commit_signal, self._loop
+        if loop is None:
+            return
+        self._commit_signal = loop.create_future()
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     async def _write(self, op: Callable[[sqlite3.Connection], T]) -> T:
         return await self.committer.call(op)
@@ -279,7 +288,7 @@ class SqliteStore(Store):
     async def list_jobs(self, flt: JobFilter, *, page_size: int = 0, page_token: str = "") -> JobPage:
         tokens = self._tokens
         assert tokens is not None, "store is not open"
-        size = min(page_size or self._opts.default_page_size, self._opts.max_page_size)
+        size = min(page_size if page_size > 0 else self._opts.default_page_size, self._opts.max_page_size)
         after = tokens.decode(page_token, flt) if page_token else 0
         where: list[str] = ["seq > ?"]
         args: list[object] = [after]
@@ -517,7 +526,7 @@ class SqliteStore(Store):
     async def watch_events(
         self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
     ) -> list[WatchEvent]:
-        n = min(limit or self._opts.max_watch_batch, self._opts.max_watch_batch)
+        n = min(limit if limit > 0 else self._opts.max_watch_batch, self._opts.max_watch_batch)
         where: list[str] = ["revision > ?"]
         args: list[object] = [from_revision]
         if tenant is not None:
@@ -541,22 +550,24 @@ class SqliteStore(Store):
         return await self._read(op)
 
     async def wait_for_revision(self, after: int, timeout_s: float) -> int:
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         while True:
-            self._committed.clear()
+            signal = self._commit_signal  # taken before reading, so a commit in between still wakes us
             rev = await self.current_revision()
-            remaining = deadline - asyncio.get_running_loop().time()
-            if rev > after or remaining <= 0:
+            remaining = deadline - loop.time()
+            if rev > after or remaining <= 0 or signal is None:
                 return rev
             try:
-                await asyncio.wait_for(self._committed.wait(), remaining)
+                await asyncio.wait_for(asyncio.shield(signal), remaining)
             except TimeoutError:
                 return await self.current_revision()
 
-    async def compact(self, *, finished_before: float) -> CompactionResult:
+    async def compact(self, *, finished_before: float, limit: int = 10_000) -> CompactionResult:
         def op(c: sqlite3.Connection) -> CompactionResult:
             ids = [r[0] for r in c.execute(
-                f"SELECT job_id FROM jobs WHERE state IN ({_TERMINAL_SQL}) AND end_time < ?", (finished_before,)
+                f"SELECT job_id FROM jobs WHERE state IN ({_TERMINAL_SQL}) AND end_time < ? ORDER BY end_time LIMIT ?",
+                (finished_before, limit),
             ).fetchall()]
             compacted = self._meta_int(c, "compacted_revision")
             events = 0

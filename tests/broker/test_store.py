@@ -378,6 +378,14 @@ async def test_wait_for_revision_wakes_on_commit(store: SqliteStore) -> None:
     assert await store.wait_for_revision(j.revision, timeout_s=0.01) == j.revision
 
 
+async def test_many_waiters_all_wake_on_one_commit(store: SqliteStore) -> None:
+    rev = await store.current_revision()
+    waiters = [asyncio.ensure_future(store.wait_for_revision(rev, timeout_s=30)) for _ in range(20)]
+    await asyncio.sleep(0)
+    j = (await store.submit(new_job())).job
+    assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == [j.revision] * 20
+
+
 # -- retention -------------------------------------------------------------------------------------
 
 
@@ -414,6 +422,18 @@ async def test_revisions_stay_monotonic_after_compacting_the_newest(store: Sqlit
     assert nxt.revision == done.revision + 1 and nxt.seq == j.seq + 1
 
 
+async def test_compaction_is_bounded_per_call(store: SqliteStore, clock: FakeClock) -> None:
+    for _ in range(5):
+        j = (await store.submit(new_job())).job
+        await store.cancel_job(j.job_id, tenant=None, actor="admin")
+        clock.advance(1)
+    first = await store.compact(finished_before=clock(), limit=3)
+    second = await store.compact(finished_before=clock(), limit=3)
+    assert (first.deleted_jobs, second.deleted_jobs) == (3, 2)
+    assert second.compacted_revision > first.compacted_revision
+    assert (await store.list_jobs(JobFilter())).jobs == ()
+
+
 # -- listing ---------------------------------------------------------------------------------------
 
 
@@ -437,6 +457,7 @@ async def test_list_pages_with_filters(store: SqliteStore) -> None:
         (JobFilter(states=frozenset({S.CANCELLED})), []),
         (JobFilter(states=frozenset({S.QUEUED, S.CANCELLED}), queue="q1"), [0, 1, 2, 3]),
     ]
+    assert len((await store.list_jobs(JobFilter(), page_size=-3)).jobs) == 7  # non-positive = default size
     for f, want in cases:
         got = (await store.list_jobs(f, page_size=100)).jobs
         assert [j.job_id for j in got] == [made[i].job_id for i in want], f
@@ -448,10 +469,8 @@ async def test_tampered_or_foreign_page_tokens_are_invalid_argument(store: Sqlit
     page = await store.list_jobs(JobFilter(tenant="t1"), page_size=1)
     token = page.next_page_token
     forged = token[:-2] + ("AA" if token[-2:] != "AA" else "BB")
-    for bad in (forged, "garbage!", "", token):
-        flt = JobFilter(tenant="t1") if bad != token else JobFilter(tenant="t2")
-        if bad == "":
-            continue
+    for bad, flt in ((forged, JobFilter(tenant="t1")), ("garbage!", JobFilter(tenant="t1")),
+                     (token, JobFilter(tenant="t2"))):  # the last: a real token, used with another filter
         with pytest.raises(errors.InvalidPageToken) as ei:
             await store.list_jobs(flt, page_size=1, page_token=bad)
         assert ei.value.code is Code.INVALID_ARGUMENT
