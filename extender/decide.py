@@ -148,7 +148,10 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     all_known = bool(known.all())
     if names and not known.any():
         raise BadRequest(f"none of the {len(names)} candidate nodes is in the extender's inventory")
-    sv.ensure(pos if all_known else pos[known])
+    try:
+        sv.ensure(pos if all_known else pos[known])
+    except PlacementError as e:  # e.g. a DRA selector that does not compile
+        raise BadRequest(str(e)) from e
     ok = sv.ok[pos]
     if not all_known:
         ok &= known
@@ -188,11 +191,14 @@ def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
     names = args.node_names
     pos = _positions(snap, names)
     known = pos >= 0
-    if known.all():
-        entries = snap.entries(pos, snap.scores(q, pos))
-        return Decision(b"[" + b",".join(entries) + b"]", len(names))
-    rows = pos[known]
-    by_row = dict(zip(rows.tolist(), snap.entries(rows, snap.scores(q, rows))))
+    rows = pos if known.all() else pos[known]
+    try:
+        scores = snap.scores(q, rows)
+    except PlacementError as e:
+        raise BadRequest(str(e)) from e
+    if len(rows) == len(pos):
+        return Decision(b"[" + b",".join(snap.entries(rows, scores)) + b"]", len(names))
+    by_row = dict(zip(rows.tolist(), snap.entries(rows, scores)))
     parts = [by_row[i] if i >= 0 else host_prefix(n) + b"0}" for i, n in zip(pos.tolist(), names)]
     return Decision(b"[" + b",".join(parts) + b"]", int(known.sum()))
 

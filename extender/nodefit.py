@@ -74,10 +74,9 @@ def room_for(f: NodeFacts, q: Query, dra: DraEvaluator) -> int:
 
 
 def check_node(f: NodeFacts, q: Query, dra: DraEvaluator) -> Verdict:
-    """The verdict for one node. Pods that want no GPU pass everywhere: not ours to judge."""
+    """The verdict for one node. Gang pinning and allocated claims bind every pod; beyond that,
+    pods that want no GPU pass everywhere (not ours to judge: kube-scheduler checks the rest)."""
     s = q.shape
-    if not s.wants_gpu:
-        return OK
     name = f.name
     if q.pinned is not None and name != q.pinned:
         return Verdict(Reason.NOT_ASSIGNED_TO_GANG, True,
@@ -86,6 +85,8 @@ def check_node(f: NodeFacts, q: Query, dra: DraEvaluator) -> Verdict:
         return Verdict(Reason.NODE_SELECTOR_MISMATCH, True,
                        f"node {name} is not where the pod's allocated ResourceClaim lives "
                        f"({', '.join(sorted(q.claim_nodes))})")
+    if not s.wants_gpu:
+        return OK
     raw = core_fit.capacity(f.node, s, dra=dra)
     if raw.count == 0:
         return _refused(raw, q, f)

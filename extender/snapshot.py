@@ -207,7 +207,7 @@ class Snapshot:
         sv.ensure(rows)
         fit = sv.ok[rows]
         out = np.zeros(len(rows), np.int64)
-        if not q.shape.wants_gpu or not fit.any():
+        if not fit.any() or (not q.shape.wants_gpu and q.pinned is None):
             return out
         if q.pinned is not None:  # a gang replica passes only its assigned node
             out[fit] = SCORE_MAX
