@@ -157,11 +157,8 @@ def queue_info(hub: Hub, job: JobRecord) -> tuple[int | None, str, str] | None:
     """Position among the tenant's own queued jobs and why it waits (own facts and fleet aggregates only)."""
     if job.state is not JobState.QUEUED:
         return None
-    wait = hub.placer.waits.get(job.job_id)
-    pos = hub.placer.position(job.job_id)
-    if wait is None:
-        return (pos, "QUEUED_BEHIND_OTHERS" if pos else "UNSPECIFIED", "not evaluated yet" if not pos else "")
-    return (pos, wait.reason.value, wait.message)
+    info = hub.placer.why(job.job_id)
+    return (info.position, info.reason.value, info.message)
 
 
 async def list_jobs(hub: Hub, caller: Caller, flt: JobFilter, page_size: int, page_token: str) -> tuple[JobPage, int]:

@@ -13,6 +13,7 @@ from placement.model import JobRequest
 
 from broker import catalog as cat
 from broker import errors, lifecycle, serde
+from broker import queue as q
 from broker.decide import Decision, Wait, decide
 from broker.policy import PolicyFile
 from broker.records import JobRecord
@@ -65,6 +66,8 @@ class Placer:
         self.limit = candidate_domains
         self.reservation_ttl_s = reservation_ttl_s
         self.metrics = metrics
+        self.book = q.QueueBook(q.policy_from_tenancy(policy.current()))
+        self._policy_seen = policy.current()
         self.queued: dict[str, JobRecord] = {}
         self.requests: dict[str, JobRequest] = {}
         self.held: dict[str, Held] = {}
@@ -84,6 +87,7 @@ class Placer:
             a = attempts.get(job.job_id)
             if a is not None and job.state in HOLDS_CAPACITY:
                 self.held[job.job_id] = Held(job.tenant, a.gpu_model, a.gpus)
+                self._entry(job)
         for res in await self.store.active_reservations():
             job = jobs.get(res.job_id)
             if job is None:
@@ -105,6 +109,14 @@ class Placer:
         replicas = tuple(cat.ReservedReplica(a.pod_set, a.index, a.node) for a in assignments)
         self.catalog.add_reservation(cat.Reservation(job.job_id, attempt, cluster, replicas, shapes, gpu_model))
 
+    def _entry(self, job: JobRecord) -> None:
+        held = self.held.get(job.job_id) if job.state in HOLDS_CAPACITY else None
+        self.book.upsert(q.QueueEntry(
+            job_id=job.job_id, tenant=job.tenant, queue=job.queue, band=job.priority_band, priority=job.priority,
+            seq=job.seq, state=job.state, gpus=job.gpus, gpu_models=job.gpu_models, preemptible=job.preemptible,
+            not_before=job.not_before, charged_model=held.gpu_model if held else "",
+            charged_gpus=held.gpus if held else 0.0))
+
     def observe(self, job: JobRecord) -> None:
         """Every committed job change passes here: keeps the queue, holds and overlay in step with the store."""
         if job.state is JobState.QUEUED:
@@ -124,6 +136,7 @@ class Placer:
             pass
         if job.terminal:
             self.requests.pop(job.job_id, None)
+        self._entry(job)
         self._wake.set()
 
     def capacity_changed(self) -> None:
@@ -134,47 +147,33 @@ class Placer:
     def kick(self) -> None:
         self._wake.set()
 
-    # ------------------------------------------------------------------ ordering
+    # ------------------------------------------------------------------ ordering (the queue's)
+
+    def snapshot(self, now: float | None = None) -> q.QueueSnapshot:
+        pol = self.policy.current()
+        if pol is not self._policy_seen:
+            self._policy_seen = pol
+            self.book.set_policy(q.policy_from_tenancy(pol))
+        return self.book.snapshot(self.clock() if now is None else now)
 
     def usage(self, tenant: str, model: str | None = None) -> float:
         return sum(h.gpus for h in self.held.values() if h.tenant == tenant and (model is None or h.gpu_model == model))
 
     def ordered(self) -> list[JobRecord]:
-        """Band priority, then weighted fair share (GPUs held / weight), then priority, then arrival."""
-        pol = self.policy.current()
-        share: dict[str, float] = {}
-        for h in self.held.values():
-            share[h.tenant] = share.get(h.tenant, 0.0) + h.gpus
-
-        def key(j: JobRecord) -> tuple[float, float, float, int]:
-            band = pol.band_priority(j.priority_band) or 0
-            tenant = pol.tenants.get(j.tenant)
-            weight = tenant.weight if tenant else 1.0
-            return (-band, share.get(j.tenant, 0.0) / weight, -j.priority, j.seq)
-
-        return sorted(self.queued.values(), key=key)
+        """QUEUED jobs in the queue's order: band, weighted fair share, priority, arrival."""
+        return [self.queued[e.job_id] for e in self.snapshot().order() if e.job_id in self.queued]
 
     def position(self, job_id: str) -> int | None:
         """Jobs ahead of this one in its tenant's own queue order (never reveals other tenants' jobs)."""
-        job = self.queued.get(job_id)
-        if job is None:
-            return None
-        mine = [j for j in self.ordered() if j.tenant == job.tenant]
-        return next((i for i, j in enumerate(mine) if j.job_id == job_id), None)
+        return self.snapshot().position(job_id)
+
+    def why(self, job_id: str) -> q.WaitInfo:
+        """Position and why it waits: the queue's reasons plus the placer's last capacity verdict."""
+        hint = self.waits.get(job_id)
+        return self.snapshot().why_waiting(
+            job_id, hint=q.WaitReason(hint.reason.value) if hint else None, hint_message=hint.message if hint else "")
 
     # ------------------------------------------------------------------ the step
-
-    def _quota_blocks(self, job: JobRecord, model: str, gpus: float) -> str | None:
-        tenant = self.policy.current().tenants.get(job.tenant)
-        if tenant is None or job.preemptible:
-            return None
-        limit = tenant.quota_for(model)
-        if limit is None:
-            return None
-        used = self.usage(job.tenant, model)
-        if used + gpus > limit + 1e-9:
-            return f"gpu/{model}: {used:g} held + {gpus:g} > quota {limit:g}"
-        return None
 
     def _allows(self, job: JobRecord) -> Callable[[str], bool]:
         tenant = self.policy.current().tenants.get(job.tenant)
@@ -182,28 +181,35 @@ class Placer:
             return lambda _c: False
         return tenant.allows_cluster
 
-    def decide_one(self, job: JobRecord, now: float) -> Decision:
+    def decide_one(self, job: JobRecord, now: float, snap: q.QueueSnapshot | None = None,
+                   usage: q.Usage | None = None) -> Decision:
+        """Placement for one job, with the quota checked for the model it would actually get."""
         req = self._request(job)
         if job.not_before > now:
             return Decision(None, Wait.RETRY_BACKOFF, f"retry back-off until {job.not_before:.0f}")
         d = decide(self.catalog, req, now, policy_allows=self._allows(job), limit=self.limit)
         if d.choice is not None:
-            blocked = self._quota_blocks(job, d.choice.gpu_model, d.choice.gpus)
-            if blocked:
-                return Decision(None, Wait.QUOTA_EXCEEDED, blocked)
+            snap = snap or self.snapshot(now)
+            adm = snap.admit(job.tenant, d.choice.gpu_model, d.choice.gpus, preemptible=job.preemptible, usage=usage)
+            if not adm.allowed and adm.violation is not None:
+                v = adm.violation
+                return Decision(None, Wait.QUOTA_EXCEEDED,
+                                f"{v.quota}: {v.used:g} held + {v.requested:g} > quota {v.limit:g}")
         return d
 
     async def step(self) -> int:
         """Decide the next batch of jobs that need a look; persist every reservation before it is dispatched."""
         now = self.clock()
         self.catalog.sweep(now)
-        order = [j for j in self.ordered() if j.job_id in self._todo]
+        snap = self.snapshot(now)
+        usage = snap.usage
+        order = [self.queued[e.job_id] for e in snap.order() if e.job_id in self._todo and e.job_id in self.queued]
         placed = 0
         pending: list[tuple[JobRecord, object]] = []
         for job in order[: self.batch]:
             self._todo.discard(job.job_id)
             t0 = time.perf_counter()
-            d = self.decide_one(job, now)
+            d = self.decide_one(job, now, snap, usage)
             if self.metrics is not None:
                 self.metrics.decision_seconds.observe(time.perf_counter() - t0)  # type: ignore[attr-defined]
             if d.choice is None:
@@ -212,6 +218,7 @@ class Placer:
                     self._todo.add(job.job_id)
                 continue
             c = d.choice
+            usage = snap.charge(usage, job.tenant, c.gpu_model, c.gpus)
             # Hold it in the overlay now so the next decision in this batch sees it taken.
             self._hold(job, c.cluster, job.attempt + 1, c.assignments, c.gpu_model)
             self.held[job.job_id] = Held(job.tenant, c.gpu_model, c.gpus)
