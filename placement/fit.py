@@ -184,6 +184,11 @@ def _dra_plan(node: Node, shape: PodShape, evaluator: DraEvaluator, limit: int) 
     Returns the refusal when not even one replica fits.
     """
     devices = node.dra_devices
+    if not devices:  # common case: a node without ResourceSlices, answered without any CEL
+        for req in shape.dra:
+            if req.device_class not in evaluator.classes:
+                return [], _refuse(Reason.DRA_CLASS_UNKNOWN, node=node.name, want=req.device_class)
+        return [], _refuse(Reason.NO_DRA_DEVICES, node=node.name, want=shape.dra[0].device_class)
     # Devices already taken, and memory slices they cover (dynamic MIG partitions overlap).
     taken: set[tuple[str, str, str]] = set()
     busy: dict[str, int] = {}
