@@ -166,7 +166,8 @@ def review(body: Any, config: RoutingConfig) -> dict[str, Any]:
         return _answer(api_version, uid, None, ["tandem webhook: request.object is not a Pod; pod left unchanged"])
 
     # At CREATE the object may have no metadata.namespace yet; the request's namespace is authoritative.
-    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
+    meta = pod.get("metadata")
+    namespace = request.get("namespace") or (meta.get("namespace") if isinstance(meta, Mapping) else None) or ""
     if config.webhook_namespaces and namespace not in config.webhook_namespaces:
         return _answer(api_version, uid, None, [])
     if not wants_gpu(pod, config):
@@ -197,7 +198,12 @@ def _handler(config: RoutingConfig) -> Callable[[web.Request], Any]:
         except orjson.JSONDecodeError:
             body = None
             log.warning("undecodable admission review", extra={"detail": {"bytes": len(raw)}})
-        answer = review(body, config)
+        try:
+            answer = review(body, config)
+        except Exception:  # a bug here must still not block pod creation: allow, unchanged
+            log.exception("admission review failed", extra={"pod": _pod_ref(body)})
+            uid = body.get("request", {}).get("uid", "") if isinstance(body, dict) and isinstance(body.get("request"), dict) else ""
+            answer = _answer(ADMISSION_VERSIONS[0], str(uid), None, ["tandem webhook: internal error; pod left unchanged"])
         resp = answer["response"]
         if "patch" in resp or resp.get("warnings"):
             log.info(

@@ -214,6 +214,26 @@ async def test_garbage_inside_a_pod_does_not_crash(url: str) -> None:
     assert answer["response"]["allowed"] is True and "patch" not in answer["response"]
 
 
+async def test_pod_metadata_of_the_wrong_type_is_still_answered(url: str) -> None:
+    review = admission_review(as_created(PENDING["want-8"]), "team-a")
+    review["request"]["object"]["metadata"] = ["not", "a", "mapping"]
+    status, answer = await post(url, review)
+    assert status == 200
+    assert decoded_patch(answer)[0]["value"] == "tandem-scheduler"  # the request's namespace decides
+
+
+async def test_internal_error_allows_unchanged(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(body: Any, config: Any) -> dict[str, Any]:
+        raise KeyError("bug")
+
+    monkeypatch.setattr(webhook, "review", broken)
+    status, answer = await post(url, admission_review(as_created(PENDING["want-8"]), "team-a"))
+    assert status == 200
+    assert answer["response"]["uid"] == "0f2b8a4e-3c1d-4e5f-9a6b-7c8d9e0f1a2b"
+    assert answer["response"]["allowed"] is True and "patch" not in answer["response"]
+    assert "internal error" in answer["response"]["warnings"][0]
+
+
 def test_wants_gpu_table() -> None:
     def pod(**resources: Any) -> dict[str, Any]:
         return {"spec": {"containers": [{"name": "c", "resources": resources}]}}
