@@ -175,10 +175,21 @@ def placements(mask: int, cls: MigClass, *, media_in_use: bool = False) -> tuple
 
 
 def can_place(
-    mask: int, cls: MigClass, *, media_in_use: bool = False, classes: Mapping[str, MigClass] = CLASSES_8
+    mask: int,
+    profile: MigClass | str,
+    *,
+    model: str | None = None,
+    media_in_use: bool = False,
+    classes: Mapping[str, MigClass] | None = None,
 ) -> int | None:
-    """Start for a new instance of `cls`, or None. Picks the placement that leaves the most
-    room for larger profiles (best fit), lowest start on ties."""
+    """Start for a new instance of `profile` (a class, or a profile name resolved with `model`)
+    next to the occupied `mask`, or None. Picks the placement that leaves the most room for
+    larger profiles (best fit), lowest start on ties. Unknown profile names give None."""
+    cls = profile_class(profile, model) if isinstance(profile, str) else profile
+    if cls is None:
+        return None
+    if classes is None:
+        classes = CLASSES_A30 if cls.total_slices == 4 else CLASSES_8
     options = placements(mask, cls, media_in_use=media_in_use)
     if not options:
         return None

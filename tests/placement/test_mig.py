@@ -80,6 +80,11 @@ def test_can_place_keeps_room_for_bigger_profiles() -> None:
     # With a 4g at 0, a 3g must go to 4.
     assert mig.can_place(mask((0, 4)), C["3g"]) == 4
     assert mig.can_place(mask((0, 4), (4, 4)), C["1g"]) is None
+    # by profile name, resolved per GPU model
+    assert mig.can_place(mask((0, 4)), "3g.40gb", model="NVIDIA-A100-SXM4-80GB") == 4
+    assert mig.can_place(mask((0, 2)), "1g.10gb", model="NVIDIA-A100-SXM4-40GB") in (2, 4, 6)
+    assert mig.can_place(0, "9g.1gb") is None
+    assert mig.can_place(0, "4g.24gb", model="NVIDIA A30") == 0
 
 
 @pytest.mark.parametrize(
