@@ -47,7 +47,7 @@ class Reason(enum.Enum):
     # --- reservations, gangs, topology ----------------------------------------
     RESERVED_FOR_GANG = ("ReservedForGang", False, "node {node} capacity is reserved for gang {gang}")
     NOT_ASSIGNED_TO_GANG = ("NotAssignedToGang", False, "node {node} is not among the nodes assigned to gang {gang}")
-    DOMAIN_TOO_SMALL = ("DomainTooSmall", True, "{level} {domain} holds room for {have} replicas of gang {gang}, needs {want}")
+    DOMAIN_TOO_SMALL = ("DomainTooSmall", True, "{level} {domain} holds room for {have} replicas of gang {gang}, needs {want} ({gpus} GPUs free there)")
     NO_FEASIBLE_NODE = ("NoFeasibleNode", True, "no node can hold any replica of gang {gang} ({detail})")
     UNKNOWN_TOPOLOGY_LEVEL = ("UnknownTopologyLevel", False, "topology level {level} is not configured (levels: {detail})")
     INVALID_REQUEST = ("InvalidRequest", False, "request is invalid: {detail}")

@@ -306,13 +306,17 @@ def _refusal(
     # Room per domain: replicas of each pod set it could hold alone, bounded by the need.
     best_dom: DomainId = ()
     best_have = -1
+    best_gpus = 0
     for dom, members in groups.items():
         have = 0
         for ps in job.pod_sets:
             have += min(ps.count, sum(capacity(n, ps.shape, dra=dra).count for n in members))
         if have > best_have:
             best_dom, best_have = dom, have
+            best_gpus = sum(n.free_whole_gpus for n in members)
     level = level_name(levels.keys[req_depth]) if req_depth is not None else "cluster"
     r = Reason.DOMAIN_TOO_SMALL
-    detail = r.message(level=level, domain=_display(best_dom) or "(all nodes)", have=best_have, gang=gang, want=want)
+    detail = r.message(
+        level=level, domain=_display(best_dom) or "(all nodes)", have=best_have, gang=gang, want=want, gpus=best_gpus
+    )
     return GangRefusal(gang, r, detail, best_dom, best_have, want, dict(node_reasons))

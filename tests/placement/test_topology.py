@@ -56,7 +56,7 @@ def test_same_rack_name_in_two_blocks_is_two_domains() -> None:
     r = refused(fit_gang(nodes, job(("w", 4, shape(4)), required=RACK), LEVELS))
     assert r.reason is Reason.DOMAIN_TOO_SMALL
     assert (r.have, r.want) == (2, 4)
-    assert r.detail == "rack z1/b1/r1 holds room for 2 replicas of gang train-42, needs 4"
+    assert r.detail == "rack z1/b1/r1 holds room for 2 replicas of gang train-42, needs 4 (8 GPUs free there)"
     assert domain_of(nodes[0], LEVELS, 2) != domain_of(nodes[1], LEVELS, 2)
     assert placed(fit_gang(nodes, job(("w", 4, shape(4)), required=ZONE), LEVELS)).total == 4
 
