@@ -190,6 +190,19 @@ async def test_cas_refuses_stale_state_or_attempt(store: SqliteStore) -> None:
     assert ok.state is S.DISPATCHED
 
 
+async def test_concurrent_cas_has_exactly_one_winner(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    attempts = [Transition(j.job_id, S.QUEUED, 0, S.RESERVED, reason="Placed",
+                           new_attempt=AttemptRecord(j.job_id, 1, f"c{i}", (), (), "H100", 8.0, 0.0))
+                for i in range(20)]
+    results = await asyncio.gather(*(store.transition(t) for t in attempts), return_exceptions=True)
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(winners) == 1
+    assert all(isinstance(r, errors.StaleTransition) for r in results if isinstance(r, BaseException))
+    assert len(await store.list_attempts(j.job_id)) == 1
+    assert len(await store.job_history(j.job_id)) == 2
+
+
 async def test_edges_outside_the_table_are_refused(store: SqliteStore) -> None:
     j = (await store.submit(new_job())).job
     with pytest.raises(errors.InvalidTransition) as ei:
