@@ -29,7 +29,7 @@ KINDS = ("Node", "Pod", "ResourceSlice", "ResourceClaim", "DeviceClass", "Config
 """Kinds the inventory understands; ConfigMaps are reservation ConfigMaps."""
 
 _ALIASES = (
-    {k.lower(): k for k in KINDS} | {k.lower() + "s": k for k in KINDS}
+    {k.lower(): k for k in KINDS} | {k.lower() + "s": k for k in KINDS} | {"deviceclasses": "DeviceClass"}
     | {"reservation": "ConfigMap", "reservations": "ConfigMap"}  # the watcher's name for them
 )
 
