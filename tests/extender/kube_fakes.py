@@ -110,7 +110,7 @@ def gone_status() -> dict[str, Any]:
 
 
 def with_rv(obj: dict[str, Any], rv: str) -> dict[str, Any]:
-    out = json.loads(json.dumps(obj))
+    out: dict[str, Any] = json.loads(json.dumps(obj))
     out["metadata"]["resourceVersion"] = rv
     return out
 
@@ -127,9 +127,9 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> No
             await asyncio.sleep(0.005)
 
 
-def times(n: int, status: int, body: dict[str, Any]) -> Callable[[], Any]:
+def times(n: int, status: int, body: dict[str, Any] | bytes) -> Callable[[], Any]:
     """A reaction that answers ``status`` with ``body`` to the next n requests it sees, then steps aside."""
-    import kmock
+    from kmock import Response  # type: ignore[attr-defined]  # exported, not listed in __all__
 
     left = [n]
 
@@ -137,6 +137,6 @@ def times(n: int, status: int, body: dict[str, Any]) -> Callable[[], Any]:
         if left[0] <= 0:
             return NotImplemented
         left[0] -= 1
-        return kmock.Response(status=status, payload=body)
+        return Response(status=status, payload=body)
 
     return react

@@ -144,8 +144,8 @@ async def test_dra_api_not_served_counts_as_empty_and_does_not_block_sync(kmock:
     watcher = kube.Watcher(api, inv, settings, sleep=parked_sleep)
     await run_until(watcher, watcher.synced.wait)
 
-    for kind in ("ResourceSlice", "ResourceClaim", "DeviceClass"):
-        assert inv.objects[kind] == {}
+    for dra_kind in ("ResourceSlice", "ResourceClaim", "DeviceClass"):
+        assert inv.objects[dra_kind] == {}
     assert sleep.delays == [123.0, 123.0, 123.0]
     dra_watches = [r for r in list(kmock) if r.action == kmock_lib.action.WATCH and "resource.k8s.io" in r.url.path]
     assert dra_watches == []

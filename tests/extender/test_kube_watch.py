@@ -90,7 +90,9 @@ async def test_list_feeds_replace_then_watch_events_apply(kmock: Any, api: kclie
         await inv.wait_for(lambda: len(inv.calls) == 4)
         await eventually(lambda: len(node_watches(kmock)) == 2)
 
-    name = lambda o: f"/{o['metadata']['name']}"  # noqa: E731
+    def name(o: dict[str, Any]) -> str:
+        return f"/{o['metadata']['name']}"
+
     assert inv.calls == [
         ("replace", "Node", [name(n1), name(n2)]),
         ("apply", "Node", "ADDED", name(n3)),

@@ -59,7 +59,8 @@ def pod_template() -> dict[str, Any]:
 
 def container(name: str) -> dict[str, Any]:
     (c,) = [c for c in pod_template()["spec"]["containers"] if c["name"] == name]
-    return c
+    found: dict[str, Any] = c
+    return found
 
 
 def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
