@@ -75,7 +75,9 @@ class KubeSettings:
     """How the watcher talks to the API server. Every field has a default."""
 
     reservation_namespace: str = "tandem-system"
-    """Namespace holding the reservation ConfigMaps (label ``tandem.dev/reservation``)."""
+    """Namespace holding the reservation ConfigMaps."""
+    reservation_label: str = RESERVATION_LABEL
+    """Label selector of the reservation ConfigMaps (a label key: presence selects)."""
     watch_timeout_s: int = 300
     """Server-side ``timeoutSeconds`` of one watch request, seconds; jittered by up to +20%."""
     list_page_size: int = 500
@@ -88,6 +90,14 @@ class KubeSettings:
     """A watch that lived this long (or delivered an event) resets the backoff, seconds."""
     absent_api_retry_s: float = 300.0
     """Re-check interval for an API group the server does not serve (404 on list), seconds."""
+
+    @classmethod
+    def from_config(cls, config: object) -> KubeSettings:
+        """Take the reservation namespace and label from the extender's config (other fields default)."""
+        return cls(
+            reservation_namespace=str(getattr(config, "reservation_namespace", cls.reservation_namespace)),
+            reservation_label=str(getattr(config, "reservation_label", cls.reservation_label)),
+        )
 
 
 @dataclasses.dataclass
@@ -132,7 +142,7 @@ def _sources(api: kclient.ApiClient, settings: KubeSettings) -> list[_Source]:
             Kind.RESERVATION,
             core.list_namespaced_config_map_without_preload_content,
             (settings.reservation_namespace,),
-            {"label_selector": RESERVATION_LABEL},
+            {"label_selector": settings.reservation_label},
         ),
     ]
 

@@ -223,3 +223,18 @@ async def test_load_api_client_explicit_host_wins() -> None:
     api = await kube.load_api_client(host="http://127.0.0.1:1")
     async with api:
         assert api.configuration.host == "http://127.0.0.1:1"
+
+
+async def test_reservation_namespace_and_label_come_from_the_config(kmock: Any, api: kclient.ApiClient) -> None:
+    from extender.config import ExtenderConfig
+
+    settings = kube.KubeSettings.from_config(
+        ExtenderConfig(reservation_namespace="gpu-ops", reservation_label="example.org/held")
+    )
+    kmock["list v1/configmaps"] << node_list("3", [], kind="ConfigMapList")
+    kmock["watch v1/configmaps"] << hang
+    watcher = kube.Watcher(api, RecordingInventory(), settings, kinds=frozenset({kube.Kind.RESERVATION}))
+    await run_until(watcher, watcher.reservations_loaded.wait, watcher.synced.wait)
+    (req,) = [r for r in list(kmock) if r.action == kmock_lib.action.LIST]
+    assert req.url.path == "/api/v1/namespaces/gpu-ops/configmaps"
+    assert req.params["labelSelector"] == "example.org/held"
