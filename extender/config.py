@@ -64,6 +64,14 @@ class ExtenderConfig(BaseModel):
     """Topology level label keys."""
     webhook_namespaces: list[str] = Field(default_factory=list)
     """Namespaces whose GPU pods the mutating webhook routes to the scheduler (empty = all)."""
+    webhook_path: str | None = None
+    """URL path of the mutating webhook (None = the webhook's default, /mutate)."""
+    webhook_listen: str | None = None
+    """HOST:PORT of the webhook's own TLS listener for the API server (None = only this app serves it)."""
+    webhook_tls_cert_file: Path | None = None
+    """PEM certificate of the webhook listener (None = TANDEM_WEBHOOK_TLS_CERT_FILE or plain HTTP)."""
+    webhook_tls_key_file: Path | None = None
+    """PEM private key of the webhook listener."""
     tls_cert_file: Path | None = None
     """PEM certificate for HTTPS (None = plain HTTP, fine on loopback)."""
     tls_key_file: Path | None = None
