@@ -10,6 +10,7 @@ from placement.dra import DraEvaluator
 from placement.fit import allocate, capacity
 from placement.model import JobRequest, Node, PodSet, TopologyLevels
 from placement.reasons import Reason
+from placement.usage import allocation_usage, merge_usage
 
 __all__ = [
     "DomainId",
@@ -84,7 +85,8 @@ class GangPlacement:
     domain: the required-level domain (empty tuple when no level is required);
     domain_labels: (label key, value) for every level of the domain's path, for node affinity;
     counts: replicas placed per pod set (less than asked only with min_available);
-    spans: preferred-level domains used; leftover_gpus: whole GPUs still free in the domain.
+    spans: preferred-level domains used; leftover_gpus: whole GPUs still free in the domain;
+    usage: GPUs taken per GPU model (MIG as fractions), for quota and fair-share charging.
     """
 
     job_id: str
@@ -95,6 +97,7 @@ class GangPlacement:
     counts: Mapping[str, int]
     spans: int
     leftover_gpus: int
+    usage: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -165,9 +168,10 @@ def _assign(
     levels: TopologyLevels,
     pref_depth: int | None,
     dra: DraEvaluator | None,
-) -> tuple[list[Assignment], int, list[Node]] | None:
+) -> tuple[list[Assignment], int, list[Node], dict[str, float]] | None:
     """Assignment of every replica inside one domain, or None; also the preferred-level spans."""
     state = {n.name: n for n in nodes}
+    usage: list[dict[str, float]] = []
     out: list[Assignment] = []
     used_groups: set[DomainId] = set()
     for ps in _order_sets(pod_sets):
@@ -203,10 +207,12 @@ def _assign(
         if sum(r for _, r in picked) < need:
             return None
         for n, r in picked:
-            state[n.name], _ = allocate(state[n.name], ps.shape, r, dra=dra)
+            before = state[n.name]
+            state[n.name], alloc = allocate(before, ps.shape, r, dra=dra)
+            usage.append(allocation_usage(before, alloc))
             out.append(Assignment(ps.name, n.name, r))
     spans = len({domain_of(state[a.node], levels, pref_depth) for a in out}) if pref_depth is not None else 0
-    return out, spans, list(state.values())
+    return out, spans, list(state.values()), merge_usage(usage)
 
 
 def fit_gang(
@@ -261,14 +267,19 @@ def fit_gang(
             got = _assign(members, job.pod_sets, counts, levels, pref_depth, dra)
             if got is None:
                 continue
-            assignments, spans, after = got
+            assignments, spans, after, usage = got
             leftover = sum(n.free_whole_gpus for n in after)
             key = (spans, leftover, dom)
             if best is None or key < best[0]:
                 labels = tuple(
                     (levels.keys[i], v) for i, v in enumerate(dom) if not v.startswith(_MISSING)
                 )
-                best = (key, GangPlacement(job.job_id, job.required_level, dom, labels, tuple(assignments), dict(counts), spans, leftover))
+                best = (
+                    key,
+                    GangPlacement(
+                        job.job_id, job.required_level, dom, labels, tuple(assignments), dict(counts), spans, leftover, usage
+                    ),
+                )
         return None if best is None else best[1]
 
     full = {ps.name: ps.count for ps in job.pod_sets}

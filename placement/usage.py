@@ -1,0 +1,80 @@
+"""GPU cost of an allocation per GPU model (MIG as fractions), so quotas charge the model a job really got."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from placement import mig
+from placement.fit import Allocation
+from placement.model import WHOLE_GPU_MILLI, DraDevice, Node
+from placement.podspec import MIG_RESOURCE_PREFIX
+
+__all__ = ["UNKNOWN_MODEL", "mig_fraction", "allocation_usage", "merge_usage"]
+
+UNKNOWN_MODEL = "unknown"
+"""Model name charged when the inventory does not say which GPU it is."""
+
+
+def mig_fraction(profile: str, model: str | None) -> float:
+    """Share of a whole GPU that one MIG instance is: compute slices / slices of the GPU.
+
+    Falls back to the "<g>g." prefix over 7 when the profile cannot be resolved for the model.
+    """
+    cls = mig.profile_class(profile, model)
+    if cls is not None:
+        return cls.compute / (4 if cls.total_slices == 4 else 7)
+    head = profile.split("g.", 1)[0]
+    return int(head) / 7 if head.isdigit() else 1.0
+
+
+def _dra_cost(device: DraDevice) -> tuple[str, float]:
+    model = device.attribute("productName")
+    name = str(model) if model is not None else UNKNOWN_MODEL
+    if device.attribute("type") == "mig":
+        profile = device.attribute("profile")
+        return name, mig_fraction(str(profile), name) if profile is not None else 1.0
+    return name, 1.0
+
+
+def allocation_usage(node: Node, allocation: Allocation) -> dict[str, float]:
+    """GPUs taken by `allocation` on `node` (the node BEFORE the allocation or after: device
+    identities do not change), per model: whole GPUs as 1, shares as milli/1000, MIG instances
+    as fractions, DRA devices by their productName."""
+    out: dict[str, float] = {}
+    by_index = {g.index: g for g in node.gpus}
+    default_model = node.gpu_model or UNKNOWN_MODEL
+    for idx, milli in allocation.gpus:
+        g = by_index.get(idx)
+        model = g.model if g is not None else default_model
+        out[model] = out.get(model, 0.0) + milli / WHOLE_GPU_MILLI
+    for idx, start in allocation.mig:
+        g = by_index.get(idx)
+        if g is None:
+            continue
+        for inst in g.mig:
+            if inst.start == start:
+                out[g.model] = out.get(g.model, 0.0) + mig_fraction(inst.profile, g.model)
+                break
+    for name, amount in allocation.extended:
+        if name.startswith(MIG_RESOURCE_PREFIX):
+            profile = name[len(MIG_RESOURCE_PREFIX):]
+            profile = profile[: -len(".me")] + "+me" if profile.endswith(".me") else profile
+            out[default_model] = out.get(default_model, 0.0) + amount * mig_fraction(profile, node.gpu_model)
+    if allocation.dra:
+        devices = {d.key: d for d in node.dra_devices}
+        for key in allocation.dra:
+            dev = devices.get(key)
+            if dev is None:
+                continue
+            model, cost = _dra_cost(dev)
+            out[model] = out.get(model, 0.0) + cost
+    return out
+
+
+def merge_usage(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Sum several per-model usages."""
+    out: dict[str, float] = {}
+    for p in parts:
+        for k, v in p.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
