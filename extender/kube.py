@@ -210,7 +210,6 @@ class Watcher:
                 if rv is None:
                     rv = await self._list(source)
                     self._listed(source.kind)
-                    backoff.reset()
                 rv, delivered = await self._watch(source, rv, backoff)
                 if delivered:
                     gone_streak = 0
@@ -325,7 +324,9 @@ class Watcher:
                 backoff.reset()
         finally:
             resp.release()
-        if not delivered and self._clock() - started < self._settings.stable_after_s:
+        if delivered or self._clock() - started >= self._settings.stable_after_s:
+            backoff.reset()  # a healthy watch: the next failure starts from the base delay again
+        else:
             # The server closed an empty watch at once: back off so a misbehaving server is not hammered.
             await self._fail(source, backoff, KubeError(0, "watch closed early"))
         return rv, delivered

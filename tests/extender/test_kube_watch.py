@@ -252,3 +252,16 @@ async def test_empty_watch_closed_at_once_is_not_hammered(kmock: Any, api: kclie
     # Each watch ended with no event well before stable_after_s: back off, keep the resume version.
     assert sleep.delays == [1.0, 2.0, 4.0]
     assert {r.params["resourceVersion"] for r in node_watches(kmock)} == {"100"}
+
+
+async def test_repeated_410_right_after_relist_backs_off(kmock: Any, api: kclient.ApiClient) -> None:
+    kmock["list v1/nodes"] << node_list("100", NODES[:1])
+    kmock["watch v1/nodes"] << times(3, 410, gone_status())
+    kmock["watch v1/nodes"] << hang
+    inv, sleep = RecordingInventory(), SleepRecorder()
+    async with Running(watcher(api, inv, sleep, kube.Kind.NODE)):
+        await eventually(lambda: len(node_watches(kmock)) == 4)
+
+    # First 410: relist at once. Then the fresh list's watch is refused again: do not spin.
+    assert len(node_lists(kmock)) == 4
+    assert sleep.delays == [1.0, 2.0]
