@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -141,24 +142,22 @@ def _order_sets(pod_sets: Sequence[PodSet]) -> list[PodSet]:
 
 
 def _pick_nodes(caps: list[tuple[Node, int]], need: int) -> list[tuple[Node, int]]:
-    """Best fit: a node that alone covers the rest with least leftover, else fill the largest."""
-    pool = [(n, c) for n, c in caps if c > 0]
+    """Best fit: the node that alone covers the rest with least leftover, else fill the largest
+    node whole and repeat (ties by name). Empty when the nodes cannot cover `need`."""
+    pool = sorted(((c, n.name, n) for n, c in caps if c > 0), key=lambda t: (t[0], t[1]))
+    keys = [c for c, _, _ in pool]
     chosen: list[tuple[Node, int]] = []
     while need > 0 and pool:
-        covering = [nc for nc in pool if nc[1] >= need]
-        if covering:
-            n, c = min(covering, key=lambda nc: (nc[1], nc[0].name))
-            chosen.append((n, need))
+        i = bisect.bisect_left(keys, need)
+        if i < len(pool):  # smallest covering capacity, first name among equals
+            chosen.append((pool[i][2], need))
             return chosen
-        n, c = max(pool, key=lambda nc: (nc[1], _neg(nc[0].name)))
+        j = bisect.bisect_left(keys, keys[-1])  # largest capacity, first name among equals
+        c, _, n = pool.pop(j)
+        del keys[j]
         chosen.append((n, c))
         need -= c
-        pool = [nc for nc in pool if nc[0] is not n]
     return chosen if need <= 0 else []
-
-
-def _neg(name: str) -> tuple[int, ...]:
-    return tuple(-ord(ch) for ch in name)
 
 
 def _assign(
