@@ -168,6 +168,14 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
         rows = pos[~ok if all_known else ~ok & known]
         u = sv.unresolvable[rows]
         frags = sv.frags
+        pinned_row = snap.index.get(q.pinned) if q.pinned is not None else None
+        if pinned_row is not None and q.gang is not None and not sv.ok[pinned_row] and sv.done[pinned_row]:
+            note = _gang_domain_note(inv, snap, q)
+            if note:  # say how the gang's whole reserved domain stands, not only this node
+                v = sv.verdicts[pinned_row]
+                frags = frags.copy()
+                frags[pinned_row] = (snap.name_json[pinned_row] + b":"
+                                     + orjson.dumps(f"{note}; {v.message if v is not None else ''}"))
         failed = b",".join(frags[rows[~u]].tolist())
         unres_parts = frags[rows[u]].tolist()
         counts = np.bincount(sv.codes[rows])
@@ -182,6 +190,26 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     body = encode_filter_result(passed_names=passed_names, passed_nodes=passed_nodes, failed=failed,
                                 unresolvable=unres)
     return Decision(body, len(passed_at), reasons)
+
+
+def _gang_domain_note(inv: Inventory, snap: Snapshot, q: Query) -> str:
+    """"rack r7 holds 3 free GPUs for gang train-42, needs 4": free GPUs the gang could use on the
+    nodes of its reservation against what its replicas not yet bound still need."""
+    assert q.gang is not None
+    notes = []
+    for r in inv.reservations_of(*q.gang):
+        if not r.gpus:
+            continue
+        free = need = 0
+        for name in r.nodes:
+            f = snap.facts_by_name(name)
+            if f is None:
+                continue
+            free += f.effective(q.gang, snap.evaluator).free_whole_gpus
+            need += sum(h.replicas * h.shape.gpus for h in f.holds if h.gang == q.gang)
+        where = r.domain_label or f"{len(r.nodes)} reserved node(s)"
+        notes.append(f"{where} holds {free} free GPUs for gang {q.gang[0]}, needs {need}")
+    return "; ".join(notes)
 
 
 def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:

@@ -17,7 +17,7 @@ import orjson
 
 from extender.config import ExtenderConfig
 from extender.podreq import PodRecord
-from extender.reservations import Reservation
+from extender.reservations import Reservation, domain_label
 from placement import fit as core_fit
 from placement.dra import DraEvaluator
 from placement.errors import CapacityError
@@ -47,7 +47,7 @@ class Hold:
         return (self.job, self.attempt)
 
     def describe(self) -> str:
-        where = f" in {self.domain}" if self.domain else ""
+        where = f" in {domain_label(self.domain)}" if self.domain else ""
         per = f"{self.shape.gpus} GPU(s)" if self.shape.gpus else (
             f"{self.shape.mig_count} MIG {self.shape.mig_profile}" if self.shape.mig_profile else "CPU/memory")
         return f"{self.replicas} replica(s) x {per} for gang {self.job} (attempt {self.attempt}){where}"

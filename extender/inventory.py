@@ -213,6 +213,10 @@ class Inventory:
 
     # ------------------------------------------------------------------ lookups
 
+    def reservations_of(self, job: str, attempt: str) -> list[Reservation]:
+        """The reservations recorded for one gang attempt."""
+        return [r for r in self._reservations.values() if r.job == job and r.attempt == attempt]
+
     def pod_by_uid(self, uid: str) -> dict[str, Any] | None:
         return self._pods_by_uid.get(uid)
 

@@ -178,7 +178,7 @@ def _casefold_keys(v: Any) -> Any:
     canon = {"pods": "Pods", "numpdbviolations": "NumPDBViolations", "uid": "UID"}
     out: dict[str, Any] = {}
     for k, val in v.items():
-        key = canon.get(k.lower(), k)
+        key: str = canon.get(str(k).lower(), str(k))
         if key == "Pods" and isinstance(val, list):
             val = [_casefold_keys(p) if isinstance(p, dict) and "metadata" not in p else p for p in val]
         out[key] = val

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from extender.errors import InventoryError
 from placement.quantity import QuantityError, cpu_milli, to_int_bytes
 
-__all__ = ["Reservation", "parse_reservation", "ReservationShape"]
+__all__ = ["Reservation", "parse_reservation", "ReservationShape", "domain_label"]
 
 
 class ReservationShape(BaseModel):
@@ -62,6 +62,18 @@ class Reservation:
     @property
     def gang(self) -> tuple[str, str]:
         return (self.job, self.attempt)
+
+    @property
+    def domain_label(self) -> str:
+        """"network.example.com/rack=r7" -> "rack r7" (for messages); other text as written."""
+        return domain_label(self.domain)
+
+
+def domain_label(domain: str) -> str:
+    key, sep, value = domain.partition("=")
+    if not sep:
+        return domain
+    return f"{key.rsplit('/', 1)[-1]} {value}"
 
 
 def parse_reservation(cm: dict[str, Any]) -> Reservation:

@@ -112,3 +112,15 @@ async def test_malformed_reservation_is_skipped_and_reported() -> None:
 async def test_reservations_outside_the_namespace_are_ignored() -> None:
     inv = make_inventory([reservation("train-42", "1", {"h100-r1-n2": 2}, namespace="team-a")])
     assert (await filter_(inv, fixture_pod("want-4-h100"), H100))["NodeNames"] == H100
+
+
+async def test_gang_refusal_names_the_domain_and_what_it_still_needs() -> None:
+    res = reservation("train-42", "1", {"h100-r2-n1": 1, "h100-r2-n2": 1}, gpus=4,
+                      domain="network.example.com/rack=r2")
+    inv = make_inventory([res])
+    inv.apply("Pod", "ADDED", pod("squatter", gpus=3, node_name="h100-r2-n1", phase="Running"))
+    p = gang_pod("train-42-0", "train-42", "1", 4, pinned="h100-r2-n1")
+    reply = await filter_(inv, p, ["h100-r2-n1"])
+    msg = reply["FailedNodes"]["h100-r2-n1"]
+    assert msg.startswith("rack r2 holds 9 free GPUs for gang train-42, needs 8")
+    assert "3 free GPUs, pod needs 4" in msg
