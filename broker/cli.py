@@ -1,0 +1,203 @@
+"""`tandem`: the launcher-side command line (submit, get, list, watch, cancel, clusters, cordon) over the client."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import job_pb2
+
+from broker.client import BrokerClient, SubmitItem, status_details
+from broker.jobfile import default_key, load_job_file, to_spec
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tandem", description="Submit and follow GPU jobs on a Tandem broker.")
+    p.add_argument("--broker", default=os.environ.get("TANDEM_BROKER", "127.0.0.1:50051"),
+                   help="broker HOST:PORT (env TANDEM_BROKER)")
+    p.add_argument("--token", default=os.environ.get("TANDEM_TOKEN"), help="bearer token (env TANDEM_TOKEN)")
+    p.add_argument("--ca", default=os.environ.get("TANDEM_CA"), help="CA certificate (PEM) to use TLS")
+    p.add_argument("--server-name", help="TLS server name override")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("submit", help="submit a job file")
+    s.add_argument("-f", "--file", required=True, help="YAML job file")
+    s.add_argument("--dry-run", action="store_true", help="validate only (nothing is stored)")
+    s.add_argument("--key", help="idempotency key (default: derived from the file)")
+    g = sub.add_parser("get", help="one job: attempts, queue position, why it waits")
+    g.add_argument("job_id")
+    ls = sub.add_parser("list", help="jobs")
+    ls.add_argument("--job-set", default="")
+    ls.add_argument("--state", action="append", default=[], help="e.g. QUEUED (repeatable)")
+    ls.add_argument("--limit", type=int, default=100)
+    w = sub.add_parser("watch", help="follow job events")
+    w.add_argument("--from-revision", type=int, default=0)
+    w.add_argument("--job-set", default="")
+    w.add_argument("--max-events", type=int, default=0, help="stop after this many job events (0 = forever)")
+    c = sub.add_parser("cancel", help="cancel a job (or a job set)")
+    c.add_argument("job_id", nargs="?")
+    c.add_argument("--job-set", default="")
+    c.add_argument("--reason", default="cancelled from the command line")
+    sub.add_parser("clusters", help="catalog: GPUs by model, domains, freshness")
+    for name in ("cordon", "uncordon"):
+        x = sub.add_parser(name, help=f"{name} a cluster (admin)")
+        x.add_argument("cluster")
+        x.add_argument("--reason", required=True)
+    return p
+
+
+def _state(v: int) -> str:
+    return job_pb2.JobState.Name(v).removeprefix("JOB_STATE_")
+
+
+def _ts(t: Any) -> str:
+    if not t.seconds:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t.seconds))
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    if not rows:
+        return
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+
+
+def _print_job(job: job_pb2.Job, out: TextIO) -> None:
+    st = job.status
+    out.write(f"job:      {job.job_id}\nstate:    {_state(st.state)}\n")
+    out.write(f"tenant:   {job.spec.tenant}   queue: {job.spec.queue}   job set: {job.spec.job_set_id}\n")
+    out.write(f"created:  {_ts(st.create_time)}   attempt: {st.current_attempt}   infra retries: {st.infra_retries}\n")
+    if st.state == job_pb2.JOB_STATE_QUEUED and st.HasField("queue_info"):
+        qi = st.queue_info
+        pos = qi.position if qi.HasField("position") else "?"
+        why = job_pb2.WaitReason.Name(qi.reason).removeprefix("WAIT_REASON_")
+        out.write(f"position: {pos} (jobs of your tenant ahead)\nwaiting:  {why}: {qi.message}\n")
+    if st.message:
+        out.write(f"message:  {st.message}\n")
+    if st.attempts:
+        out.write("attempts:\n")
+        rows = [["#", "CLUSTER", "DOMAIN", "NODES", "OUTCOME", "RESERVED", "MESSAGE"]]
+        for a in st.attempts:
+            nodes = sorted({p.node for p in a.assignments})
+            outcome = job_pb2.AttemptOutcome.Name(a.outcome).removeprefix("ATTEMPT_OUTCOME_") if a.outcome else "active"
+            rows.append([str(a.number), a.cluster, "/".join(s.value for s in a.domain.segments) or "-",
+                         ",".join(nodes[:4]) + ("..." if len(nodes) > 4 else ""), outcome, _ts(a.reserve_time),
+                         a.outcome_message or a.rejection.message])
+        _table(rows, out)
+
+
+def _print_clusters(clusters: Sequence[cs.ClusterSummary], out: TextIO) -> None:
+    rows = [["CLUSTER", "REGION", "STATE", "NODES", "GPUS (free/total by model)", "REPORT AGE", "ACTIVE"]]
+    for c in clusters:
+        state = "cordoned" if c.cordoned else ("stale" if c.stale else ("ready" if c.connected else "disconnected"))
+        gpus = ", ".join(f"{g.model}: {g.free}/{g.total}" for g in c.gpus) or "-"
+        age = f"{c.last_report_age.seconds}s" if c.HasField("last_report_age") else "-"
+        rows.append([c.name, c.region or "-", state, str(c.nodes), gpus, age, str(c.active_attempts)])
+    _table(rows, out)
+
+
+def _print_domains(c: cs.ClusterSummary, out: TextIO) -> None:
+    if not c.domains:
+        return
+    rows = [["  LEVEL", "DOMAIN", "NODES", "GPUS (free/total)"]]
+    for d in c.domains:
+        rows.append(["  " + d.level, "/".join(s.value for s in d.path.segments), str(d.nodes),
+                     ", ".join(f"{g.model}: {g.free}/{g.total}" for g in d.gpus) or "-"])
+    out.write(f"{c.name} domains:\n")
+    _table(rows, out)
+
+
+async def _run(args: argparse.Namespace, out: TextIO) -> int:
+    ca = Path(args.ca).read_bytes() if args.ca else None
+    async with BrokerClient(args.broker, token=args.token, ca_pem=ca, server_name=args.server_name) as c:
+        if args.cmd == "submit":
+            jf = load_job_file(args.file)
+            key = args.key or jf.key or default_key(jf)
+            [r] = await c.submit(jf.jobSet, [SubmitItem(key, to_spec(jf))], validate_only=args.dry_run)
+            if r.error_code:
+                out.write(f"refused: {grpc.StatusCode(next(s for s in grpc.StatusCode if s.value[0] == r.error_code)).name}: "
+                          f"{r.error_message}\n")
+                return 1
+            if r.valid:
+                out.write("valid (dry run: nothing stored)\n")
+            else:
+                out.write(f"{r.job_id}{'  (already submitted with this key)' if r.duplicate else ''}\n")
+            return 0
+        if args.cmd == "get":
+            _print_job(await c.get(args.job_id), out)
+            return 0
+        if args.cmd == "list":
+            states = [job_pb2.JobState.Value(f"JOB_STATE_{s.upper()}") for s in args.state]
+            resp = await c.list(job_set_id=args.job_set, states=states, page_size=args.limit)
+            rows = [["JOB", "STATE", "QUEUE", "JOB SET", "ATTEMPT", "WAITING"]]
+            for j in resp.jobs:
+                qi = j.status.queue_info
+                why = job_pb2.WaitReason.Name(qi.reason).removeprefix("WAIT_REASON_") if qi.reason else ""
+                rows.append([j.job_id, _state(j.status.state), j.spec.queue, j.spec.job_set_id,
+                             str(j.status.current_attempt), why])
+            _table(rows, out)
+            return 0
+        if args.cmd == "watch":
+            n = 0
+            async for ev in c.watch(from_revision=args.from_revision, job_set_id=args.job_set):
+                if not ev.job_id:
+                    continue
+                t = ev.transition
+                out.write(f"{ev.revision}  {ev.job_id}  {_state(t.from_state) if t.from_state else '-'} -> "
+                          f"{_state(t.to_state)}  {t.reason}  {t.message}\n")
+                out.flush()
+                n += 1
+                if args.max_events and n >= args.max_events:
+                    break
+            return 0
+        if args.cmd == "cancel":
+            if args.job_set:
+                resp = await c.cancel_set(args.job_set, args.reason)
+                out.write(f"cancelled {len(resp.cancelled_job_ids)} jobs ({resp.already_terminal_count} already done)\n")
+            elif args.job_id:
+                resp = await c.cancel(args.job_id, args.reason)
+                out.write(f"{args.job_id}: {_state(resp.state)}{' (already finished)' if resp.already_terminal else ''}\n")
+            else:
+                out.write("name a job id or --job-set\n")
+                return 2
+            return 0
+        if args.cmd == "clusters":
+            listed = await c.list_clusters()
+            _print_clusters(listed.clusters, out)
+            for summary in listed.clusters:
+                _print_domains((await c.get_cluster(summary.name)).cluster, out)
+            return 0
+        if args.cmd in ("cordon", "uncordon"):
+            summary = await c.cordon(args.cluster, args.reason, on=args.cmd == "cordon")
+            _print_clusters([summary], out)
+            return 0
+    return 2
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    stream = out or sys.stdout
+    try:
+        return asyncio.run(_run(args, stream))
+    except grpc.aio.AioRpcError as exc:
+        stream.write(f"error: {exc.code().name}: {exc.details()}\n")
+        for d in status_details(exc):
+            for v in getattr(d, "field_violations", ()):
+                stream.write(f"  {v.field}: {v.description}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
