@@ -296,23 +296,31 @@ def _take_gpus(gpus: list[Gpu], shape: PodShape) -> list[tuple[int, int]]:
     """One replica's devices, chosen as the device plugin would: lowest index for whole GPUs,
     best fit (least share left) for a single shared device, most room for several."""
     models, min_mem, milli = shape.gpu_models, shape.min_gpu_memory_mib, shape.gpu_milli
+    if milli >= WHOLE_GPU_MILLI:  # lowest free index first, as the device plugin hands them out
+        ok = [
+            (pos, g)
+            for pos, g in enumerate(gpus)
+            if g.milli_used == 0 and g.healthy and not g.mig and (not models or g.model in models) and g.memory_mib >= min_mem
+        ]
+        ok.sort(key=lambda pg: pg[1].index)
+        picked = ok[: shape.gpus]
+        for pos, g in picked:
+            gpus[pos] = Gpu(g.index, g.model, g.memory_mib, WHOLE_GPU_MILLI, g.mig, g.healthy)
+        return [(g.index, WHOLE_GPU_MILLI) for _, g in picked]
     ok = [
         (pos, g)
         for pos, g in enumerate(gpus)
         if g.healthy and not g.mig and (not models or g.model in models) and g.memory_mib >= min_mem
         and g.milli_free >= milli
     ]
-    if milli >= WHOLE_GPU_MILLI:
-        ok = [(p, g) for p, g in ok if g.milli_used == 0]
-        ok.sort(key=lambda pg: pg[1].index)
-    elif shape.gpus == 1:
+    if shape.gpus == 1:
         ok.sort(key=lambda pg: (pg[1].milli_free, pg[1].index))
     else:
         ok.sort(key=lambda pg: (-(pg[1].milli_free // milli), pg[1].index))
     picked = ok[: shape.gpus]
     taken = min(milli, WHOLE_GPU_MILLI)
-    for pos, g in picked:
-        gpus[pos] = dataclasses.replace(g, milli_used=g.milli_used + taken)
+    for pos, g in picked:  # direct construction: dataclasses.replace is several times slower
+        gpus[pos] = Gpu(g.index, g.model, g.memory_mib, g.milli_used + taken, g.mig, g.healthy)
     return [(g.index, taken) for _, g in picked]
 
 

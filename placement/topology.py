@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from placement.dra import DraEvaluator
 from placement.fit import allocate, capacity
-from placement.model import JobRequest, Node, PodSet, TopologyLevels
+from placement.model import WHOLE_GPU_MILLI, JobRequest, Node, PodSet, TopologyLevels
 from placement.reasons import Reason
 from placement.usage import allocation_usage, merge_usage
 
@@ -258,9 +258,18 @@ def fit_gang(
         for dom, members in groups.items()
     }
 
+    free_gpus = {dom: sum(n.free_whole_gpus for n in members) for dom, members in groups.items()}
+    # With whole-GPU shapes only and no preference, leftover = free GPUs - what the gang takes,
+    # the same in every domain: the first domain (fewest free GPUs) that fits is the best one.
+    exact_order = pref_depth is None and all(
+        ps.shape.gpu_milli >= WHOLE_GPU_MILLI and ps.shape.mig_count == 0 and not ps.shape.dra for ps in job.pod_sets
+    )
+    order = sorted(groups, key=lambda d: (free_gpus[d], d))
+
     def attempt(counts: Mapping[str, int]) -> GangPlacement | None:
         best: tuple[tuple[int, int, DomainId], GangPlacement] | None = None
-        for dom, members in groups.items():
+        for dom in order:
+            members = groups[dom]
             if any(room[dom][i] < counts[ps.name] for i, ps in enumerate(job.pod_sets)):
                 continue  # cannot hold even each pod set alone
             got = _assign(members, job.pod_sets, counts, levels, pref_depth, dra)
@@ -279,14 +288,24 @@ def fit_gang(
                         job.job_id, job.required_level, dom, labels, tuple(assignments), dict(counts), spans, leftover, usage
                     ),
                 )
+            if exact_order:
+                break
         return None if best is None else best[1]
 
     full = {ps.name: ps.count for ps in job.pod_sets}
     placed = attempt(full)
     if placed is not None:
         return placed
-    lo, hi = job.min_replicas, job.total_replicas - 1
+    lo = job.min_replicas
+    # No domain holds more than its room; with one pod set that bound is exact, so probe it first.
+    most = max((sum(min(ps.count, r[i]) for i, ps in enumerate(job.pod_sets)) for r in room.values()), default=0)
+    hi = min(job.total_replicas - 1, most)
     found: GangPlacement | None = None
+    if lo <= hi:
+        found = attempt(shrink_counts(job.pod_sets, hi))
+        if found is not None:
+            return found
+        hi -= 1
     while lo <= hi:  # largest elastic total that fits
         mid = (lo + hi) // 2
         got = attempt(shrink_counts(job.pod_sets, mid))

@@ -271,3 +271,23 @@ def test_overlay_counts_every_reserved_replica_once(ns: list[Node], wanted: list
         assert (e.free_whole_gpus, e.cpu_milli_free, e.memory_free, e.pods_free) == (
             f.free_whole_gpus, f.cpu_milli_free, f.memory_free, f.pods_free,
         )
+
+
+@SETTINGS
+@given(clusters(), st.integers(1, 6), st.sampled_from([1, 2, 4, 8]), st.sampled_from([RACK, BLOCK]))
+def test_gang_takes_the_feasible_domain_with_least_leftover(ns: list[Node], count: int, per: int, level: str) -> None:
+    from tests.placement.builders import shape
+
+    j = job(("w", count, shape(per, cpu=2)), required=level)
+    result = fit_gang(ns, j, LEVELS)
+    depth = LEVELS.index(level)
+    groups: dict[tuple[str, ...], list[Node]] = {}
+    for n in ns:
+        groups.setdefault(domain_of(n, LEVELS, depth), []).append(n)
+    alone = {dom: fit_gang(members, j, LEVELS) for dom, members in groups.items()}
+    feasible = {dom: r for dom, r in alone.items() if isinstance(r, GangPlacement)}
+    if not isinstance(result, GangPlacement):
+        assert not feasible
+        return
+    assert result.domain in feasible
+    assert result.leftover_gpus == min(r.leftover_gpus for r in feasible.values())
