@@ -11,6 +11,8 @@ import os
 import sqlite3
 from collections.abc import Callable
 
+import orjson
+
 from broker.errors import InvalidPageToken
 from broker.records import (
     AttemptRecord,
@@ -26,6 +28,7 @@ from broker.records import (
 from broker.states import AttemptOutcome, JobState
 
 __all__ = [
+    "dumps",
     "fingerprint",
     "new_job_id",
     "job_from_row",
@@ -52,18 +55,20 @@ def new_job_id(clock_ms: Callable[[], int] | None = None) -> str:
     return "j" + "".join(reversed(chars))
 
 
+def dumps(value: object) -> str:
+    """Compact JSON text for a TEXT column (orjson: this runs once per write on the single writer thread)."""
+    return orjson.dumps(value).decode()
+
+
 def fingerprint(job: NewJob) -> bytes:
-    """sha256 of the canonical request: everything that defines the job, not the key or id."""
-    canon = json.dumps(
-        {
-            "tenant": job.tenant, "queue": job.queue, "job_set": job.job_set,
-            "band": job.priority_band, "priority": job.priority, "preemptible": job.preemptible,
-            "labels": [list(p) for p in sorted(job.labels)], "gpus": job.gpus,
-            "models": list(job.gpu_models), "retries": job.max_infra_retries,
-            "runtime": job.max_runtime_s,
-        },
-        sort_keys=True, separators=(",", ":"),
-    ).encode()
+    """sha256 of the canonical request: everything that defines the job, not the key or id.
+
+    Persisted with the job: changing this encoding makes retries of older submissions conflict.
+    """
+    canon = orjson.dumps(
+        [job.tenant, job.queue, job.job_set, job.priority_band, job.priority, job.preemptible,
+         sorted(job.labels), job.gpus, list(job.gpu_models), job.max_infra_retries, job.max_runtime_s],
+    )
     h = hashlib.sha256(canon)
     h.update(b"\x00")
     h.update(job.spec)
@@ -75,13 +80,13 @@ def _opt_float(v: object) -> float | None:
 
 
 def job_from_row(r: sqlite3.Row) -> JobRecord:
-    labels = json.loads(r["labels"])
+    labels = orjson.loads(r["labels"])
     mir = r["max_infra_retries"]
     return JobRecord(
         job_id=r["job_id"], seq=r["seq"], tenant=r["tenant"], queue=r["queue"], job_set=r["job_set"],
         priority_band=r["priority_band"], priority=r["priority"], preemptible=bool(r["preemptible"]),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())), gpus=r["gpus"],
-        gpu_models=tuple(json.loads(r["gpu_models"])),
+        gpu_models=tuple(orjson.loads(r["gpu_models"])),
         max_infra_retries=None if mir is None else int(mir),
         max_runtime_s=_opt_float(r["max_runtime_s"]), spec=bytes(r["spec"]), idempotency_key=r["idem_key"],
         fingerprint=bytes(r["fingerprint"]), state=JobState(r["state"]), attempt=r["attempt"],
@@ -92,22 +97,22 @@ def job_from_row(r: sqlite3.Row) -> JobRecord:
 
 
 def assignments_json(assignments: tuple[ReplicaPlacement, ...]) -> str:
-    return json.dumps([[a.pod_set, a.index, a.node] for a in assignments], separators=(",", ":"))
+    return dumps([[a.pod_set, a.index, a.node] for a in assignments])
 
 
 def attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
     outcome = r["outcome"]
     ec = r["exit_code"]
     return AttemptRecord(
-        job_id=r["job_id"], number=r["number"], cluster=r["cluster"], domain=tuple(json.loads(r["domain"])),
-        assignments=tuple(ReplicaPlacement(p, int(i), n) for p, i, n in json.loads(r["assignments"])),
+        job_id=r["job_id"], number=r["number"], cluster=r["cluster"], domain=tuple(orjson.loads(r["domain"])),
+        assignments=tuple(ReplicaPlacement(p, int(i), n) for p, i, n in orjson.loads(r["assignments"])),
         gpu_model=r["gpu_model"], gpus=r["gpus"], reserve_time=r["reserve_time"],
         expires_at=_opt_float(r["expires_at"]), dispatch_time=_opt_float(r["dispatch_time"]),
         accept_time=_opt_float(r["accept_time"]), start_time=_opt_float(r["start_time"]),
         running_time=_opt_float(r["running_time"]), end_time=_opt_float(r["end_time"]),
         outcome=None if outcome is None else AttemptOutcome(outcome), exit_code=None if ec is None else int(ec),
         message=r["message"], spent_retry=bool(r["spent_retry"]), namespace=r["namespace"],
-        rejection_reason=r["rejection_reason"], rejection_nodes=tuple(json.loads(r["rejection_nodes"])),
+        rejection_reason=r["rejection_reason"], rejection_nodes=tuple(orjson.loads(r["rejection_nodes"])),
     )
 
 

@@ -32,6 +32,7 @@ class _Request(Generic[T]):
     op: Callable[[sqlite3.Connection], T]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[T]
+    savepoint: bool
 
 
 class CommitStats:
@@ -81,17 +82,20 @@ class GroupCommitter:
         if self._open_error is not None:
             raise StoreUnavailable("cannot open the store") from self._open_error
 
-    async def call(self, op: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``op`` in the next batch; return its result after the batch committed."""
+    async def call(self, op: Callable[[sqlite3.Connection], T], *, savepoint: bool = True) -> T:
+        """Run ``op`` in the next batch; return its result after the batch committed.
+
+        ``savepoint=False`` is a promise that ``op`` raises ``TandemError`` only before its first write:
+        it then runs without its own SAVEPOINT (two statements fewer), and any other exception
+        fails the whole batch instead of rolling back only this request.
+        """
         if self._closed:
             raise StoreUnavailable("store is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        # mark the outcome retrieved even if the caller was cancelled and never looks at it
-        fut.add_done_callback(lambda f: None if f.cancelled() else f.exception())
-        self._queue.put(_Request(op, loop, fut))
-        # shield: a cancelled caller must not make the committed result vanish unnoticed by the writer
-        return await asyncio.shield(fut)
+        self._queue.put(_Request(op, loop, fut, savepoint))
+        # A cancelled caller cancels only its future: the request still runs (and may commit) in its batch.
+        return await fut
 
     async def stop(self) -> None:
         if self._closed:
@@ -134,7 +138,7 @@ class GroupCommitter:
                 except queue.Empty:
                     break
                 if req is not _STOP:
-                    _deliver(req, None, StoreUnavailable("store is closed"))
+                    _deliver([(req, None, StoreUnavailable("store is closed"))])
         finally:
             conn.close()
 
@@ -143,6 +147,12 @@ class GroupCommitter:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for req in batch:
+                if not req.savepoint:
+                    try:
+                        results.append((req.op(conn), None))
+                    except TandemError as e:
+                        results.append((None, e))  # raised before any write, by the caller's promise
+                    continue
                 conn.execute("SAVEPOINT op")
                 try:
                     value = req.op(conn)
@@ -181,28 +191,36 @@ class GroupCommitter:
                     conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            outcomes: list[tuple[_Request[Any], Any, BaseException | None]] = []
             for req in batch:
                 failed = BatchFailed("the store could not commit this request; retry it")
                 failed.__cause__ = e
-                _deliver(req, None, failed)
+                outcomes.append((req, None, failed))
+            _deliver(outcomes)
             return
         self.stats.record(len(batch))
         if self._on_commit is not None:
             self._on_commit()
-        for req, (value, error) in zip(batch, results):
-            _deliver(req, value, error)
+        _deliver([(req, value, error) for req, (value, error) in zip(batch, results)])
 
 
-def _deliver(req: _Request[Any], value: Any, error: BaseException | None) -> None:
-    def settle() -> None:
+def _deliver(outcomes: list[tuple[_Request[Any], Any, BaseException | None]]) -> None:
+    """Settle futures with one wake-up per event loop (not one per request)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request[Any], Any, BaseException | None]]] = {}
+    for item in outcomes:
+        by_loop.setdefault(item[0].loop, []).append(item)
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, items)
+        except RuntimeError:
+            pass  # the caller's loop is gone
+
+
+def _settle(items: list[tuple[_Request[Any], Any, BaseException | None]]) -> None:
+    for req, value, error in items:
         if req.future.done():
-            return
+            continue  # the caller was cancelled
         if error is not None:
             req.future.set_exception(error)
         else:
             req.future.set_result(value)
-
-    try:
-        req.loop.call_soon_threadsafe(settle)
-    except RuntimeError:
-        pass  # the caller's loop is gone

@@ -7,7 +7,6 @@ transaction the caller owns; none commits.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sqlite3
 from collections.abc import Callable
 
@@ -113,7 +112,7 @@ def submit_job(c: sqlite3.Connection, new: NewJob, *, id_gen: Callable[[], str],
                 job_id=row["job_id"], idempotency_key=new.idempotency_key,
             )
     job_id = new.job_id or id_gen()
-    if c.execute("SELECT 1 FROM jobs WHERE job_id=?", (job_id,)).fetchone():
+    if new.job_id and c.execute("SELECT 1 FROM jobs WHERE job_id=?", (job_id,)).fetchone():
         raise AlreadyExists(f"job {job_id} already exists", job_id=job_id)
     submitted = Reason.SUBMITTED.value
     rev = insert_event(c, job_id, new.tenant, new.job_set, EventKind.SUBMITTED, None, JobState.QUEUED, 0,
@@ -124,7 +123,7 @@ def submit_job(c: sqlite3.Connection, new: NewJob, *, id_gen: Callable[[], str],
         " infra_retries, not_before, create_time, update_time, end_time, reason, message, revision)"
         " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,0,0,?,?,NULL,?,'',?)",
         (job_id, new.tenant, new.queue, new.job_set, new.priority_band, new.priority, int(new.preemptible),
-         json.dumps(dict(new.labels), sort_keys=True), new.gpus, json.dumps(list(new.gpu_models)),
+         codec.dumps(dict(sorted(new.labels))), new.gpus, codec.dumps(list(new.gpu_models)),
          new.max_infra_retries, new.max_runtime_s, new.spec, new.idempotency_key or None, fp,
          JobState.QUEUED.value, now, now, submitted, rev),
     )
@@ -175,7 +174,7 @@ def apply_transition(c: sqlite3.Connection, job: JobRecord, t: Transition, now: 
             "UPDATE attempts SET outcome=?, end_time=?, message=?, exit_code=?, spent_retry=?,"
             " rejection_reason=?, rejection_nodes=? WHERE job_id=? AND number=? AND outcome IS NULL",
             (a.outcome.value, a.end_time, a.message, a.exit_code, int(a.spent_retry), a.rejection_reason,
-             json.dumps(list(a.rejection_nodes)), job.job_id, job.attempt),
+             codec.dumps(list(a.rejection_nodes)), job.job_id, job.attempt),
         )
     if t.stamp is not None and job.attempt > 0:
         s = t.stamp
@@ -201,7 +200,7 @@ def apply_transition(c: sqlite3.Connection, job: JobRecord, t: Transition, now: 
             "INSERT INTO attempts (job_id, number, cluster, domain, assignments, gpu_model, gpus, reserve_time,"
             " expires_at, message, spent_retry, namespace, rejection_reason, rejection_nodes)"
             " VALUES (?,?,?,?,?,?,?,?,?,'',0,'','','[]')",
-            (job.job_id, a2.number, a2.cluster, json.dumps(list(a2.domain)),
+            (job.job_id, a2.number, a2.cluster, codec.dumps(list(a2.domain)),
              codec.assignments_json(a2.assignments), a2.gpu_model, a2.gpus, a2.reserve_time, a2.expires_at),
         )
         attempt_no = a2.number

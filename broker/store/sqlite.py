@@ -125,8 +125,8 @@ class SqliteStore(Store):
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    async def _write(self, op: Callable[[sqlite3.Connection], T]) -> T:
-        return await self.committer.call(op)
+    async def _write(self, op: Callable[[sqlite3.Connection], T], *, savepoint: bool = True) -> T:
+        return await self.committer.call(op, savepoint=savepoint)
 
     async def _read(self, op: Callable[[sqlite3.Connection], T]) -> T:
         if self._reader is None or self._reader_conn is None:
@@ -145,7 +145,8 @@ class SqliteStore(Store):
     # -- submission ------------------------------------------------------------------------------
 
     async def submit(self, job: NewJob) -> SubmitResult:
-        return await self._write(lambda c: self._submit(c, job))
+        # submit_job raises its TandemErrors (key conflict, duplicate id) before it writes anything
+        return await self._write(lambda c: self._submit(c, job), savepoint=False)
 
     async def submit_all(self, jobs: Sequence[NewJob]) -> list[SubmitResult]:
         items = list(jobs)

@@ -150,6 +150,25 @@ async def test_one_members_error_does_not_sink_the_batch(store: SqliteStore) -> 
     assert len((await store.list_jobs(JobFilter())).jobs) == 3
 
 
+async def test_unexpected_error_in_a_savepoint_free_request_fails_the_whole_batch(store: SqliteStore) -> None:
+    gate, blocker, entered = _block_writer(store)  # type: ignore[misc]
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+
+    def half_write(c: sqlite3.Connection) -> None:
+        c.execute("INSERT INTO meta (key, value) VALUES ('half', 1)")
+        raise RuntimeError("bug after a write")
+
+    good = asyncio.ensure_future(store.submit(new_job(key="g")))
+    bad = asyncio.ensure_future(store.committer.call(half_write, savepoint=False))
+    await asyncio.sleep(0)
+    gate.set()
+    await blocker
+    outcomes = await asyncio.gather(good, bad, return_exceptions=True)
+    assert all(isinstance(o, errors.BatchFailed) for o in outcomes)
+    assert (await store.list_jobs(JobFilter())).jobs == ()
+    assert await store.committer.call(lambda c: c.execute("SELECT * FROM meta WHERE key='half'").fetchall()) == []
+
+
 async def test_closed_store_is_unavailable(clock: FakeClock) -> None:
     s = SqliteStore(clock=clock)
     await s.open()
