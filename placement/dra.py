@@ -135,11 +135,21 @@ def _is_ok(fn: Any, s: str) -> bool:
 
 
 @functools.lru_cache(maxsize=8192)
-def _compile(expression: str) -> Any:
+def _compile_cached(expression: str) -> Any:
+    """The compiled program, or the SelectorError (failures are cached too: no recompiling per device)."""
     try:
         return cel.compile(expression)
     except Exception as exc:  # the library raises ValueError, but be safe at this boundary
-        raise SelectorError(expression, str(exc).splitlines()[0]) from exc
+        err = SelectorError(expression, (str(exc).splitlines() or ["does not compile"])[0])
+        err.__cause__ = exc
+        return err
+
+
+def _compile(expression: str) -> Any:
+    program = _compile_cached(expression)
+    if isinstance(program, SelectorError):
+        raise program
+    return program
 
 
 def check_selector(expression: str) -> None:
@@ -174,7 +184,8 @@ def _device_value(device: DraDevice, extra_domains: Iterable[str]) -> dict[str, 
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    """Devices that pass a request's selectors, plus how many were excluded by evaluation errors."""
+    """Devices that pass a request's selectors, plus how many were excluded by evaluation errors
+    (a selector that does not compile excludes every device, with the compile error)."""
 
     devices: tuple[DraDevice, ...]
     errors: int = 0
@@ -248,6 +259,11 @@ class DraEvaluator:
         exprs = self.selectors(device_class, request_selectors)
         if exprs is None:
             return Match((), unknown_class=True)
+        devices = tuple(devices)
+        for expr in exprs:  # a selector that does not compile matches nothing, with its error
+            compiled = _compile_cached(expr)
+            if isinstance(compiled, SelectorError):
+                return Match((), errors=len(devices), first_error=str(compiled))
         ok: list[DraDevice] = []
         errors = 0
         first = ""

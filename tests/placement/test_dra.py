@@ -118,3 +118,17 @@ def test_custom_device_classes() -> None:
 )
 def test_device_slices(device: DraDevice, slices: tuple[str, int] | None) -> None:
     assert device_slices(device) == slices
+
+
+def test_compile_error_in_match_is_a_typed_refusal_not_a_crash() -> None:
+    from placement.fit import capacity
+    from placement.model import DraRequest
+    from placement.reasons import Reason
+
+    from tests.placement.builders import node, shape
+
+    ev = DraEvaluator()
+    m = ev.match([h200_device(0), h200_device(1)], "gpu.nvidia.com", ["device.attributes["])
+    assert m.devices == () and m.errors == 2 and "device.attributes[" in m.first_error
+    f = capacity(node(gpus=0, dra=(h200_device(0),)), shape(dra=(DraRequest("gpu.nvidia.com", ("device.(",), 1),)))
+    assert f.reason is Reason.DRA_SELECTOR_ERROR and not f.reason.preemptible
