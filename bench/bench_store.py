@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> None:
                 n = total if max_batch > 1 else min(total, 1500)  # the slow mode needs fewer samples
                 runs.append(asyncio.run(_one(path, submitters, n, max_batch)))
                 print(json.dumps(runs[-1]))
+        # same work without a disk: what the writer thread's CPU alone allows
+        ceiling = asyncio.run(_one(":memory:", 64, total, 512))
+        ceiling["mode"] = "group commit, :memory: (CPU ceiling, not durable)"
+        runs.append(ceiling)
+        print(json.dumps(ceiling))
     meta = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "cpus": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -144,6 +144,7 @@ class GroupCommitter:
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Request[Any]]) -> None:
         results: list[tuple[Any, BaseException | None]] = []
+        changes = conn.total_changes
         try:
             conn.execute("BEGIN IMMEDIATE")
             for req in batch:
@@ -199,8 +200,8 @@ class GroupCommitter:
             _deliver(outcomes)
             return
         self.stats.record(len(batch))
-        if self._on_commit is not None:
-            self._on_commit()
+        if self._on_commit is not None and conn.total_changes != changes:
+            self._on_commit()  # only batches that wrote something wake watchers
         _deliver([(req, value, error) for req, (value, error) in zip(batch, results)])
 
 

@@ -410,6 +410,13 @@ async def test_wait_for_revision_wakes_on_commit(store: SqliteStore) -> None:
     assert await store.wait_for_revision(j.revision, timeout_s=0.01) == j.revision
 
 
+async def test_waiting_does_not_spin_on_its_own_reads(store: SqliteStore) -> None:
+    rev = await store.current_revision()
+    before = store.committer.stats.batches
+    assert await store.wait_for_revision(rev, timeout_s=0.2) == rev
+    assert store.committer.stats.batches - before <= 2  # reads do not count as commits that wake waiters
+
+
 async def test_many_waiters_all_wake_on_one_commit(store: SqliteStore) -> None:
     rev = await store.current_revision()
     waiters = [asyncio.ensure_future(store.wait_for_revision(rev, timeout_s=30)) for _ in range(20)]
