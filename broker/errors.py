@@ -1,8 +1,10 @@
 """The broker's one error hierarchy: each error knows its gRPC status and HTTP code and carries structured details.
 
 Raise these anywhere in the broker (with ``raise ... from cause``); only the
-service edge translates them (``grpc_code()`` / ``http_status``) into a gRPC
-status with details. Nothing below the edge builds gRPC statuses itself.
+service edge translates them into a gRPC status with details (``code.value`` is
+the numeric gRPC status, ``grpc.StatusCode[code.name]`` the enum member;
+``http_status`` for HTTP edges). This module does not import grpc, so pure
+modules (queue, lifecycle) may raise and return these errors.
 """
 
 from __future__ import annotations
@@ -154,12 +156,6 @@ class TandemError(Exception):
     @property
     def http_status(self) -> int:
         return _HTTP[self.code]
-
-    def grpc_code(self) -> Any:
-        """The ``grpc.StatusCode`` member (grpc imported lazily so pure modules need not load it)."""
-        import grpc
-
-        return grpc.StatusCode[self.code.name]
 
     def meta(self, key: str) -> str | None:
         for k, v in self.details.metadata:

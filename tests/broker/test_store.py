@@ -552,3 +552,20 @@ async def test_reservations_and_orders_survive_reopen(tmp_path, clock: FakeClock
         assert len(await s.active_jobs()) == 3
         # page tokens stay valid across a restart (the signing secret is stored)
         assert len((await s.list_jobs(JobFilter(), page_size=1, page_token=token)).jobs) == 1
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+def test_error_codes_match_grpc() -> None:
+    import grpc
+
+    for code in Code:
+        assert grpc.StatusCode[code.name].value[0] == code.value
+    e = errors.QuotaExceeded("no", details=errors.ErrorDetails(
+        quota_violations=(errors.QuotaViolation("tenant/a", "gpu/H100", 16, 16, 8),)), job_id="j1")
+    assert (e.code, e.http_status, e.details.reason, e.meta("job_id")) == (
+        Code.RESOURCE_EXHAUSTED, 429, "QUOTA_EXCEEDED", "j1")
+    assert errors.BatchFailed("x").retryable and not errors.InvalidArgument("x").retryable
+    bad = errors.InvalidArgument.fields(errors.FieldViolation("pod_sets[0].count", "must be >= 1"))
+    assert bad.message == "pod_sets[0].count: must be >= 1" and bad.details.field_violations[0].field == "pod_sets[0].count"
