@@ -1,5 +1,11 @@
 """Mutating admission webhook that routes every GPU pod to the Tandem scheduler (sets spec.schedulerName).
 
+Routing rule: on Pod CREATE in a configured namespace (all when none are configured), a pod that
+asks for a GPU (``nvidia.com/gpu``, ``nvidia.com/mig-*`` or the GPU-share resource in any container
+or init container, or any ``spec.resourceClaims``) and still has ``default-scheduler`` gets one
+JSONPatch op setting ``spec.schedulerName``. Pods already routed, bound by hand (``nodeName``) or
+naming another scheduler on purpose are left alone (the last with a warning).
+
 Failure semantics: the webhook never blocks pod creation. Whatever arrives, it answers HTTP 200 with
 ``allowed: true``; a review it cannot understand gets no patch and a warning that names the problem
 (the API server shows warnings to the client). The MutatingWebhookConfiguration adds
