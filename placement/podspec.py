@@ -61,6 +61,17 @@ def _list(value: Any, field: str) -> Sequence[Any]:
     return value
 
 
+def _quantity(value: Any, field: str) -> Fraction:
+    """A non-negative quantity (the API server rejects negative requests)."""
+    try:
+        q = parse_quantity(value)
+    except QuantityError as exc:
+        raise PodSpecError(field, str(exc)) from exc
+    if q < 0:
+        raise PodSpecError(field, f"must not be negative, got {value!r}")
+    return q
+
+
 def _resources(container: Mapping[str, Any], field: str) -> Requests:
     """A container's requests; an extended resource given only as a limit is requested at the limit
     (the API server defaults requests from limits)."""
@@ -68,10 +79,7 @@ def _resources(container: Mapping[str, Any], field: str) -> Requests:
     out: Requests = {}
     for part in ("limits", "requests"):  # requests override limits
         for name, value in _obj(res.get(part), f"{field}.resources.{part}").items():
-            try:
-                out[name] = parse_quantity(value)
-            except QuantityError as exc:
-                raise PodSpecError(f"{field}.resources.{part}.{name}", str(exc)) from exc
+            out[name] = _quantity(value, f"{field}.resources.{part}.{name}")
     return out
 
 
@@ -112,16 +120,10 @@ def pod_requests(pod: Mapping[str, Any]) -> Requests:
     pod_level = _obj(_obj(spec.get("resources"), "spec.resources").get("requests"), "spec.resources.requests")
     for name in ("cpu", "memory"):
         if name in pod_level:
-            try:
-                total[name] = parse_quantity(pod_level[name])
-            except QuantityError as exc:
-                raise PodSpecError(f"spec.resources.requests.{name}", str(exc)) from exc
+            total[name] = _quantity(pod_level[name], f"spec.resources.requests.{name}")
     overhead: Requests = {}
     for name, value in _obj(spec.get("overhead"), "spec.overhead").items():
-        try:
-            overhead[name] = parse_quantity(value)
-        except QuantityError as exc:
-            raise PodSpecError(f"spec.overhead.{name}", str(exc)) from exc
+        overhead[name] = _quantity(value, f"spec.overhead.{name}")
     _add(total, overhead)
     return total
 

@@ -3,6 +3,8 @@ gangs inside one required domain, overlay counts every reserved replica exactly 
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -291,3 +293,84 @@ def test_gang_takes_the_feasible_domain_with_least_leftover(ns: list[Node], coun
         return
     assert result.domain in feasible
     assert result.leftover_gpus == min(r.leftover_gpus for r in feasible.values())
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.sampled_from(["", "1", "2Gi", "500m", "x", "Always", "In"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(
+        st.sampled_from(["spec", "containers", "initContainers", "resources", "requests", "limits", "cpu", "memory",
+                         "nvidia.com/gpu", "tandem.dev/gpu-milli", "nvidia.com/mig-1g.10gb", "name", "restartPolicy",
+                         "nodeSelector", "affinity", "nodeAffinity", "tolerations", "overhead", "resourceClaims",
+                         "resourceClaimName", "status", "phase", "nodeName", "key", "operator", "values"]),
+        children, max_size=4),
+    max_leaves=20,
+)
+
+
+@SETTINGS
+@given(JSON)
+def test_podspec_never_crashes_on_garbage(pod: object) -> None:
+    from placement.errors import PodSpecError
+    from placement.podspec import holds_resources, shape_from_pod
+
+    try:
+        shape_from_pod(pod, {})  # type: ignore[arg-type]
+    except PodSpecError:
+        pass
+    if isinstance(pod, dict):
+        assert holds_resources(pod) in (True, False)
+
+
+LEAF = st.sampled_from([None, True, -1, 0, 2, "", "1", "2Gi", "500m", "x", "1.5", "-1", "250", "1500"]) | st.lists(st.integers(), max_size=2)
+
+
+def bad(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Mostly the well-formed value, one time in eight a wrong-typed or garbage leaf."""
+    return st.integers(0, 7).flatmap(lambda k: LEAF if k == 0 else good)
+
+
+QTY = st.sampled_from(["1", "2Gi", "500m", "250", "4", "-1", "1.5", "x", "1e3"]) | LEAF
+RESOURCES = st.dictionaries(
+    st.sampled_from(["cpu", "memory", "nvidia.com/gpu", "tandem.dev/gpu-milli", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "example.com/x"]),
+    QTY,
+    max_size=3,
+)
+CONTAINER = bad(st.fixed_dictionaries(
+    {"name": st.just("c")},
+    optional={"resources": bad(st.fixed_dictionaries({}, optional={"requests": bad(RESOURCES), "limits": bad(RESOURCES)})),
+              "restartPolicy": bad(st.sampled_from(["Always", "Never"]))},
+))
+EXPR = st.fixed_dictionaries(
+    {"key": bad(st.sampled_from(["nvidia.com/gpu.product", "zone"])), "operator": bad(st.sampled_from(["In", "Exists", "NotIn"]))},
+    optional={"values": bad(st.lists(st.sampled_from(["A", "B"]), max_size=2))},
+)
+TERM = bad(st.fixed_dictionaries({}, optional={"matchExpressions": bad(st.lists(bad(EXPR), max_size=2))}))
+POD = st.fixed_dictionaries(
+    {"spec": st.fixed_dictionaries(
+        {"containers": bad(st.lists(CONTAINER, max_size=2))},
+        optional={
+            "initContainers": bad(st.lists(CONTAINER, max_size=2)),
+            "overhead": bad(RESOURCES),
+            "nodeSelector": bad(st.dictionaries(st.sampled_from(["nvidia.com/gpu.product", "zone"]), st.sampled_from(["A", "z"]), max_size=2)),
+            "tolerations": bad(st.lists(bad(st.fixed_dictionaries({}, optional={"key": LEAF, "operator": LEAF, "effect": LEAF})), max_size=2)),
+            "affinity": bad(st.fixed_dictionaries({"nodeAffinity": bad(st.fixed_dictionaries({"requiredDuringSchedulingIgnoredDuringExecution": bad(st.fixed_dictionaries({"nodeSelectorTerms": bad(st.lists(TERM, max_size=2))}))}))})),
+            "resourceClaims": bad(st.lists(bad(st.fixed_dictionaries({"name": st.just("g")}, optional={"resourceClaimName": bad(st.sampled_from(["claim", ""]))})), max_size=2)),
+            "resources": bad(st.fixed_dictionaries({}, optional={"requests": bad(RESOURCES)})),
+        },
+    )},
+    optional={"status": bad(st.fixed_dictionaries({}, optional={"phase": bad(st.sampled_from(["Running", "Succeeded"]))}))},
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(POD)
+def test_podspec_never_crashes_on_malformed_pods(pod: dict[str, object]) -> None:
+    from placement.errors import PodSpecError
+    from placement.podspec import shape_from_pod
+
+    try:
+        s = shape_from_pod(pod, {"claim": [DraRequest("gpu.nvidia.com", (), 1)]})
+    except PodSpecError as exc:
+        assert exc.field
+        return
+    assert s.cpu_milli >= 0 and s.memory >= 0 and s.gpus >= 0 and 0 < s.gpu_milli <= 1000
