@@ -9,8 +9,10 @@ from placement.inventory import allocated_devices, dra_devices, node_from_k8s, n
 from placement.model import DraVersion, Taint, TopologyLevels
 
 
-def k8s_node(name: str = "n1", *, gpus: int = 4, ready: str = "True", unschedulable: bool = False, **alloc: str) -> dict[str, Any]:
-    allocatable = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus), **{k.replace("_", "/"): v for k, v in alloc.items()}}
+def k8s_node(
+    name: str = "n1", *, gpus: int = 4, ready: str = "True", unschedulable: bool = False, extra: dict[str, str] | None = None, cpu: str = "32"
+) -> dict[str, Any]:
+    allocatable = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus), **(extra or {})}
     return {
         "kind": "Node",
         "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559", "acme/rack": "r9"}},
@@ -57,7 +59,7 @@ def test_shared_gpu_pods_are_packed_best_fit() -> None:
 
 def test_extended_resources_free() -> None:
     pods = [k8s_pod("n1", **{"nvidia.com/mig-1g.10gb": "3"})]
-    n = node_from_k8s(k8s_node(gpus=0, **{"nvidia.com_mig-1g.10gb": "7", "example.com_fpga": "2"}), pods)
+    n = node_from_k8s(k8s_node(gpus=0, extra={"nvidia.com/mig-1g.10gb": "7", "example.com/fpga": "2"}), pods)
     assert n.extended_free == {"nvidia.com/mig-1g.10gb": 4, "example.com/fpga": 2}
 
 
