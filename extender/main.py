@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -70,6 +71,8 @@ async def _serve(config: ExtenderConfig, files: Sequence[Path], kube: bool) -> N
         extra = None
     if files:
         load_inventory_files(inv, files)
+        inv.snapshot()
+        gc.freeze()  # the loaded inventory is long-lived: keep it out of every full collection
     app = make_app(inv, config, extra_routes=extra)
     tasks: list[asyncio.Task[None]] = []
     if kube:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from extender.protocol import encode_priorities, host_prefix, parse_extender_args, parse_preemption_args
@@ -123,3 +125,28 @@ def test_parse_preemption_meta_and_full_victims() -> None:
     parsed = parse_preemption_args(json.dumps(body).encode())
     assert parsed.victims["a"].uids == ("u1",) and parsed.victims["a"].num_pdb_violations == 1
     assert parsed.victims["b"].uids == ("u2",) and parsed.victims["b"].pods[0]["metadata"]["name"] == "v"
+
+
+async def test_nodelist_mode_unknown_node_is_refused_not_echoed(client: Client) -> None:
+    args = fixture_json("args-want-4-h100-nodelist.json")
+    extra = json.loads(json.dumps(args["Nodes"]["items"][0]))
+    extra["metadata"]["name"] = "not-in-inventory"
+    args["Nodes"]["items"].append(extra)
+    status, body = await client.post("filter", args)
+    assert status == 200 and body["Error"] == ""
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["h100-r1-n2", "h100-r2-n1", "h100-r2-n2"]
+    assert "not-in-inventory" in body["FailedAndUnresolvableNodes"]
+
+
+async def test_prioritize_before_sync_is_empty_list() -> None:
+    from extender.config import ExtenderConfig
+    from extender.inventory import Inventory
+    from tests.extender.extender_support import start_client
+
+    server, session, c = await start_client(Inventory(ExtenderConfig()))
+    try:
+        status, body = await c.post("prioritize", fixture_bytes("args-want-4-h100-names.json"))
+        assert status == 200 and body == []
+    finally:
+        await session.close()
+        await server.close()
