@@ -60,6 +60,10 @@ def _fit(count: int) -> Fit:
     return _FITS[count] if count < len(_FITS) else Fit(count)
 
 
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}Gi"
+
+
 def _refuse(reason: Reason, **fields: object) -> Fit:
     return Fit(0, reason, reason.message(**fields))
 
@@ -275,7 +279,7 @@ def capacity(node: Node, shape: PodShape, *, dra: DraEvaluator | None = None) ->
         n = min(n, node.cpu_milli_free // shape.cpu_milli)
     if shape.memory > 0:
         if node.memory_free < shape.memory:
-            return _refuse(Reason.INSUFFICIENT_MEMORY, node=node.name, have=node.memory_free, want=shape.memory)
+            return _refuse(Reason.INSUFFICIENT_MEMORY, node=node.name, have=_gib(node.memory_free), want=_gib(shape.memory))
         n = min(n, node.memory_free // shape.memory)
     if node.pods_free <= 0:
         return _refuse(Reason.TOO_MANY_PODS, node=node.name)

@@ -41,7 +41,7 @@ class Reason(enum.Enum):
     DRA_SELECTOR_ERROR = ("DraSelectorError", False, "node {node}: device selector failed to evaluate ({detail})")
     # --- plain resources ------------------------------------------------------
     INSUFFICIENT_CPU = ("InsufficientCpu", True, "node {node} has {have}m CPU free, pod needs {want}m")
-    INSUFFICIENT_MEMORY = ("InsufficientMemory", True, "node {node} has {have} bytes memory free, pod needs {want}")
+    INSUFFICIENT_MEMORY = ("InsufficientMemory", True, "node {node} has {have} memory free, pod needs {want}")
     INSUFFICIENT_EXTENDED = ("InsufficientExtendedResource", True, "node {node} has {have} {resource} free, pod needs {want}")
     TOO_MANY_PODS = ("TooManyPods", True, "node {node} has room for no more pods")
     # --- reservations, gangs, topology ----------------------------------------

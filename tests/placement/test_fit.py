@@ -187,3 +187,7 @@ def test_custom_device_classes_passed_through() -> None:
     n = node(gpus=0, dra=H200_DRA)
     assert capacity(n, shape(dra=dra(3, cls="any-gpu")), dra=ev).count == 2
     assert capacity(n, shape(dra=dra(3, cls="any-gpu"))).reason is R.DRA_CLASS_UNKNOWN
+
+
+def test_memory_detail_in_gib() -> None:
+    assert capacity(node("m", mem_gib=8), shape(1, mem_gib=16)).detail == "node m has 8.0Gi memory free, pod needs 16.0Gi"
