@@ -25,6 +25,7 @@ from extender.protocol import (
     host_prefix,
 )
 from extender.snapshot import Snapshot, code_name
+from placement import dra as core_dra
 from placement import podspec
 from placement.errors import PlacementError
 from placement.model import DraRequest
@@ -112,6 +113,12 @@ def _query_for(pod: dict[str, Any], inv: Inventory) -> Query:
         shape = podspec.shape_from_pod(pod, claims)
     except PlacementError as e:
         raise BadRequest(f"Pod {e}") from e
+    for req in shape.dra:  # a selector that does not compile is the request's fault, not a node's
+        for expr in req.selectors:
+            try:
+                core_dra.check_selector(expr)
+            except PlacementError as e:
+                raise BadRequest(f"ResourceClaim of class {req.device_class}: {e}") from e
     gang = gang_of(pod, inv.config)
     return Query(
         shape=shape,

@@ -48,6 +48,10 @@ def code_name(code: int) -> str:
     return _CODE_NAMES[code]
 
 
+def _same_nodes(a: Sequence[NodeFacts], b: Sequence[NodeFacts]) -> bool:
+    return len(a) == len(b) and all(x.name == y.name for x, y in zip(a, b))
+
+
 def _objects(items: Sequence[bytes]) -> npt.NDArray[np.object_]:
     arr = np.empty(len(items), dtype=object)
     arr[:] = items
@@ -72,6 +76,22 @@ class ShapeVerdict:
         self.verdicts: list[Verdict | None] = [None] * n
         self.frags = _objects([b""] * n)
         self._raw: npt.NDArray[np.float64] | None = None
+
+    def carry(self, snap: Snapshot, changed: Rows) -> ShapeVerdict:
+        """This query's verdicts moved to the next version of the same node list: rows whose
+        facts changed are computed again, the others are kept."""
+        sv = ShapeVerdict.__new__(ShapeVerdict)
+        sv.snap, sv.query, sv.memo = snap, self.query, self.memo
+        sv.done, sv.ok = self.done.copy(), self.ok.copy()
+        sv.unresolvable, sv.codes = self.unresolvable.copy(), self.codes.copy()
+        sv.verdicts, sv.frags = list(self.verdicts), self.frags.copy()
+        sv._raw = None
+        if len(changed):
+            sv.done[changed] = False
+            sv.ok[changed] = False
+            sv.unresolvable[changed] = False
+            sv.codes[changed] = 0
+        return sv
 
     def ensure(self, rows: Rows) -> None:
         """Compute the verdicts of `rows` (valid rows only) not computed yet."""
@@ -123,14 +143,28 @@ class Snapshot:
     def __init__(
         self, version: int, facts: list[NodeFacts], classes: Mapping[str, tuple[str, ...]],
         memo: OrderedDict[Query, dict[str, tuple[NodeFacts, Verdict]]], evaluator: core_dra.DraEvaluator,
-        config: ExtenderConfig,
+        config: ExtenderConfig, previous: Snapshot | None = None,
     ) -> None:
         self.version = version
         self.facts = facts
-        self.index: dict[str, int] = {f.name: i for i, f in enumerate(facts)}
-        self.name_json: list[bytes] = [f.name_json for f in facts]
-        self.host_prefix: list[bytes] = [f.host_prefix for f in facts]
-        self.name_json_arr = _objects(self.name_json)
+        self.index: dict[str, int]
+        self.name_json: list[bytes]
+        self.host_prefix: list[bytes]
+        self.name_json_arr: npt.NDArray[np.object_]
+        prev = previous if previous is not None and _same_nodes(previous.facts, facts) else None
+        self._prev = prev
+        if prev is not None:  # same node list: reuse the index, carry verdicts over lazily
+            prev._prev = None  # keep the chain one snapshot deep
+            self.index = prev.index
+            self.name_json, self.host_prefix, self.name_json_arr = prev.name_json, prev.host_prefix, prev.name_json_arr
+            self._changed: Rows = np.array([i for i, (a, b) in enumerate(zip(prev.facts, facts)) if a is not b],
+                                           np.intp)
+        else:
+            self.index = {f.name: i for i, f in enumerate(facts)}
+            self.name_json = [f.name_json for f in facts]
+            self.host_prefix = [f.host_prefix for f in facts]
+            self.name_json_arr = _objects(self.name_json)
+            self._changed = np.arange(len(facts), dtype=np.intp)
         self.classes = classes
         self.evaluator = evaluator
         self.config = config
@@ -148,7 +182,8 @@ class Snapshot:
         if previous is not None and dict(previous.classes) != dict(classes):
             memo = OrderedDict()  # device classes changed: every DRA verdict may differ
             ev = core_dra.DraEvaluator(classes)
-        return cls(version, facts, classes, memo, ev, config)
+            previous = None
+        return cls(version, facts, classes, memo, ev, config, previous)
 
     def __len__(self) -> int:
         return len(self.facts)
@@ -160,12 +195,16 @@ class Snapshot:
         sv = self._verdicts.get(q)
         if sv is not None:
             return sv
-        memo = self._memo.get(q)
-        if memo is None:
-            memo = self._memo[q] = {}
-            if len(self._memo) > _MEMO_LIMIT:
-                self._memo.popitem(last=False)
-        sv = ShapeVerdict(self, q, memo)
+        prev = self._prev._verdicts.get(q) if self._prev is not None else None
+        if prev is not None:
+            sv = prev.carry(self, self._changed)
+        else:
+            memo = self._memo.get(q)
+            if memo is None:
+                memo = self._memo[q] = {}
+                if len(self._memo) > _MEMO_LIMIT:
+                    self._memo.popitem(last=False)
+            sv = ShapeVerdict(self, q, memo)
         self._verdicts[q] = sv
         if len(self._verdicts) > self.config.verdict_cache_size:
             self._verdicts.popitem(last=False)
@@ -179,6 +218,8 @@ class Snapshot:
 
     def gpu_arrays(self) -> GpuArrays:
         """Free CPU, memory and per-GPU share of every node as numpy columns (for the scorers)."""
+        if self._arrays is None and self._prev is not None and self._prev._arrays is not None:
+            self._arrays = self._update_arrays(self._prev._arrays)
         if self._arrays is None:
             nodes = [f.node for f in self.facts]
             width = max((len(n.gpus) for n in nodes), default=1) or 1
@@ -199,6 +240,26 @@ class Snapshot:
                 names,
             )
         return self._arrays
+
+    def _update_arrays(self, old: GpuArrays) -> GpuArrays | None:
+        """The previous version's columns with the changed rows rewritten (None: rebuild)."""
+        changed = self._changed.tolist()
+        width = old.gpu_left.shape[1]
+        models = {m: i for i, m in enumerate(old.model_names)}
+        nodes = [self.facts[i].node for i in changed]
+        if any(len(n.gpus) > width or (n.gpu_model or "") not in models for n in nodes):
+            return None
+        cpu, mem, left = old.cpu_left.copy(), old.mem_left.copy(), old.gpu_left.copy()
+        count, code = old.gpu_count.copy(), old.model_code.copy()
+        for i, n in zip(changed, nodes):
+            cpu[i] = max(n.cpu_milli_free, 0)
+            mem[i] = max(n.memory_free, 0) >> 20
+            left[i, :] = 0
+            if n.gpus:
+                left[i, : len(n.gpus)] = [g.milli_free for g in n.gpus]
+            count[i] = len(n.gpus)
+            code[i] = models[n.gpu_model or ""]
+        return GpuArrays(old.names, cpu, mem, left, count, code, old.model_names)
 
     def scores(self, q: Query, rows: Rows) -> npt.NDArray[np.int64]:
         """Extender scores 0..10 of `rows` (valid rows): 0 where the pod does not fit; among the

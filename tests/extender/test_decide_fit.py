@@ -222,3 +222,21 @@ async def test_prioritize_gives_zero_to_nodes_that_do_not_fit() -> None:
     reply = await call(make_inventory(), "prioritize", args(pod("p", gpus=4), ["h100-r1-n1", "h100-r2-n1", "ghost"]))
     scores = {e["Host"]: e["Score"] for e in reply}
     assert scores == {"h100-r1-n1": 0, "h100-r2-n1": 10, "ghost": 0}
+
+
+async def test_verdicts_and_scores_follow_pod_events() -> None:
+    inv = make_inventory()
+    want4 = fixture_pod("want-4-h100")
+    names = ["h100-r1-n2", "h100-r2-n1", "h100-r2-n2"]
+    before = {e["Host"]: e["Score"] for e in await call(inv, "prioritize", args(want4, names))}
+    assert before["h100-r1-n2"] < before["h100-r2-n1"]
+    inv.apply("Pod", "ADDED", pod("busy", gpus=3, node_name="h100-r1-n2", phase="Running"))  # 5 free now
+    after = {e["Host"]: e["Score"] for e in await call(inv, "prioritize", args(want4, names))}
+    assert after["h100-r1-n2"] > after["h100-r2-n1"]  # now the tightest fit
+    inv.apply("Pod", "ADDED", pod("busier", gpus=2, node_name="h100-r2-n1", phase="Running"))  # 4 free
+    reply = await call(inv, "filter", args(want4, names))
+    assert reply["NodeNames"] == names
+    inv.apply("Pod", "ADDED", pod("busiest", gpus=1, node_name="h100-r2-n1", phase="Running"))  # 3 free
+    reply = await call(inv, "filter", args(want4, names))
+    assert reply["NodeNames"] == ["h100-r1-n2", "h100-r2-n2"]
+    assert "3 free GPUs" in reply["FailedNodes"]["h100-r2-n1"]
