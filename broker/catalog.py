@@ -149,6 +149,9 @@ class Catalog:
         self.stale_after_s = stale_after_s
         self.clusters: dict[str, ClusterEntry] = {}
         self.reservations: dict[AttemptKey, Reservation] = {}
+        self._by_cluster: dict[str, dict[AttemptKey, Reservation]] = {}
+        self._by_job: dict[str, set[AttemptKey]] = {}
+        self._by_node: dict[tuple[str, str], set[AttemptKey]] = {}
         self.fleet = Fleet()
 
     # ---------------------------------------------------------------- connections
@@ -227,24 +230,63 @@ class Catalog:
     # ---------------------------------------------------------------- reservations
 
     def add_reservation(self, res: Reservation) -> None:
+        """Hold a reservation in the overlay (incrementally: only its own replicas are touched)."""
+        if res.key in self.reservations:
+            self.drop_reservation(res.key)
         self.reservations[res.key] = res
-        self._reapply_overlay(res.cluster)
+        self._by_cluster.setdefault(res.cluster, {})[res.key] = res
+        self._by_job.setdefault(res.job_id, set()).add(res.key)
+        for r in res.replicas:
+            self._by_node.setdefault((res.cluster, r.node), set()).add(res.key)
+        self._shift(res, +1)
 
     def drop_reservation(self, key: AttemptKey) -> None:
         res = self.reservations.pop(key, None)
-        if res is not None:
-            self._reapply_overlay(res.cluster)
+        if res is None:
+            return
+        self._by_cluster.get(res.cluster, {}).pop(key, None)
+        keys = self._by_job.get(res.job_id)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_job[res.job_id]
+        for r in res.replicas:
+            held = self._by_node.get((res.cluster, r.node))
+            if held is not None:
+                held.discard(key)
+                if not held:
+                    del self._by_node[(res.cluster, r.node)]
+        self._shift(res, -1)
+
+    def reservations_of_job(self, job_id: str) -> list[AttemptKey]:
+        return sorted(self._by_job.get(job_id, ()))
+
+    def reservations_on(self, cluster: str) -> list[Reservation]:
+        return list(self._by_cluster.get(cluster, {}).values())
+
+    def reservations_touching(self, cluster: str, nodes: Iterable[str]) -> list[Reservation]:
+        keys: set[AttemptKey] = set()
+        for n in nodes:
+            keys |= self._by_node.get((cluster, n), set())
+        return [self.reservations[k] for k in sorted(keys)]
+
+    def _unbound(self, res: Reservation) -> list[tuple[Reservation, ReservedReplica]]:
+        entry = self.clusters.get(res.cluster)
+        done = entry.bound.get(res.key, frozenset()) if entry else frozenset()
+        return [(res, r) for r in res.replicas if (r.pod_set, r.index) not in done]
+
+    def _shift(self, res: Reservation, sign: int) -> None:
+        entry = self.clusters.get(res.cluster)
+        if entry is None or entry.arrays is None:
+            return
+        entry.arrays.add_pending(self._unbound(res), sign)
+        self.fleet.refresh_summary(res.cluster)
 
     def pending_replicas(self, cluster: str) -> list[tuple[Reservation, ReservedReplica]]:
         """Reserved replicas the cluster's latest report does not show bound yet (the overlay's input)."""
-        entry = self.clusters.get(cluster)
-        bound = entry.bound if entry else {}
         out: list[tuple[Reservation, ReservedReplica]] = []
-        for res in self.reservations.values():
-            if res.cluster != cluster:
-                continue
-            done = bound.get(res.key, frozenset())
-            out.extend((res, r) for r in res.replicas if (r.pod_set, r.index) not in done)
+        for res in self._by_cluster.get(cluster, {}).values():
+            out.extend(self._unbound(res))
         return out
 
     # ---------------------------------------------------------------- views

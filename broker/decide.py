@@ -95,9 +95,7 @@ def overlaid_nodes(catalog: Catalog, entry: ClusterEntry, rows: Sequence[int]) -
     names = {n.name for n in nodes}
     reservations = []
     bound = []
-    for res in catalog.reservations.values():
-        if res.cluster != entry.name or not any(r.node in names for r in res.replicas):
-            continue
+    for res in catalog.reservations_touching(entry.name, names):
         merged: dict[tuple[str, str], int] = {}
         for r in res.replicas:
             if r.node in names:
@@ -129,7 +127,8 @@ def _placements(req: JobRequest, placed: GangPlacement) -> tuple[ReplicaPlacemen
 
 
 def _rows_for(entry: ClusterEntry, demands: Sequence[tuple[PodShape, int]], rows: np.ndarray) -> list[int]:
-    """Within a domain, the nodes worth exact-fitting: biggest numpy capacity first, enough to cover twice the demand."""
+    """Within a big domain, the nodes worth exact-fitting: tightest numpy capacity first (best fit packs
+    partly used nodes), just enough to cover the demand with some slack for what numpy cannot see."""
     arrays = entry.arrays
     assert arrays is not None
     score = np.zeros(len(rows), np.int64)
@@ -137,11 +136,13 @@ def _rows_for(entry: ClusterEntry, demands: Sequence[tuple[PodShape, int]], rows
     for shape, count in demands:
         score += arrays.capacity(shape)[rows]
         need += count
-    order = np.argsort(-score, kind="stable")
-    keep = order[score[order] > 0]
+    keep = np.flatnonzero(score > 0)  # excluded, unready and full nodes never reach the exact fit
+    if len(keep) <= 64:
+        return [int(r) for r in rows[keep]]
+    keep = keep[np.argsort(score[keep], kind="stable")]
     cum = np.cumsum(score[keep])
-    cut = int(np.searchsorted(cum, 2 * need)) + 1
-    return [int(r) for r in rows[keep[:cut]]] if len(keep) > 64 else [int(r) for r in rows[keep]]
+    cut = int(np.searchsorted(cum, need + max(2, need // 8))) + 1
+    return [int(r) for r in rows[keep[:cut]]]
 
 
 def _core_request(entry: ClusterEntry, req: JobRequest) -> JobRequest:
@@ -197,6 +198,7 @@ def decide(
     policy_allows: Callable[[str], bool] = lambda _c: True,
     excluded_clusters: Collection[str] = (),
     limit: int = 8,
+    max_feasible: int = 2,
 ) -> Decision:
     """Where the job goes now (feasible clusters ranked by the core: fit, locality, queue, freshness), or why it waits."""
     allowed = [e for e in catalog.clusters.values()
@@ -207,20 +209,39 @@ def decide(
             return Decision(None, Wait.CLUSTERS_CORDONED, "every allowed cluster is cordoned")
         return Decision(None, Wait.NO_FRESH_INVENTORY, "no allowed cluster is connected with a fresh report")
     fragmented = False
-    pruned = set(catalog.fleet.prune(demands_of(req, _shrunk_counts(req))))
+    demands = demands_of(req, _shrunk_counts(req))
+    pruned = set(catalog.fleet.prune(demands))
+    ordered: list[tuple[tuple[int, int, str], ClusterEntry]] = []
+    for entry in usable:
+        if entry.name not in pruned or entry.arrays is None:
+            continue
+        lvl = level_index(entry, req.required_level)
+        if lvl is False:
+            continue
+        level = lvl if isinstance(lvl, int) and not isinstance(lvl, bool) else None
+        if not entry.arrays.could_hold(demands, level):
+            fragmented |= level is not None and entry.arrays.could_hold(demands, None)
+            continue
+        loc = next((i for i, h in enumerate(req.locality) if h in (entry.name, entry.meta.region)), len(req.locality))
+        ordered.append(((loc, catalog.fleet.total_free(entry.name), entry.name), entry))
+    # Exact fit in summary order (locality, then the fullest cluster first: packing keeps big ones free),
+    # stopping after a few feasible clusters; the core ranks those.
+    ordered.sort(key=lambda kv: kv[0])
     options: list[ClusterOption] = []
     found: dict[str, Choice] = {}
-    for entry in usable:
-        if entry.name not in pruned:
-            continue
+    for _, entry in ordered:
         choice, frag = _try_cluster(catalog, entry, req, limit)
         fragmented |= frag
-        if choice is not None:
-            found[entry.name] = choice
-            queue = sum(1 for r in catalog.reservations.values() if r.cluster == entry.name)
-            options.append(ClusterOption(entry.name, entry.meta.region, entry.meta.role, feasible=True,
-                                         fragmentation_cost=float(choice.leftover_gpus), queue_length=queue,
-                                         report_age_s=max(0.0, now - entry.last_report)))
+        if choice is None:
+            continue
+        found[entry.name] = choice
+        options.append(ClusterOption(entry.name, entry.meta.region, entry.meta.role, feasible=True,
+                                     fragmentation_cost=float(choice.leftover_gpus),
+                                     queue_length=len(catalog.reservations_on(entry.name)),
+                                     report_age_s=max(0.0, now - entry.last_report)))
+        # Big gangs cost a lot to exact-fit (one allocation per node): take the first feasible cluster.
+        if len(options) >= (max_feasible if req.total_replicas <= 16 else 1):
+            break
     if options:
         ranked = rank_clusters(req, options)
         return Decision(found[ranked[0].cluster])

@@ -16,7 +16,9 @@ __all__ = ["ModelTable", "ClusterArrays", "Fleet", "DomainCandidate", "PendingLi
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
 BOOL = npt.NDArray[np.bool_]
-_BIG = np.int64(1 << 40)
+DCAP_GPUS = (1, 2, 4, 8)
+"""GPU counts per replica for which domain capacities are tabulated (a shape uses the largest <= its count)."""
+DCAP_ARRAY = np.array(DCAP_GPUS)
 
 
 class PendingLike(Protocol):
@@ -78,6 +80,7 @@ class ClusterArrays:
         self.pend_pods = np.zeros(n, np.int64)
         for i, node in enumerate(self.nodes):
             self._fill(i, node)
+        self._dcap: dict[int, I64] = {}
         # Domain ids per level: nodes sharing a path prefix down to that level share an id.
         self.dom: list[I64] = []
         self.dom_paths: list[list[tuple[str | None, ...]]] = []
@@ -121,27 +124,31 @@ class ClusterArrays:
             i = self.row[node.name]
             self.nodes[i] = node
             self._fill(i, node)
+        self._dcap.clear()
         return True
 
     def set_pending(self, pending: Iterable[tuple[Any, Any]]) -> None:
-        """Overlay: subtract what reserved-but-unbound replicas will take on their nodes."""
+        """Overlay from scratch: subtract what reserved-but-unbound replicas will take on their nodes."""
         for col in (self.pend_gpu, self.pend_milli, self.pend_cpu, self.pend_mem, self.pend_pods):
             col.fill(0)
+        self.add_pending(pending, +1)
+
+    def add_pending(self, pending: Iterable[tuple[Any, Any]], sign: int) -> None:
+        """Incremental overlay: add (sign=+1) or remove (-1) reserved-but-unbound replicas."""
+        self._dcap.clear()
         for res, rep in pending:
             i = self.row.get(rep.node)
             if i is None:
                 continue
             shape: PodShape = res.shapes[rep.pod_set]
-            if shape.gpu_milli >= WHOLE_GPU_MILLI:
-                self.pend_gpu[i] += shape.gpus
-            else:
-                self.pend_gpu[i] += shape.gpus  # a shared GPU is no longer free as a whole one
-            self.pend_milli[i] += shape.gpus * shape.gpu_milli
-            self.pend_cpu[i] += shape.cpu_milli
-            self.pend_mem[i] += shape.memory
-            self.pend_pods[i] += 1
+            self.pend_gpu[i] += sign * shape.gpus
+            self.pend_milli[i] += sign * shape.gpus * shape.gpu_milli
+            self.pend_cpu[i] += sign * shape.cpu_milli
+            self.pend_mem[i] += sign * shape.memory
+            self.pend_pods[i] += sign
 
     def set_excluded(self, names: Iterable[str]) -> None:
+        self._dcap.clear()
         self.excluded.fill(False)
         for name in names:
             i = self.row.get(name)
@@ -177,6 +184,33 @@ class ClusterArrays:
             if shape.min_gpu_memory_mib > 0:
                 cap = np.where(self.gpu_mem >= shape.min_gpu_memory_mib, cap, 0)
         return cap if len(cap) == n else np.zeros(n, np.int64)
+
+    def domain_caps(self, level: int | None) -> I64:
+        """For g in DCAP_GPUS: the most g-GPU replicas one domain of `level` could hold (whole cluster if None).
+
+        Ignores CPU, memory and models: an upper bound that rules clusters out before any exact fit."""
+        key = -1 if level is None else level
+        got = self._dcap.get(key)
+        if got is None:
+            free = self.eff_free_gpu()
+            got = np.zeros(len(DCAP_GPUS), np.int64)
+            if len(free):
+                for j, g in enumerate(DCAP_GPUS):
+                    per = free // g
+                    got[j] = per.sum() if level is None else np.bincount(self.dom[level], weights=per).max()
+            self._dcap[key] = got
+        return got
+
+    def could_hold(self, demands: Sequence[tuple[PodShape, int]], level: int | None) -> bool:
+        """Cheap necessary condition: some domain has room for every whole-GPU pod set's count."""
+        caps = self.domain_caps(level)
+        for shape, count in demands:
+            if shape.gpus <= 0 or shape.gpu_milli < WHOLE_GPU_MILLI:
+                continue
+            j = int(np.searchsorted(DCAP_ARRAY, shape.gpus, side="right")) - 1
+            if j < 0 or caps[j] < count:
+                return False
+        return True
 
     def summary(self, n_models: int) -> tuple[I64, I64]:
         """Per model code: the most free whole GPUs on one node, and the total free."""
@@ -241,6 +275,11 @@ class Fleet:
         if arrays is not None:
             self._summ[cluster] = arrays.summary(len(self.models.names))
             self._matrix = None
+
+    def total_free(self, cluster: str) -> int:
+        """Free whole GPUs of a cluster after the overlay (from its cached summary)."""
+        summ = self._summ.get(cluster)
+        return int(summ[1].sum()) if summ is not None else 0
 
     def _build_matrix(self) -> tuple[list[str], I64, I64, BOOL]:
         if self._matrix is None:

@@ -238,7 +238,7 @@ class ClusterView:
 
 def _view(hub: Hub, entry: ClusterEntry, now: float) -> ClusterView:
     use = entry.usability(now, hub.catalog.stale_after_s)
-    active = sum(1 for r in hub.catalog.reservations.values() if r.cluster == entry.name)
+    active = len(hub.catalog.reservations_on(entry.name))
     return ClusterView(entry, use in (Usability.STALE, Usability.DISCONNECTED), active,
                        hub.cordon_reasons.get(entry.name, ""))
 

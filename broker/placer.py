@@ -130,7 +130,7 @@ class Placer:
             if self.held.pop(job.job_id, None) is not None:
                 self.capacity_changed()
             # The attempt ended: its reservation no longer holds anything.
-            for key in [k for k in self.catalog.reservations if k[0] == job.job_id]:
+            for key in self.catalog.reservations_of_job(job.job_id):
                 self.catalog.drop_reservation(key)
         elif job.state not in (JobState.RESERVED, JobState.DISPATCHED, JobState.ACCEPTED, JobState.STARTING):
             pass
