@@ -2,7 +2,9 @@
 
 Used by the durability test (SIGKILL mid-way, reopen, retry) and the store
 benchmark. ``python -m broker.store.hammer DB --writers N --jobs M``
-prints ``ACK <key> <job_id>`` per acknowledged submission, ``DONE`` at the end.
+prints ``ACK <key> <job_id>`` per acknowledged submission, ``DONE`` at the end;
+with ``--reserve`` each job is then reserved (attempt 1 on cluster ``c<writer % 4>``)
+and ``RES <key> <job_id>`` printed once that commit returned.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import asyncio
 import sys
 import time
 
-from broker.records import NewJob
+from broker import lifecycle
+from broker.records import NewJob, ReplicaPlacement
 from broker.store.base import StoreOptions
 from broker.store.sqlite import SqliteStore
 
-__all__ = ["job_for_key", "key_for", "run", "main"]
+__all__ = ["job_for_key", "key_for", "reserve_for", "run", "main"]
 
 
 def key_for(writer: int, i: int) -> str:
@@ -33,7 +36,15 @@ def job_for_key(key: str, tenant: str = "hammer") -> NewJob:
     )
 
 
-async def run(path: str, writers: int, jobs: int, *, max_batch: int = 512, out: bool = True) -> float:
+def reserve_for(job_id: str, key: str) -> lifecycle.Reserve:
+    w = int(key[1:4])
+    return lifecycle.Reserve(job_id, 0, f"c{w % 4}", ("z1", f"r{w % 3}"), (ReplicaPlacement("w", 0, f"n{w}"),),
+                             "H100", float(1 + w % 8))
+
+
+async def run(
+    path: str, writers: int, jobs: int, *, max_batch: int = 512, out: bool = True, reserve: bool = False
+) -> float:
     """Submit ``writers × jobs`` jobs from ``writers`` concurrent tasks; returns elapsed seconds."""
     store = SqliteStore(path, options=StoreOptions(max_batch=max_batch))
     await store.open()
@@ -46,6 +57,11 @@ async def run(path: str, writers: int, jobs: int, *, max_batch: int = 512, out: 
             if out:
                 write(f"ACK {key} {r.job.job_id}\n")
                 sys.stdout.flush()
+            if reserve:
+                await store.apply_event(reserve_for(r.job.job_id, key))
+                if out:
+                    write(f"RES {key} {r.job.job_id}\n")
+                    sys.stdout.flush()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(writer(w) for w in range(writers)))
@@ -63,8 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--writers", type=int, default=16)
     p.add_argument("--jobs", type=int, default=1000, help="submissions per writer")
     p.add_argument("--max-batch", type=int, default=512)
+    p.add_argument("--reserve", action="store_true", help="also reserve every job after its submission")
     a = p.parse_args(argv)
-    asyncio.run(run(a.db, a.writers, a.jobs, max_batch=a.max_batch))
+    asyncio.run(run(a.db, a.writers, a.jobs, max_batch=a.max_batch, reserve=a.reserve))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.records import JobFilter
+from broker.records import JobFilter, OrderKind
+from broker.states import JobState
 from broker.store.hammer import job_for_key, key_for
 from broker.store.sqlite import SqliteStore
 
@@ -17,35 +18,39 @@ REPO = Path(__file__).resolve().parents[2]
 WRITERS, JOBS = 8, 250
 
 
-def _hammer_until_killed(db: Path, kill_after_acks: int) -> dict[str, str]:
-    """Run the hammer in a child; SIGKILL it once ``kill_after_acks`` keys were acknowledged."""
+def _hammer_until_killed(db: Path, kill_after_acks: int, *extra: str) -> dict[str, dict[str, str]]:
+    """Run the hammer in a child; SIGKILL it once ``kill_after_acks`` keys were acknowledged.
+
+    Returns {"ACK": {key: job_id}, "RES": {key: job_id}} of what the child reported as committed.
+    """
     env = dict(os.environ, PYTHONPATH=str(REPO))
     child = subprocess.Popen(
-        [sys.executable, "-m", "broker.store.hammer", str(db), "--writers", str(WRITERS), "--jobs", str(JOBS)],
+        [sys.executable, "-m", "broker.store.hammer", str(db), "--writers", str(WRITERS), "--jobs", str(JOBS),
+         *extra],
         cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
     )
-    acked: dict[str, str] = {}
+    seen: dict[str, dict[str, str]] = {"ACK": {}, "RES": {}}
     assert child.stdout is not None
     for line in child.stdout:
         parts = line.split()
-        if parts and parts[0] == "ACK":
-            acked[parts[1]] = parts[2]
-        if len(acked) >= kill_after_acks:
+        if len(parts) == 3 and parts[0] in seen:
+            seen[parts[0]][parts[1]] = parts[2]
+        if len(seen["ACK"]) >= kill_after_acks:
             child.send_signal(signal.SIGKILL)
             break
-    # anything already written to the pipe was acknowledged before the kill
+    # anything already in the pipe was acknowledged before the kill
     for line in child.stdout:
         parts = line.split()
-        if parts and parts[0] == "ACK":
-            acked[parts[1]] = parts[2]
+        if len(parts) == 3 and parts[0] in seen:
+            seen[parts[0]][parts[1]] = parts[2]
     child.wait(60)
     assert child.returncode == -signal.SIGKILL, "the child finished before it was killed"
-    return acked
+    return seen
 
 
 async def test_every_acknowledged_job_survives_sigkill_and_retries_dedupe(tmp_path: Path) -> None:
     db = tmp_path / "broker.db"
-    acked = _hammer_until_killed(db, kill_after_acks=WRITERS * JOBS // 3)
+    acked = _hammer_until_killed(db, kill_after_acks=WRITERS * JOBS // 3)["ACK"]
     assert len(acked) >= WRITERS * JOBS // 3
 
     conn = sqlite3.connect(db)
@@ -82,3 +87,22 @@ async def _all_jobs(store: SqliteStore) -> list:  # type: ignore[type-arg]
         token = page.next_page_token
         if not token:
             return out
+
+
+async def test_acknowledged_reservations_and_their_dispatch_orders_survive_sigkill(tmp_path: Path) -> None:
+    db = tmp_path / "broker.db"
+    seen = _hammer_until_killed(db, WRITERS * JOBS // 4, "--reserve")
+    reserved = seen["RES"]
+    assert reserved, "the child reserved nothing before the kill"
+    async with SqliteStore(str(db)) as store:
+        by_job = {r.job_id: r for r in await store.active_reservations()}
+        orders = {o.job_id: o for c in ("c0", "c1", "c2", "c3") for o in await store.pending_orders(c, limit=100_000)}
+        for key, job_id in reserved.items():
+            job = await store.get_job(job_id)
+            assert (job.state, job.attempt, job.idempotency_key) == (JobState.RESERVED, 1, key)
+            res = by_job[job_id]
+            w = int(key[1:4])
+            assert (res.cluster, res.attempt, res.gpu_model) == (f"c{w % 4}", 1, "H100")
+            assert (orders[job_id].kind, orders[job_id].attempt) == (OrderKind.DISPATCH, 1)
+        # nothing half-done: every reservation has its order and every order its reservation
+        assert set(by_job) == set(orders)
