@@ -184,8 +184,7 @@ def _device_value(device: DraDevice, extra_domains: Iterable[str]) -> dict[str, 
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    """Devices that pass a request's selectors, plus how many were excluded by evaluation errors
-    (a selector that does not compile excludes every device, with the compile error)."""
+    """Devices that pass a request's selectors, plus how many were excluded by evaluation errors."""
 
     devices: tuple[DraDevice, ...]
     errors: int = 0
@@ -255,15 +254,16 @@ class DraEvaluator:
         return result
 
     def match(self, devices: Iterable[DraDevice], device_class: str, request_selectors: Sequence[str] = ()) -> Match:
-        """Devices (allocated or not) that pass every selector of the class and the request."""
+        """Devices (allocated or not) that pass every selector of the class and the request.
+
+        Raises SelectorError when a selector does not compile: that is a problem of the whole
+        request (the extender's `Error`, the broker's INVALID_ARGUMENT), not of one node; the
+        failure is cached, so it costs nothing per node."""
         exprs = self.selectors(device_class, request_selectors)
         if exprs is None:
             return Match((), unknown_class=True)
-        devices = tuple(devices)
-        for expr in exprs:  # a selector that does not compile matches nothing, with its error
-            compiled = _compile_cached(expr)
-            if isinstance(compiled, SelectorError):
-                return Match((), errors=len(devices), first_error=str(compiled))
+        for expr in exprs:  # a selector that does not compile is a whole-request error
+            _compile(expr)
         ok: list[DraDevice] = []
         errors = 0
         first = ""

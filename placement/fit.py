@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from placement import mig
-from placement.dra import DraEvaluator, device_slices
+from placement.dra import DraEvaluator, check_selector, device_slices
 from placement.errors import CapacityError
 from placement.model import WHOLE_GPU_MILLI, DraDevice, Gpu, LabelRequirement, MigInstance, Node, PodShape
 from placement.reasons import Reason
@@ -188,10 +188,13 @@ def _dra_plan(node: Node, shape: PodShape, evaluator: DraEvaluator, limit: int) 
     Returns the refusal when not even one replica fits.
     """
     devices = node.dra_devices
-    if not devices:  # common case: a node without ResourceSlices, answered without any CEL
+    if not devices:  # common case: a node without ResourceSlices, answered without evaluating CEL
         for req in shape.dra:
-            if req.device_class not in evaluator.classes:
+            exprs = evaluator.selectors(req.device_class, req.selectors)
+            if exprs is None:
                 return [], _refuse(Reason.DRA_CLASS_UNKNOWN, node=node.name, want=req.device_class)
+            for expr in exprs:  # same answer on every node: a bad selector raises (cached compile)
+                check_selector(expr)
         return [], _refuse(Reason.NO_DRA_DEVICES, node=node.name, want=shape.dra[0].device_class)
     # Devices already taken, and memory slices they cover (dynamic MIG partitions overlap).
     taken: set[tuple[str, str, str]] = set()

@@ -120,15 +120,18 @@ def test_device_slices(device: DraDevice, slices: tuple[str, int] | None) -> Non
     assert device_slices(device) == slices
 
 
-def test_compile_error_in_match_is_a_typed_refusal_not_a_crash() -> None:
+def test_compile_error_is_a_whole_request_error_even_through_fit() -> None:
     from placement.fit import capacity
     from placement.model import DraRequest
-    from placement.reasons import Reason
 
     from tests.placement.builders import node, shape
 
     ev = DraEvaluator()
-    m = ev.match([h200_device(0), h200_device(1)], "gpu.nvidia.com", ["device.attributes["])
-    assert m.devices == () and m.errors == 2 and "device.attributes[" in m.first_error
-    f = capacity(node(gpus=0, dra=(h200_device(0),)), shape(dra=(DraRequest("gpu.nvidia.com", ("device.(",), 1),)))
-    assert f.reason is Reason.DRA_SELECTOR_ERROR and not f.reason.preemptible
+    with pytest.raises(SelectorError):
+        ev.match([h200_device(0), h200_device(1)], "gpu.nvidia.com", ["device.attributes["])
+    with pytest.raises(SelectorError) as err:
+        capacity(node(gpus=0, dra=(h200_device(0),)), shape(dra=(DraRequest("gpu.nvidia.com", ("device.(",), 1),)))
+    assert err.value.expression == "device.("
+    # the same on a node without devices: the answer does not depend on which node is asked
+    with pytest.raises(SelectorError):
+        capacity(node(gpus=0), shape(dra=(DraRequest("gpu.nvidia.com", ("device.(",), 1),)))
