@@ -569,3 +569,29 @@ def test_error_codes_match_grpc() -> None:
     assert errors.BatchFailed("x").retryable and not errors.InvalidArgument("x").retryable
     bad = errors.InvalidArgument.fields(errors.FieldViolation("pod_sets[0].count", "must be >= 1"))
     assert bad.message == "pod_sets[0].count: must be >= 1" and bad.details.field_violations[0].field == "pod_sets[0].count"
+
+
+async def test_new_migrations_apply_once_in_order_and_a_failing_one_rolls_back(
+    tmp_path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    from broker.store import sql
+    from broker.store.migrations import MIGRATIONS
+
+    path = str(tmp_path / "m.db")
+    async with SqliteStore(path, clock=clock) as s:
+        await s.submit(new_job(key="before"))
+    v2 = (2, ("ALTER TABLE jobs ADD COLUMN note TEXT NOT NULL DEFAULT ''",))
+    broken = (3, ("CREATE TABLE extra (x INTEGER)", "THIS IS NOT SQL"))
+    monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS + (v2, broken))
+    monkeypatch.setattr(sql, "LATEST", 3)
+    with pytest.raises(errors.StoreUnavailable):
+        await SqliteStore(path, clock=clock).open()
+    conn = sqlite3.connect(path)
+    assert [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
+    assert conn.execute("SELECT name FROM sqlite_master WHERE name='extra'").fetchall() == []  # v3 rolled back
+    conn.close()
+    monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS + (v2,))
+    monkeypatch.setattr(sql, "LATEST", 2)
+    async with SqliteStore(path, clock=clock) as s:
+        assert s.schema_version == 2
+        assert not (await s.submit(new_job(key="before"))).created  # data kept across the migration
