@@ -66,6 +66,9 @@ class Inventory:
         self._slices_on: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self._reservations: dict[tuple[str, str], Reservation] = {}
         self._facts: dict[str, NodeFacts] = {}
+        self._sorted_names: list[str] | None = None  # node names, sorted; None after a node comes or goes
+        self._allocated: frozenset[DeviceKey] | None = None  # allocated DRA devices; None after a claim event
+        self._relevant = False  # the last event changed something a decision reads
         self._dirty: set[str] = set()
         self._all_dirty = True
         self._version = 0
@@ -101,11 +104,14 @@ class Inventory:
         """A full list of one kind: replaces every object of that kind and marks it synced."""
         kind = normalise_kind(kind)
         with self._lock:
+            if kind == "Node":
+                self._sorted_names = None
             for obj in list(self._objs[kind].values()):
                 self._remove(kind, obj)
             for obj in objects:
                 self._put(kind, obj)
             self._synced.add(kind)
+            self._relevant = True
             self._touch()
 
     def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
@@ -120,6 +126,8 @@ class Inventory:
                 self._remove(kind, old)
             if ev != "DELETED":
                 self._put(kind, obj)
+            if kind == "Node" and (old is None) == (ev != "DELETED"):
+                self._sorted_names = None  # a node came or went
             self._touch()
 
     def load_list(self, list_obj: dict[str, Any]) -> None:
@@ -146,8 +154,12 @@ class Inventory:
                 and self.config.reservation_label in (meta.get("labels") or {}))
 
     def _touch(self) -> None:
-        self._version += 1
-        self.last_change = self._clock()
+        """Bump the version if the events since the last bump changed anything decisions read
+        (a pod that is only pending, unbound, changes nothing and keeps every cache)."""
+        if self._relevant or self._dirty:
+            self._version += 1
+            self.last_change = self._clock()
+        self._relevant = False
 
     def _put(self, kind: str, obj: dict[str, Any]) -> None:
         key = _key(obj)
@@ -177,6 +189,8 @@ class Inventory:
             self._slices_on.setdefault(node, {})[key] = obj
             self._dirty.add(node)
         elif kind in ("ResourceClaim", "DeviceClass"):
+            self._allocated = None
+            self._relevant = True
             self._all_dra_dirty()
         self._objs[kind][key] = obj
 
@@ -202,6 +216,8 @@ class Inventory:
                 if slices.pop(key, None) is not None:
                     self._dirty.add(node)
         elif kind in ("ResourceClaim", "DeviceClass"):
+            self._allocated = None
+            self._relevant = True
             self._all_dra_dirty()
 
     def _all_dra_dirty(self) -> None:
@@ -272,34 +288,42 @@ class Inventory:
         return self._build(name, allocated, without)
 
     def snapshot(self) -> Snapshot:
-        """The snapshot of the current version (rebuilt only when something changed)."""
+        """The snapshot of the current version. Only dirty nodes are rebuilt; when the node list
+        is unchanged the new snapshot shares the index and carries verdicts of untouched rows."""
         snap = self._snapshot
         if snap is not None and snap.version == self._version:
             return snap
         with self._lock:
-            names = sorted(n for _, n in self._objs["Node"])
+            if self._sorted_names is None:
+                self._sorted_names = sorted(n for _, n in self._objs["Node"])
             if self._all_dirty:
-                dirty = set(names)
+                dirty = set(self._sorted_names)
                 self._all_dirty = False
             else:
                 dirty = self._dirty
             self._dirty = set()
-            allocated = frozenset(self._consumers()) if any(self._slices_on.values()) else frozenset()
+            if self._allocated is None:
+                self._allocated = frozenset(self._consumers()) if self._objs["ResourceClaim"] else frozenset()
             by_node: dict[str, list[Reservation]] = {}
             for r in self._reservations.values():
                 for n in r.nodes:
                     by_node.setdefault(n, []).append(r)
             facts = self._facts
             for n in dirty:
-                f = self._build(n, allocated, reservations=by_node.get(n, ()))
+                f = self._build(n, self._allocated, reservations=by_node.get(n, ()))
                 if f is None:
                     facts.pop(n, None)
                 else:
                     facts[n] = f
-            for n in list(facts):
-                if ("", n) not in self._objs["Node"]:
+            names = [n for n in self._sorted_names if n in facts]
+            if len(facts) > len(names):
+                for n in set(facts) - set(names):
                     del facts[n]
-            snap = Snapshot.build(self._version, [facts[n] for n in names if n in facts], self.device_classes(),
-                                  previous=self._snapshot, config=self.config)
+            changed: list[int] | None = None
+            if snap is not None and snap.names == names:
+                index = snap.index
+                changed = sorted(index[n] for n in dirty if n in index)
+            snap = Snapshot.build(self._version, names, [facts[n] for n in names], self.device_classes(),
+                                  previous=snap, changed=changed, config=self.config)
             self._snapshot = snap
             return snap

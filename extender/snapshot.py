@@ -48,10 +48,6 @@ def code_name(code: int) -> str:
     return _CODE_NAMES[code]
 
 
-def _same_nodes(a: Sequence[NodeFacts], b: Sequence[NodeFacts]) -> bool:
-    return len(a) == len(b) and all(x.name == y.name for x, y in zip(a, b))
-
-
 def _objects(items: Sequence[bytes]) -> npt.NDArray[np.object_]:
     arr = np.empty(len(items), dtype=object)
     arr[:] = items
@@ -141,24 +137,26 @@ class Snapshot:
     """Read-only view of one inventory version."""
 
     def __init__(
-        self, version: int, facts: list[NodeFacts], classes: Mapping[str, tuple[str, ...]],
+        self, version: int, names: list[str], facts: list[NodeFacts], classes: Mapping[str, tuple[str, ...]],
         memo: OrderedDict[Query, dict[str, tuple[NodeFacts, Verdict]]], evaluator: core_dra.DraEvaluator,
-        config: ExtenderConfig, previous: Snapshot | None = None,
+        config: ExtenderConfig, previous: Snapshot | None = None, changed: list[int] | None = None,
     ) -> None:
         self.version = version
+        self.names = names
         self.facts = facts
         self.index: dict[str, int]
         self.name_json: list[bytes]
         self.host_prefix: list[bytes]
         self.name_json_arr: npt.NDArray[np.object_]
-        prev = previous if previous is not None and _same_nodes(previous.facts, facts) else None
+        prev = previous if previous is not None and previous.names == names else None
         self._prev = prev
         if prev is not None:  # same node list: reuse the index, carry verdicts over lazily
             prev._prev = None  # keep the chain one snapshot deep
             self.index = prev.index
             self.name_json, self.host_prefix, self.name_json_arr = prev.name_json, prev.host_prefix, prev.name_json_arr
-            self._changed: Rows = np.array([i for i, (a, b) in enumerate(zip(prev.facts, facts)) if a is not b],
-                                           np.intp)
+            if changed is None:
+                changed = [i for i, (a, b) in enumerate(zip(prev.facts, facts)) if a is not b]
+            self._changed: Rows = np.array(changed, np.intp)
         else:
             self.index = {f.name: i for i, f in enumerate(facts)}
             self.name_json = [f.name_json for f in facts]
@@ -174,16 +172,17 @@ class Snapshot:
 
     @classmethod
     def build(
-        cls, version: int, facts: list[NodeFacts], classes: Mapping[str, tuple[str, ...]], *,
-        previous: Snapshot | None, config: ExtenderConfig,
+        cls, version: int, names: list[str], facts: list[NodeFacts], classes: Mapping[str, tuple[str, ...]], *,
+        previous: Snapshot | None, config: ExtenderConfig, changed: list[int] | None = None,
     ) -> Snapshot:
+        """A snapshot; `changed` lists the rows whose facts differ from `previous` (None: compare)."""
         memo = previous._memo if previous is not None else OrderedDict()
         ev = previous.evaluator if previous is not None else core_dra.DraEvaluator(classes)
         if previous is not None and dict(previous.classes) != dict(classes):
             memo = OrderedDict()  # device classes changed: every DRA verdict may differ
             ev = core_dra.DraEvaluator(classes)
             previous = None
-        return cls(version, facts, classes, memo, ev, config, previous)
+        return cls(version, names, facts, classes, memo, ev, config, previous, changed)
 
     def __len__(self) -> int:
         return len(self.facts)

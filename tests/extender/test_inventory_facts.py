@@ -158,3 +158,16 @@ def test_node_with_bad_quantity_is_skipped_not_fatal() -> None:
     assert inv.snapshot().facts_by_name("broken") is None
     assert any("broken" in e for e in inv.errors)
     assert inv.snapshot().facts_by_name("h100-r1-n1") is not None
+
+
+def test_unbound_pending_pods_do_not_bump_the_version() -> None:
+    inv = make_inventory()
+    snap = inv.snapshot()
+    inv.apply("Pod", "ADDED", pod("waiting", gpus=8))
+    assert inv.version == snap.version and inv.snapshot() is snap
+    inv.apply("Pod", "ADDED", pod("bound", gpus=1, node_name="h100-r1-n2", phase="Running"))
+    assert inv.version > snap.version
+    new = inv.snapshot()
+    assert new.index is snap.index  # same node list: the index is shared, only one row changed
+    assert new.facts_by_name("h100-r1-n2") is not snap.facts_by_name("h100-r1-n2")
+    assert new.facts_by_name("h100-r2-n1") is snap.facts_by_name("h100-r2-n1")
