@@ -1,0 +1,78 @@
+"""Property test against the real store: random lifecycle traffic keeps history, attempts and outbox consistent."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker import lifecycle as lc
+from broker.records import ReplicaPlacement
+from broker.states import HOLDS_CAPACITY, AttemptOutcome, JobState
+from broker.store.base import StoreOptions
+from broker.store.sqlite import SqliteStore
+from tests.broker.store_builders import FakeClock, id_gen, new_job
+
+O = AttemptOutcome
+KINDS = ("reserve", "sent", "accepted", "rejected", "ready", "running", "ended", "cancel", "preempt", "silent",
+         "expired", "abandon")
+# progress events more often than cancels, so runs get deep into the state machine
+WEIGHTED = KINDS[:6] * 4 + ("ended",) * 3 + KINDS[7:]
+STEP = st.tuples(st.integers(0, 2), st.sampled_from(WEIGHTED), st.sampled_from((0, 0, 0, -1)), st.sampled_from(list(O)))
+
+
+def _event(kind: str, job_id: str, n: int, outcome: AttemptOutcome) -> lc.Event:
+    return {
+        "reserve": lambda: lc.Reserve(job_id, n, f"c{n % 2}", ("z",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8),
+        "sent": lambda: lc.DispatchSent(job_id, n),
+        "accepted": lambda: lc.DispatchAccepted(job_id, n),
+        "rejected": lambda: lc.DispatchRejected(job_id, n, "DOES_NOT_FIT"),
+        "ready": lambda: lc.WorkloadReady(job_id, n),
+        "running": lambda: lc.AllRunning(job_id, n),
+        "ended": lambda: lc.AttemptEnded(job_id, n, outcome),
+        "cancel": lambda: lc.CancelRequested(job_id),
+        "preempt": lambda: lc.PreemptRequested(job_id, n),
+        "silent": lambda: lc.ClusterSilent(job_id, n),
+        "expired": lambda: lc.ReservationExpired(job_id, n),
+        "abandon": lambda: lc.AbandonLost(job_id, n),
+    }[kind]()
+
+
+async def _scenario(steps: list[tuple[int, str, int, AttemptOutcome]]) -> None:
+    clock = FakeClock()
+    opts = StoreOptions(retry=lc.RetryPolicy(max_infra_retries=2, max_attempts=6))
+    async with SqliteStore(clock=clock, id_gen=id_gen(), options=opts) as s:
+        ids = [(await s.submit(new_job(preemptible=i == 1))).job.job_id for i in range(3)]
+        for which, kind, offset, outcome in steps:
+            job = await s.get_job(ids[which])
+            clock.advance(1)
+            await s.apply_event(_event(kind, job.job_id, max(0, job.attempt + offset), outcome))
+        revisions = [e.revision for e in await s.watch_events(0)]
+        assert revisions == sorted(set(revisions))
+        reservations = {r.job_id for r in await s.active_reservations()}
+        for job_id in ids:
+            job = await s.get_job(job_id)
+            history = await s.job_history(job_id)
+            assert history[-1].to_state is job.state and history[-1].revision == job.revision
+            for prev, cur in zip(history, history[1:]):
+                assert cur.from_state is prev.to_state
+            attempts = await s.list_attempts(job_id)
+            assert [a.number for a in attempts] == list(range(1, job.attempt + 1))
+            open_ = [a for a in attempts if a.outcome is None]
+            assert len(open_) <= 1
+            assert (job_id in reservations) == bool(open_) == (job.state in HOLDS_CAPACITY)
+            if open_:
+                assert open_[0].number == job.attempt
+            assert job.infra_retries == sum(a.spent_retry for a in attempts)
+            assert job.infra_retries <= 3
+            if job.state.terminal:
+                assert job.end_time is not None
+            if job.state is JobState.QUEUED and attempts:
+                assert attempts[-1].outcome is not None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(STEP, min_size=1, max_size=60))
+def test_store_stays_consistent_under_random_lifecycle_traffic(steps: list[tuple[int, str, int, AttemptOutcome]]) -> None:
+    asyncio.run(_scenario(steps))
