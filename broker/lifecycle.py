@@ -208,7 +208,11 @@ class ReservationExpired:
 
 @dataclass(frozen=True, slots=True)
 class AbandonLost:
-    """Give up on a LOST attempt (bound or admin): re-queue, spending a retry; the agent deletes it on reconnect."""
+    """Stop waiting for a silent cluster to confirm this attempt (bound or admin); the agent deletes it on reconnect.
+
+    LOST → re-queued (outcome LOST, retry spent); CANCELLING → CANCELLED and PREEMPTED → re-queued
+    (outcome LOST, no retry spent: the broker had already asked for the attempt to end).
+    """
 
     job_id: str
     attempt: int
@@ -314,13 +318,20 @@ def react(
             orders=(OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),),
         )
     if isinstance(event, AbandonLost):
-        if job.state is not S.LOST:
-            return _ignore(IgnoreReason.NOT_APPLICABLE)
-        close = AttemptClose(outcome=O.LOST, end_time=now, message="lost attempt abandoned", spent_retry=True)
-        return _requeue(
-            job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor,
-            orders=(OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),),
-        )
+        cleanup = (OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),)
+        if job.state is S.LOST:
+            close = AttemptClose(outcome=O.LOST, end_time=now, message="lost attempt abandoned", spent_retry=True)
+            return _requeue(job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor,
+                            orders=cleanup)
+        if job.state is S.CANCELLING:
+            close = AttemptClose(outcome=O.LOST, end_time=now, message="cancel never confirmed; abandoned")
+            return _move(job, S.CANCELLED, Reason.LOST_ABANDONED, message=close.message, actor=event.actor,
+                         close=close, orders=cleanup)
+        if job.state is S.PREEMPTED:
+            close = AttemptClose(outcome=O.LOST, end_time=now, message="preemption never confirmed; abandoned")
+            return _requeue(job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor,
+                            orders=cleanup)
+        return _ignore(IgnoreReason.NOT_APPLICABLE)
     raise TypeError(f"unknown event {event!r}")
 
 

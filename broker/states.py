@@ -4,7 +4,8 @@ Main line: QUEUED → RESERVED → DISPATCHED → ACCEPTED → STARTING → RUNN
 SUCCEEDED / FAILED / CANCELLED, plus:
 
 * CANCELLING — cancel requested after the workload may exist in a cluster;
-  kept until the cluster confirms deletion, even across a disconnect.
+  kept until the cluster confirms deletion, even across a disconnect (only an
+  explicit ``AbandonLost`` — admin or a long bound — ends it unconfirmed).
 * PREEMPTED — the broker ordered preemption (grace period to checkpoint); kept
   until the cluster confirms, then the job goes back to QUEUED with a new
   attempt (no retry spent). Not terminal. Counts against quota meanwhile.

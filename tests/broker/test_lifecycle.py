@@ -67,6 +67,8 @@ def _t(r: lc.Reaction) -> Transition:
         (S.ACCEPTED, lc.ClusterSilent("job-1", 1), S.QUEUED, O.LOST, False, (OrderKind.CANCEL,)),
         (S.RESERVED, lc.ReservationExpired("job-1", 1), S.QUEUED, O.LOST, False, (OrderKind.CANCEL,)),
         (S.LOST, lc.AbandonLost("job-1", 1), S.QUEUED, O.LOST, True, (OrderKind.CANCEL,)),
+        (S.CANCELLING, lc.AbandonLost("job-1", 1), S.CANCELLED, O.LOST, False, (OrderKind.CANCEL,)),
+        (S.PREEMPTED, lc.AbandonLost("job-1", 1), S.QUEUED, O.LOST, False, (OrderKind.CANCEL,)),
         (S.LOST, ended(O.INFRA_FAILED), S.QUEUED, O.INFRA_FAILED, True, ()),
         (S.QUEUED, lc.CancelRequested("job-1"), S.CANCELLED, None, False, ()),
         (S.RESERVED, lc.CancelRequested("job-1"), S.CANCELLED, O.CANCELLED, False, (OrderKind.CANCEL,)),
