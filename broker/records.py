@@ -30,6 +30,7 @@ __all__ = [
     "WatchEvent",
     "JobFilter",
     "JobPage",
+    "WatchPage",
     "CompactionResult",
 ]
 
@@ -327,6 +328,15 @@ class JobPage:
     jobs: tuple[JobRecord, ...]
     next_page_token: str
     """'' when this is the last page."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchPage:
+    """Events after a revision, and how far the read covered (filtered-out events included)."""
+
+    events: tuple[WatchEvent, ...]
+    revision: int
+    """Resume from here: every revision up to it was scanned (matching events are in ``events``)."""
 
 
 @dataclass(frozen=True, slots=True)

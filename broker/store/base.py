@@ -48,6 +48,7 @@ from broker.records import (
     SubmitResult,
     Transition,
     WatchEvent,
+    WatchPage,
 )
 
 __all__ = ["Store", "StoreOptions", "Clock", "IdGen", "Decide"]
@@ -191,6 +192,13 @@ class Store(abc.ABC):
         self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
     ) -> list[WatchEvent]:
         """Committed events with revision > ``from_revision`` (optionally one tenant / job set), oldest first."""
+
+    @abc.abstractmethod
+    async def watch_page(
+        self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
+    ) -> WatchPage:
+        """Like ``watch_events``, plus the revision the read covered, so a filtered watcher can advance past
+        other tenants' events (resume with ``page.revision``; wait with ``wait_for_revision(page.revision)``)."""
 
     @abc.abstractmethod
     async def wait_for_revision(self, after: int, timeout_s: float) -> int:

@@ -25,6 +25,7 @@ from broker.records import (
     SubmitResult,
     Transition,
     WatchEvent,
+    WatchPage,
 )
 from broker.states import JobState
 from broker.store import codec, sql
@@ -335,6 +336,12 @@ class SqliteStore(Store):
     async def watch_events(
         self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
     ) -> list[WatchEvent]:
+        page = await self.watch_page(from_revision, limit=limit, tenant=tenant, job_set=job_set)
+        return list(page.events)
+
+    async def watch_page(
+        self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
+    ) -> WatchPage:
         n = min(limit if limit > 0 else self._opts.max_watch_batch, self._opts.max_watch_batch)
         where: list[str] = ["revision > ?"]
         args: list[object] = [from_revision]
@@ -347,14 +354,17 @@ class SqliteStore(Store):
         query = f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY revision LIMIT ?"
         args.append(n)
 
-        def op(c: sqlite3.Connection) -> list[WatchEvent]:
+        def op(c: sqlite3.Connection) -> WatchPage:
             compacted = sql.meta_int(c, "compacted_revision")
             if from_revision < compacted:
                 raise RevisionCompacted(
                     f"revision {from_revision} was compacted (compacted up to {compacted}); list again, then watch",
                     compacted_revision=compacted,
                 )
-            return [codec.event_from_row(r) for r in c.execute(query, args).fetchall()]
+            events = tuple(codec.event_from_row(r) for r in c.execute(query, args).fetchall())
+            # a full page covers up to its last event; a short one covers everything committed (same snapshot)
+            covered = events[-1].revision if len(events) >= n else max(from_revision, sql.revision(c))
+            return WatchPage(events, covered)
 
         return await self._read(op)
 

@@ -410,6 +410,18 @@ async def test_wait_for_revision_wakes_on_commit(store: SqliteStore) -> None:
     assert await store.wait_for_revision(j.revision, timeout_s=0.01) == j.revision
 
 
+async def test_filtered_watch_page_advances_past_other_tenants(store: SqliteStore) -> None:
+    mine = (await store.submit(new_job("t1"))).job
+    others = [(await store.submit(new_job("t2"))).job for _ in range(3)]
+    page = await store.watch_page(0, tenant="t1")
+    assert [e.job_id for e in page.events] == [mine.job_id]
+    assert page.revision == others[-1].revision == await store.current_revision()
+    empty = await store.watch_page(page.revision, tenant="t1")
+    assert (empty.events, empty.revision) == ((), page.revision)
+    full = await store.watch_page(0, limit=2)
+    assert len(full.events) == 2 and full.revision == full.events[-1].revision  # a full page resumes at its end
+
+
 async def test_waiting_does_not_spin_on_its_own_reads(store: SqliteStore) -> None:
     rev = await store.current_revision()
     before = store.committer.stats.batches
