@@ -10,7 +10,13 @@ between tenants (lowest ``cost / weight`` first, re-evaluated after every job
 taken, so tenants interleave) → priority (higher first) → arrival. Cost of a
 GPU = the model's weight (MIG / shares count as fractions of a GPU). Usage
 counts every job holding capacity (reserved, dispatched, accepted, starting,
-running, lost, cancelling, preempted), charged for the model it actually got.
+running, lost, cancelling, preempted), charged for the model it actually got,
+plus the idle GPUs of domains held for draining gangs (``drain_hold``).
+
+Instructions out: ``reclaim()`` (preemptible borrowers to preempt so quotas
+hold again) and ``rebalance()`` (preemptible jobs of over-share tenants to
+preempt for an under-share tenant's blocked job). The shell turns each
+``Preempt`` into a ``lifecycle.PreemptRequested``.
 """
 
 from __future__ import annotations
@@ -110,6 +116,8 @@ class QueueEntry:
     charged_model: str = ""
     """Model of the current attempt (when holding capacity)."""
     charged_gpus: float = 0.0
+    drain_hold: bool = False
+    """A QUEUED gang holding a draining domain: ``charged_*`` (the domain's idle GPUs) count as its usage."""
 
     @classmethod
     def of(cls, job: JobRecord, attempt: AttemptRecord | None) -> "QueueEntry":
@@ -125,6 +133,11 @@ class QueueEntry:
     @property
     def holds_capacity(self) -> bool:
         return self.state in HOLDS_CAPACITY
+
+    @property
+    def charged(self) -> bool:
+        """Counts against quota and fair share now."""
+        return (self.holds_capacity or (self.drain_hold and self.state is JobState.QUEUED)) and self.charged_gpus > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +279,7 @@ class QueueSnapshot:
         gpus: dict[tuple[str, str], float] = defaultdict(float)
         cost: dict[str, float] = defaultdict(float)
         for e in es.values():
-            if e.holds_capacity and e.charged_gpus > 0:
+            if e.charged:
                 gpus[(e.tenant, e.charged_model)] += e.charged_gpus
                 cost[e.tenant] += e.charged_gpus * policy.model_weight(e.charged_model)
         usage = Usage(dict(gpus), dict(cost))
@@ -336,6 +349,48 @@ class QueueSnapshot:
             first = first or a.violation
         return first
 
+    def fair_share(self, tenant: str) -> float:
+        """The tenant's weighted share of the cost all active tenants use now."""
+        active = {e.tenant for e in self.entries.values()} | {tenant}
+        total = sum(self.usage.cost.get(t, 0.0) for t in active)
+        weights = sum(self.policy.tenant_weight(t) for t in active)
+        return total * self.policy.tenant_weight(tenant) / weights
+
+    def rebalance(self, tenant: str, model: str, gpus: float) -> list[Preempt]:
+        """Preemptible jobs of tenants above their fair share to free ``gpus`` of ``model`` for ``tenant``.
+
+        Only when ``tenant`` is below its fair share; never pushes a victim tenant below its own; youngest jobs
+        of the most-over tenant first. Empty if that cannot free enough (then preempting would be pointless).
+        """
+        if self.usage.cost.get(tenant, 0.0) >= self.fair_share(tenant) - _EPS:
+            return []
+        cost = dict(self.usage.cost)
+        over = sorted(
+            ((cost.get(t, 0.0) - self.fair_share(t), t) for t in {e.tenant for e in self.entries.values()}
+             if t != tenant),
+            reverse=True,
+        )
+        out: list[Preempt] = []
+        freed = 0.0
+        for excess, victim in over:
+            if excess <= _EPS or freed >= gpus - _EPS:
+                break
+            fair = self.fair_share(victim)
+            jobs = sorted((e for e in self.entries.values() if e.tenant == victim and e.preemptible and e.charged
+                           and e.holds_capacity and e.charged_model == model
+                           and e.state in (JobState.RESERVED, JobState.DISPATCHED, JobState.ACCEPTED,
+                                           JobState.STARTING, JobState.RUNNING)), key=lambda e: -e.seq)
+            for e in jobs:
+                if freed >= gpus - _EPS:
+                    break
+                c = e.charged_gpus * self.policy.model_weight(model)
+                if cost[victim] - c < fair - _EPS:
+                    continue
+                cost[victim] -= c
+                freed += e.charged_gpus
+                out.append(Preempt(e.job_id, e.tenant, model, e.charged_gpus))
+        return out if freed >= gpus - _EPS else []
+
     def reclaim(self) -> list[Preempt]:
         """Preemptible jobs to preempt so no tenant stays above a quota: youngest borrowers first."""
         out: list[Preempt] = []
@@ -395,6 +450,9 @@ class QueueSnapshot:
                 model = v.quota.removeprefix("gpu/").replace("*", "other models")
                 parts.append(f"quota for {model} exhausted: {_fmt(v.used)}/{_fmt(v.limit)} GPUs in use"
                              f" (needs {_fmt(v.requested)})")
+        if e.drain_hold:
+            reasons.append(WaitReason.DRAINING_DOMAIN)
+            parts.append(f"holding a domain while it drains ({_fmt(e.charged_gpus)} idle GPUs charged to you)")
         if hint is not None and hint is not WaitReason.UNSPECIFIED:
             reasons.append(hint)
             if hint_message:

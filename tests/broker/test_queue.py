@@ -233,3 +233,43 @@ def test_policy_from_tenancy() -> None:
     assert (qp.tenant_weight("a"), qp.tenant_weight("b")) == (2.0, 1.0)
     assert (qp.quota("a", "H100"), qp.quota("a", "A100"), qp.quota("b", "H100")) == (16, 4, None)
     assert (qp.band_rank("high"), qp.band_rank("default"), qp.model_weight("H100")) == (100, 0, 2.0)
+
+
+# -- fair-share preemption and drain holds -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,entries,need,expected",
+    [
+        ("youngest preemptible of the most-over tenant",
+         [running("a1", "a", "H100", 8, preemptible=True), running("a2", "a", "H100", 8, preemptible=True),
+          q("b1", "b", gpus=8)], 8, ["a2"]),
+        ("never below the victim's fair share",
+         [running("a1", "a", "H100", 16, preemptible=True), q("b1", "b", gpus=8)], 8, []),
+        ("non-preemptible jobs are never victims",
+         [running("a1", "a", "H100", 8), running("a2", "a", "H100", 8), q("b1", "b", gpus=8)], 8, []),
+        ("other models do not help",
+         [running("a1", "a", "A100", 8, preemptible=True), running("a2", "a", "A100", 8, preemptible=True),
+          q("b1", "b", gpus=8)], 8, []),
+        ("not enough to free: preempt nothing",
+         [running("a1", "a", "H100", 4, preemptible=True), running("a2", "a", "H100", 4, preemptible=True),
+          running("a3", "a", "H100", 8), q("b1", "b", gpus=8)], 12, []),
+        ("requester at its fair share gets nothing",
+         [running("a1", "a", "H100", 8, preemptible=True), running("b0", "b", "H100", 8), q("b1", "b", gpus=8)],
+         8, []),
+    ],
+)
+def test_rebalance(name: str, entries: list[QueueEntry], need: float, expected: list[str]) -> None:
+    s = snap(entries)
+    assert [p.job_id for p in s.rebalance("b", "H100", need)] == expected, name
+
+
+def test_drain_hold_is_charged_and_explained() -> None:
+    holder = q("a1", "a", gpus=64, model="H100", charged=24.0, models=("H100",))
+    holder = QueueEntry(**{**{f: getattr(holder, f) for f in holder.__dataclass_fields__}, "drain_hold": True})
+    s = snap([holder, q("b1", "b", gpus=8)], QueuePolicy(quotas={("a", "H100"): 100}))
+    assert s.usage.used("a", "H100") == 24
+    assert [e.job_id for e in s.order()] == ["b1", "a1"]  # its held idle GPUs count for fair share
+    w = s.why_waiting("a1")
+    assert WaitReason.DRAINING_DOMAIN in w.reasons
+    assert "holding a domain while it drains (24 idle GPUs charged to you)" in w.message
