@@ -81,6 +81,8 @@ class NewJob:
     """Hash of the canonical request; None = the store computes one over every field above."""
     job_id: str | None = None
     """Normally None (the store's id generator names the job)."""
+    actor: str = "broker"
+    """Who submitted, for the job's first history entry, e.g. ``tenant/alice`` (not part of the fingerprint)."""
 
 
 @dataclass(frozen=True, slots=True)

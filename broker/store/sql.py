@@ -116,7 +116,7 @@ def submit_job(c: sqlite3.Connection, new: NewJob, *, id_gen: Callable[[], str],
         raise AlreadyExists(f"job {job_id} already exists", job_id=job_id)
     submitted = Reason.SUBMITTED.value
     rev = insert_event(c, job_id, new.tenant, new.job_set, EventKind.SUBMITTED, None, JobState.QUEUED, 0,
-                       submitted, "", "broker", now)
+                       submitted, "", new.actor, now)
     cur = c.execute(
         "INSERT INTO jobs (job_id, tenant, queue, job_set, priority_band, priority, preemptible, labels,"
         " gpus, gpu_models, max_infra_retries, max_runtime_s, spec, idem_key, fingerprint, state, attempt,"

@@ -55,6 +55,16 @@ async def test_submit_writes_queued_job_with_event(store: SqliteStore, clock: Fa
     ]
 
 
+async def test_submission_records_its_actor(store: SqliteStore) -> None:
+    import dataclasses
+
+    j = (await store.submit(dataclasses.replace(new_job(key="k"), actor="tenant/alice"))).job
+    [ev] = await store.job_history(j.job_id)
+    assert ev.actor == "tenant/alice"
+    again = await store.submit(dataclasses.replace(new_job(key="k"), actor="tenant/bob"))
+    assert not again.created  # the actor is not part of the request's identity
+
+
 async def test_same_key_same_body_returns_original_job(store: SqliteStore) -> None:
     first = await store.submit(new_job(key="k1"))
     again = await store.submit(new_job(key="k1"))
