@@ -61,7 +61,7 @@ class GroupCommitter:
         connect: Callable[[], sqlite3.Connection],
         *,
         max_batch: int = 512,
-        on_commit: Callable[[], None] | None = None,
+        on_commit: Callable[[sqlite3.Connection], None] | None = None,
         name: str = "tandem-store-writer",
     ) -> None:
         self._connect = connect
@@ -201,7 +201,7 @@ class GroupCommitter:
             return
         self.stats.record(len(batch))
         if self._on_commit is not None and conn.total_changes != changes:
-            self._on_commit()  # only batches that wrote something wake watchers
+            self._on_commit(conn)  # only batches that wrote something wake watchers; before any future settles
         _deliver([(req, value, error) for req, (value, error) in zip(batch, results)])
 
 

@@ -58,6 +58,8 @@ class SqliteStore(Store):
         self._tokens: codec.PageTokens | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commit_signal: asyncio.Future[None] | None = None
+        self._revision = 0
+        """Latest committed revision, kept by the writer's commit hook (read without I/O)."""
         self.schema_version = 0
 
     @property
@@ -89,6 +91,7 @@ class SqliteStore(Store):
             else:
                 value = bytes(row[0])
             secret.append(value)
+            self._revision = sql.revision(conn)
             return conn
 
         if self._path != ":memory:":
@@ -112,16 +115,19 @@ class SqliteStore(Store):
                 pool.submit(conn.close).result()
             pool.shutdown(wait=True)
 
-    def _notify(self) -> None:
+    def _notify(self, conn: sqlite3.Connection) -> None:
+        """Writer thread, right after a COMMIT that wrote: publish the revision to the event loop."""
+        rev = sql.revision(conn)
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._signal_commit)
+            loop.call_soon_threadsafe(self._signal_commit, rev)
 
-    def _signal_commit(self) -> None:
-        """Resolve the current commit signal and arm a fresh one (no wake-up is lost between the two)."""
+    def _signal_commit(self, rev: int) -> None:
+        """Record the revision, resolve the current commit signal and arm a fresh one (no wake-up is lost)."""
         fut, loop = self._commit_signal, self._loop
         if loop is None:
             return
+        self._revision = max(self._revision, rev)
         self._commit_signal = loop.create_future()
         if fut is not None and not fut.done():
             fut.set_result(None)
@@ -328,7 +334,9 @@ class SqliteStore(Store):
     # -- watch & retention -----------------------------------------------------------------------
 
     async def current_revision(self) -> int:
-        return await self._read(sql.revision)
+        if self._writer is None:
+            raise StoreUnavailable("store is not open")
+        return self._revision
 
     async def compacted_revision(self) -> int:
         return await self._read(lambda c: sql.meta_int(c, "compacted_revision"))
