@@ -88,8 +88,10 @@ class BrokerConfig(_Strict):
     """SQLite database file path."""
     policy_path: str | None = None
     """Tenancy policy YAML path (reloaded when its mtime changes); None = no tenants, admins only via agents."""
+    policy_check_interval_s: float = Field(default=1.0, ge=0)
+    """How often the policy file's mtime is looked at, in seconds (0 = on every call)."""
     audit_log_path: str | None = None
-    """JSON-lines audit log path; None = audit records go to the `tandem.audit` logger."""
+    """JSON-lines audit log path; None = `<db_path>.audit.jsonl` (or the `tandem.broker.auth` logger for an in-memory db)."""
     cluster_stale_after_s: float = Field(default=30.0, gt=0)
     """A cluster without heartbeat or report for this long is stale and excluded from placement, in seconds."""
     lost_after_s: float = Field(default=300.0, gt=0)
@@ -104,9 +106,10 @@ class BrokerConfig(_Strict):
     """Finished jobs are kept this long before they may be purged, in seconds."""
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     """Heartbeat interval the broker asks agents for, in seconds."""
-    placement_interval_s: float = Field(default=0.05, gt=0)
-    """Idle wait of the placer loop between queue scans when nothing woke it, in seconds."""
-    placement_batch: int = Field(default=64, ge=1)
+    placement_interval_s: float = Field(default=0.02, gt=0)
+    """The placer gathers wake-ups (submissions, reports) this long before a step, in seconds; it rescans
+    every waiting job at least every 20 intervals."""
+    placement_batch: int = Field(default=256, ge=1)
     """Most jobs the placer decides per loop step (count)."""
     candidate_domains: int = Field(default=8, ge=1)
     """Most candidate domains per cluster the exact gang fit is run on (count)."""

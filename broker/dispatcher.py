@@ -147,10 +147,13 @@ class Dispatcher:
         except errors.JobNotFound:
             return None
         self.placer.observe(job)
-        if reaction.transition is not None:
+        t = reaction.transition
+        if t is not None:
             if job.state is S.RUNNING and self.metrics is not None:
                 self.metrics.started(job)
-            asyncio.get_running_loop().create_task(self.deliver_for(job))
+            clusters = {o.cluster for o in t.orders}
+            for cluster in clusters:  # only transitions that wrote orders need a delivery
+                asyncio.get_running_loop().create_task(self.deliver(cluster))
         return job
 
     async def deliver_for(self, job: JobRecord) -> None:

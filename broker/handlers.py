@@ -126,6 +126,8 @@ async def submit_jobs(hub: Hub, caller: Caller, items: Sequence[ParsedItem], val
         elif isinstance(res, BaseException):
             out[item.index] = ItemOutcome(item.index, item.key, error=errors.Internal(f"submit failed: {res!r}"))
         else:
+            if item.request is not None:
+                hub.placer.remember(res.job, item.request)
             hub.placer.observe(res.job)
             out[item.index] = ItemOutcome(item.index, item.key, job_id=res.job.job_id, duplicate=not res.created)
     for o in out:

@@ -29,9 +29,10 @@ class Hub:
         self.store = store
         self.clock = clock
         self.metrics = metrics or Metrics()
-        self.policy = PolicyFile(cfg.policy_path)
+        self.policy = PolicyFile(cfg.policy_path, check_interval_s=cfg.policy_check_interval_s)
         self.authz = auth.Authorizer(self.policy, agent_insecure=cfg.agent_insecure)
-        self.audit = auth.AuditLog(cfg.audit_log_path, clock=clock)
+        audit_path = cfg.audit_log_path or (None if cfg.db_path == ":memory:" else cfg.db_path + ".audit.jsonl")
+        self.audit = auth.AuditLog(audit_path, clock=clock)
         self.catalog = Catalog(stale_after_s=cfg.cluster_stale_after_s)
         self.cordon_reasons: dict[str, str] = {}
         self.placer = Placer(
@@ -61,7 +62,8 @@ class Hub:
         await self.placer.load()
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self.placer.run(idle_s=max(self.cfg.placement_interval_s, 0.01) * 20)),
+            loop.create_task(self.placer.run(idle_s=max(self.cfg.placement_interval_s, 0.01) * 20,
+                                             coalesce_s=self.cfg.placement_interval_s)),
             loop.create_task(self.dispatcher.run_sweeps(min(1.0, self.cfg.cluster_stale_after_s / 4))),
             loop.create_task(self._retention()),
         ]

@@ -103,6 +103,13 @@ class Placer:
             self.requests[job.job_id] = req
         return req
 
+    def remember(self, job: JobRecord, req: JobRequest) -> None:
+        """The request parsed at submission, so the placer does not decode the spec again."""
+        if job.job_id not in self.requests:
+            band = self.policy.current().band_priority(job.priority_band) or 0
+            self.requests[job.job_id] = dataclasses.replace(req, job_id=job.job_id,
+                                                            priority=job.priority + band * 10000)
+
     def _hold(self, job: JobRecord, cluster: str, attempt: int, assignments: tuple, gpu_model: str) -> None:
         req = self._request(job)
         shapes = {ps.name: ps.shape for ps in req.pod_sets}
@@ -245,17 +252,22 @@ class Placer:
                     _log.warning("reserve failed", extra={"job": job.job_id, "error": repr(res)})
                 continue
             placed += 1
+            self.observe(res[0])  # RESERVED: the queue book stops counting it as waiting
             self.waits.pop(job.job_id, None)
             if self.metrics is not None:
                 self.metrics.placed(job, now)  # type: ignore[attr-defined]
             self.on_reserved(ev.cluster)
         return placed
 
-    async def run(self, idle_s: float = 0.5) -> None:
-        """Run steps whenever woken (submission, report, release) and at least every `idle_s`."""
+    async def run(self, idle_s: float = 0.5, coalesce_s: float = 0.02) -> None:
+        """Run steps whenever woken (submission, report, release) and at least every `idle_s`.
+
+        A wake-up waits `coalesce_s` first, so a burst of submissions is decided in one step
+        (one queue snapshot) instead of one step each."""
         while not self._stopped:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=idle_s)
+                await asyncio.sleep(coalesce_s)
             except TimeoutError:
                 self._todo.update(j for j in self.queued.values() if j.not_before <= self.clock())
             self._wake.clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,17 +163,25 @@ def parse_policy(text: str) -> Policy:
 class PolicyFile:
     """A policy YAML file reloaded whenever its mtime changes; a broken edit keeps the last good policy."""
 
-    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, *, check_interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._path = Path(path) if path else None
+        self._check_interval_s = check_interval_s
+        self._clock = clock
+        self._checked_at = -float("inf")
         self._mtime: float | None = None
         self._policy = Policy.empty()
         self.last_error: str | None = None
         self.current()
 
     def current(self) -> Policy:
-        """The latest good policy (stat per call: cheap, and edits take effect at once)."""
+        """The latest good policy; the file's mtime is looked at most once per check interval."""
         if self._path is None:
             return self._policy
+        now = self._clock()
+        if now - self._checked_at < self._check_interval_s:
+            return self._policy
+        self._checked_at = now
         try:
             mtime = self._path.stat().st_mtime_ns
         except OSError as exc:

@@ -192,7 +192,7 @@ async def start_broker(tmp: Path, *, policy: dict[str, Any] | None = None, clock
             cert_file=str(scert), key_file=str(skey), client_ca_file=str(pki.dir / "test-root-ca.pem"),
             require_client_cert=True)),
         metrics_port=0, db_path=str(tmp / "broker.db"), policy_path=str(tmp / "policy.yaml"),
-        audit_log_path=str(tmp / "audit.jsonl"), **cfg_fields,
+        audit_log_path=str(tmp / "audit.jsonl"), policy_check_interval_s=0.0, **cfg_fields,
     )
     kwargs: dict[str, Any] = {}
     if clock is not None:

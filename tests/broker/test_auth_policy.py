@@ -134,7 +134,7 @@ def test_policy_helpers() -> None:
 def test_policy_file_reloads_on_mtime_and_keeps_last_good(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(DOC)
-    pf = PolicyFile(path)
+    pf = PolicyFile(path, check_interval_s=0)
     assert "alpha" in pf.current().tenants
 
     def bump() -> None:
