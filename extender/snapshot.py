@@ -169,6 +169,7 @@ class Snapshot:
         self._memo = memo
         self._verdicts: OrderedDict[Query, ShapeVerdict] = OrderedDict()
         self._arrays: GpuArrays | None = None
+        self._entry_table: npt.NDArray[np.object_] | None = None
 
     @classmethod
     def build(
@@ -281,9 +282,18 @@ class Snapshot:
         return out
 
     def entries(self, rows: Rows, scores: npt.NDArray[np.int64]) -> list[bytes]:
-        """`{"Host":"name","Score":s}` of each row."""
-        hp, suf = self.host_prefix, _SUFFIX
-        return [hp[i] + suf[s] for i, s in zip(rows.tolist(), scores.tolist())]
+        """`{"Host":"name","Score":s}` of each row, gathered from a table of every node's eleven
+        possible entries (built once per node list, shared by every query and version)."""
+        if self._entry_table is None:
+            if self._prev is not None and self._prev._entry_table is not None:
+                self._entry_table = self._prev._entry_table
+            else:
+                table = np.empty((len(self.host_prefix), SCORE_MAX + 1), dtype=object)
+                for i, p in enumerate(self.host_prefix):
+                    table[i, :] = [p + suf for suf in _SUFFIX]
+                self._entry_table = table
+        out: list[bytes] = self._entry_table[rows, scores].tolist()
+        return out
 
     # ------------------------------------------------------------------ lookups
 
