@@ -148,3 +148,29 @@ async def test_configurable_prefix_and_verbs() -> None:
     finally:
         await session.close()
         await server.close()
+
+
+def test_json_log_lines_have_fixed_keys() -> None:
+    import json
+    import logging
+
+    from extender.app import JsonFormatter
+
+    record = logging.LogRecord("tandem.extender", logging.WARNING, __file__, 1, "request refused", None, None)
+    record.verb = "filter"
+    record.pod = "team-a/p"
+    record.decision_id = 7
+    record.unrelated = "dropped"
+    line = json.loads(JsonFormatter().format(record))
+    assert line["msg"] == "request refused" and line["level"] == "WARNING"
+    assert line["verb"] == "filter" and line["pod"] == "team-a/p" and line["decision_id"] == 7
+    assert "unrelated" not in line and isinstance(line["ts"], float)
+
+
+async def test_refusal_is_logged_with_fields(client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="tandem.extender"):
+        await client.post("filter", {"Pod": None, "NodeNames": []})
+    rec = next(r for r in caplog.records if r.getMessage() == "request refused")
+    assert rec.__dict__["verb"] == "filter" and "Pod is missing" in rec.__dict__["error"]
