@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +29,7 @@ class TypicalPod:
     gpu_count: int
     models: frozenset[str]
     prob: float
+    mem_mib: int = 0  # 0: memory is not considered (FGD's measure)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class TargetWorkload:
 
     classes: tuple[TypicalPod, ...]
     cpu: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    mem: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
     gpu: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
     count: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
     prob: F64 = field(init=False, repr=False, compare=False)
@@ -50,6 +52,7 @@ class TargetWorkload:
         thresholds = np.unique(gpu[gpu > 0]) if np.any(gpu > 0) else np.array([1], np.int64)
         index = np.searchsorted(thresholds, np.maximum(gpu, thresholds[0]))
         object.__setattr__(self, "cpu", np.array([m.cpu_milli for m in c], dtype=np.int64))
+        object.__setattr__(self, "mem", np.array([m.mem_mib for m in c], dtype=np.int64))
         object.__setattr__(self, "gpu", gpu)
         object.__setattr__(self, "count", np.array([m.gpu_count for m in c], dtype=np.int64))
         object.__setattr__(self, "prob", np.array([m.prob for m in c], dtype=np.float64))
@@ -67,13 +70,22 @@ class TargetWorkload:
 
 
 def typical_pods(
-    demands: Iterable[PodDemand], threshold: float = POPULARITY_THRESHOLD
+    demands: Iterable[PodDemand], threshold: float = POPULARITY_THRESHOLD,
+    with_memory: bool = False,
 ) -> TargetWorkload:
-    """The most popular pod shapes covering `threshold` of all pods (FGD's GetTypicalPods)."""
+    """The most popular pod shapes covering `threshold` of all pods (FGD's GetTypicalPods).
+
+    With `with_memory`, each class also carries the median memory of its pods, so
+    a node short of memory counts its idle GPUs as fragmented for that class.
+    """
     counts: Counter[tuple[int, int, int, str]] = Counter()
+    mems: dict[tuple[int, int, int, str], list[int]] = {}
     for d in demands:
         spec = "|".join(sorted(d.models)) if d.gpu_count else ""
-        counts[(d.cpu_milli or MIN_CPU_MILLI, d.gpu_milli, d.gpu_count, spec)] += 1
+        key = (d.cpu_milli or MIN_CPU_MILLI, d.gpu_milli, d.gpu_count, spec)
+        counts[key] += 1
+        if with_memory:
+            mems.setdefault(key, []).append(d.mem_mib)
     total = sum(counts.values())
     # Count descending, then cpu, gpu milli, gpu count and spec, each descending.
     ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
@@ -85,9 +97,17 @@ def typical_pods(
         if cum >= threshold * total:
             break
     return TargetWorkload(tuple(
-        TypicalPod(c, g, k, frozenset(s.split("|")) if s else frozenset(), n / cum)
+        TypicalPod(c, g, k, frozenset(s.split("|")) if s else frozenset(), n / cum,
+                   int(np.median(mems[(c, g, k, s)])) if with_memory else 0)
         for (c, g, k, s), n in kept
     ))
+
+
+def without_memory(workload: TargetWorkload) -> TargetWorkload:
+    """The same classes with memory dropped (FGD's own measure)."""
+    if not np.any(workload.mem > 0):
+        return workload
+    return TargetWorkload(tuple(replace(m, mem_mib=0) for m in workload.classes))
 
 
 def frag_amount(
@@ -96,10 +116,12 @@ def frag_amount(
     model_code: npt.ArrayLike,
     access: npt.NDArray[np.bool_],
     workload: TargetWorkload,
+    mem_left: npt.ArrayLike | None = None,
 ) -> F64:
     """F_n(M) for H node states: rows of `gpu_left` [H, G] with absent GPUs as 0.
 
-    `access` comes from `workload.access(model_names)`. Memory plays no part.
+    `access` comes from `workload.access(model_names)`. Memory counts only when
+    given and the classes carry memory (FGD's measure ignores it).
     """
     cpu = np.asarray(cpu_left, dtype=np.int64)
     left = np.asarray(gpu_left, dtype=np.int64)
@@ -116,6 +138,8 @@ def frag_amount(
         & (n_fit[:, ti] >= workload.count[None, :])
         & (cpu[:, None] >= workload.cpu[None, :])
     )
+    if mem_left is not None and np.any(workload.mem > 0):
+        satisfied &= np.asarray(mem_left, dtype=np.int64)[:, None] >= workload.mem[None, :]
     per_class = np.where(satisfied, stranded[:, ti], total[:, None])
     result: F64 = per_class.astype(np.float64) @ workload.prob
     return result
@@ -156,7 +180,7 @@ class FragEvaluator:
         if len(stale):
             self._frag[stale] = frag_amount(
                 arrays.cpu_left[stale], arrays.gpu_left[stale], arrays.model_code[stale],
-                self.access(arrays.model_names), self.workload,
+                self.access(arrays.model_names), self.workload, arrays.mem_left[stale],
             )
             self._versions[stale] = arrays.version[stale]
         out: F64 = self._frag[rows]
@@ -175,6 +199,7 @@ class FragEvaluator:
             hypo.reshape(r * g, g),
             np.repeat(arrays.model_code[rows], g),
             self.access(arrays.model_names), self.workload,
+            np.repeat(arrays.mem_left[rows] - demand.mem_mib, g),
         ).reshape(r, g)
         out: F64 = np.where(left >= demand.gpu_milli, frag, np.nan)
         return out
@@ -190,5 +215,5 @@ class FragEvaluator:
             left = np.where(take, 0, left)
         return frag_amount(
             arrays.cpu_left[rows] - demand.cpu_milli, left, arrays.model_code[rows],
-            self.access(arrays.model_names), self.workload,
+            self.access(arrays.model_names), self.workload, arrays.mem_left[rows] - demand.mem_mib,
         )

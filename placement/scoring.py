@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from placement.frag import FragEvaluator, TargetWorkload
+from placement.frag import FragEvaluator, TargetWorkload, without_memory
 from placement.gpuarrays import GPU_MILLI, GpuArrays, PodDemand
 
 F64 = npt.NDArray[np.float64]
@@ -137,17 +137,17 @@ class ClusteringPolicy(_BestGpu):
 
 
 class _Cached:
-    """Per (cpu, k, g) memo of node scores and GPU choices, valid while a row's version holds."""
+    """Per (cpu, mem, k, g) memo of node scores and GPU choices, valid while a row's version holds."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, int, int], tuple[npt.NDArray[np.int64], F64,
+        self._entries: dict[tuple[int, int, int, int], tuple[npt.NDArray[np.int64], F64,
                                                          npt.NDArray[np.int64]]] = {}
 
     def lookup(
         self, arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64],
         compute: Callable[[npt.NDArray[np.int64]], tuple[F64, npt.NDArray[np.int64]]],
     ) -> tuple[F64, npt.NDArray[np.int64]]:
-        key = (demand.cpu_milli, demand.gpu_count, demand.gpu_milli)
+        key = (demand.cpu_milli, demand.mem_mib, demand.gpu_count, demand.gpu_milli)
         n = len(arrays)
         entry = self._entries.get(key)
         if entry is None or len(entry[0]) != n:
@@ -204,6 +204,9 @@ class FgdPolicy(_FragPolicy):
 
     name = "fgd"
 
+    def __init__(self, workload: TargetWorkload) -> None:
+        super().__init__(without_memory(workload))  # FGD's measure ignores memory
+
     def _node_scores(
         self, arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]
     ) -> tuple[F64, npt.NDArray[np.int64]]:
@@ -217,29 +220,44 @@ class FgdPolicy(_FragPolicy):
 
 
 class TandemFragPolicy(_FragPolicy):
-    """Tandem's default: the smallest exact growth of fragmentation, packed tightly on ties."""
+    """Tandem's default: FGD's fragmentation gradient, memory-aware, plus resource alignment.
+
+    Score = floor(100 * sigmoid(F decrease / 1000)) - align_weight * mismatch, where
+    mismatch = round(|log2(node CPU per idle GPU) - log2(pod CPU per GPU)|). Keeping
+    the integer resolution keeps ties, and ties go to a fixed node order, which packs
+    (first fit); alignment sends CPU-heavy pods to nodes whose GPUs are used up and
+    GPU-heavy pods to nodes with CPU to spare, so neither resource is stranded.
+    Sharing pods take the GPU whose use leaves the least fragmentation.
+    """
 
     name = "tandem-frag"
 
-    def __init__(self, workload: TargetWorkload, *, tie_weight: float = 1e-3) -> None:
+    def __init__(self, workload: TargetWorkload, *, align_weight: float = 2.0) -> None:
         super().__init__(workload)
-        self.tie_weight = tie_weight
+        self.align_weight = align_weight
 
     def _node_scores(
         self, arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]
     ) -> tuple[F64, npt.NDArray[np.int64]]:
         before = self.frag.current(arrays, rows)
-        # Best-fit leftover (same scale as F: milli-GPU) breaks near-ties towards packing.
-        leftover = (arrays.gpu_total_left[rows] - demand.total_gpu_milli).astype(np.float64)
-        leftover += (arrays.cpu_left[rows] - demand.cpu_milli) * (MAX_SPEC_GPU / MAX_SPEC_CPU)
         if demand.is_sharing:
             after = self.frag.after_share(arrays, rows, demand)
-            growth = np.where(np.isnan(after), np.inf, after - before[:, None])
-            gpu = np.argmin(growth, axis=1).astype(np.int64)
-            best = growth[np.arange(len(rows)), gpu]
-            return -best - self.tie_weight * leftover, gpu
-        growth1 = self.frag.after_whole(arrays, rows, demand) - before
-        return -growth1 - self.tie_weight * leftover, np.zeros(len(rows), np.int64)
+            gpu = np.argmin(np.where(np.isnan(after), np.inf, after), axis=1).astype(np.int64)
+            frag_score = _sigmoid_score(before - after[np.arange(len(rows)), gpu])
+        else:
+            gpu = np.zeros(len(rows), np.int64)
+            frag_score = _sigmoid_score(before - self.frag.after_whole(arrays, rows, demand))
+        return frag_score - self.align_weight * _mismatch(arrays, demand, rows), gpu
+
+
+def _mismatch(arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]) -> F64:
+    """Octaves between the node's free CPU per idle GPU and the pod's CPU per GPU, rounded."""
+    floor_gpus = 0.1  # a node (or pod) without GPU counts as a tenth of one, not zero
+    node = np.log2(np.maximum(arrays.cpu_left[rows], 1) / np.maximum(
+        arrays.gpu_total_left[rows] / GPU_MILLI, floor_gpus))
+    pod = np.log2(max(demand.cpu_milli, 1) / max(demand.total_gpu_milli / GPU_MILLI, floor_gpus))
+    out: F64 = np.round(np.abs(node - pod))
+    return out
 
 
 POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", DEFAULT_POLICY)

@@ -82,7 +82,7 @@ def replay(
     perm = rng.permutation(len(nodes.names))
     arrays = nodes.arrays(np.argsort(perm, kind="stable"))  # row = tie-break priority
     if workload is None:
-        workload = typical_pods(pods.demands)
+        workload = typical_pods(pods.demands, with_memory=True)
     policy = make_policy(policy_name, workload=workload, rng=rng)
     arrived_log: list[int] = []
     used_log: list[int] = []
