@@ -153,7 +153,7 @@ async def _submissions(total: int, concurrency: int, batch: int) -> dict[str, An
     assert proc.stdout is not None
     ports = json.loads(await asyncio.to_thread(proc.stdout.readline))
     stop = asyncio.Event()
-    agent = asyncio.get_running_loop().create_task(_agent(ports["agent_port"], 256, stop))
+    agent = asyncio.get_running_loop().create_task(_agent(ports["agent_port"], 2048, stop))
     lat: list[float] = []
     done = [0]
     errors = [0]

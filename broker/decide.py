@@ -270,7 +270,12 @@ def could_ever_fit(
             continue
         empty = catalog.empty_arrays(entry)
         level = lvl if isinstance(lvl, int) and not isinstance(lvl, bool) else None
-        if empty.candidate_domains(demands, level, 1):
+        key = (level, *demands)
+        fits = empty.fits_cache.get(key)
+        if fits is None:
+            fits = bool(empty.candidate_domains(demands, level, 1))
+            empty.fits_cache[key] = fits
+        if fits:
             return True, ""
         reasons.append(f"{entry.name}: no {req.required_level or 'cluster'} domain could hold it even empty")
     return False, "; ".join(reasons)

@@ -81,6 +81,11 @@ class ClusterArrays:
         for i, node in enumerate(self.nodes):
             self._fill(i, node)
         self._dcap: dict[int, I64] = {}
+        self._caps: dict[PodShape, I64] = {}
+        self._usable: BOOL | None = None
+        self._eff: I64 | None = None
+        self.fits_cache: dict[tuple[object, ...], bool] = {}
+        """Memo for callers keyed on demands; cleared on every change like the other caches."""
         # Domain ids per level: nodes sharing a path prefix down to that level share an id.
         self.dom: list[I64] = []
         self.dom_paths: list[list[tuple[str | None, ...]]] = []
@@ -124,7 +129,7 @@ class ClusterArrays:
             i = self.row[node.name]
             self.nodes[i] = node
             self._fill(i, node)
-        self._dcap.clear()
+        self._changed()
         return True
 
     def set_pending(self, pending: Iterable[tuple[Any, Any]]) -> None:
@@ -135,7 +140,7 @@ class ClusterArrays:
 
     def add_pending(self, pending: Iterable[tuple[Any, Any]], sign: int) -> None:
         """Incremental overlay: add (sign=+1) or remove (-1) reserved-but-unbound replicas."""
-        self._dcap.clear()
+        self._changed()
         for res, rep in pending:
             i = self.row.get(rep.node)
             if i is None:
@@ -148,22 +153,41 @@ class ClusterArrays:
             self.pend_pods[i] += sign
 
     def set_excluded(self, names: Iterable[str]) -> None:
-        self._dcap.clear()
+        self._changed()
         self.excluded.fill(False)
         for name in names:
             i = self.row.get(name)
             if i is not None:
                 self.excluded[i] = True
 
+    def _changed(self) -> None:
+        """Any column changed: drop every derived array."""
+        self._dcap.clear()
+        self._caps.clear()
+        self.fits_cache.clear()
+        self._usable = None
+        self._eff = None
+
     @property
     def usable(self) -> BOOL:
-        return self.schedulable & ~self.excluded
+        if self._usable is None:
+            self._usable = self.schedulable & ~self.excluded
+        return self._usable
 
     def eff_free_gpu(self) -> I64:
-        return np.where(self.usable, np.maximum(self.free_gpu - self.pend_gpu, 0), 0)
+        if self._eff is None:
+            self._eff = np.where(self.usable, np.maximum(self.free_gpu - self.pend_gpu, 0), 0)
+        return self._eff
 
     def capacity(self, shape: PodShape) -> I64:
         """Replicas of `shape` each node could hold: exact for whole GPUs/CPU/memory, an upper bound otherwise."""
+        got = self._caps.get(shape)
+        if got is None:
+            got = self._capacity(shape)
+            self._caps[shape] = got
+        return got
+
+    def _capacity(self, shape: PodShape) -> I64:
         n = len(self.nodes)
         cap = np.where(self.usable, np.maximum(self.pods_free - self.pend_pods, 0), 0)
         if shape.cpu_milli > 0:
