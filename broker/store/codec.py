@@ -8,8 +8,8 @@ import hashlib
 import hmac
 import json
 import os
-import sqlite3
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
 
@@ -38,6 +38,12 @@ __all__ = [
     "assignments_json",
     "PageTokens",
 ]
+
+class Row(Protocol):
+    """A result row addressable by column name (sqlite3.Row, asyncpg.Record)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
 
 _B32 = "abcdefghijklmnopqrstuvwxyz234567"
 
@@ -79,7 +85,7 @@ def _opt_float(v: object) -> float | None:
     return None if v is None else float(v)  # type: ignore[arg-type]
 
 
-def job_from_row(r: sqlite3.Row) -> JobRecord:
+def job_from_row(r: Row) -> JobRecord:
     labels = orjson.loads(r["labels"])
     mir = r["max_infra_retries"]
     return JobRecord(
@@ -100,7 +106,7 @@ def assignments_json(assignments: tuple[ReplicaPlacement, ...]) -> str:
     return dumps([[a.pod_set, a.index, a.node] for a in assignments])
 
 
-def attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
+def attempt_from_row(r: Row) -> AttemptRecord:
     outcome = r["outcome"]
     ec = r["exit_code"]
     return AttemptRecord(
@@ -116,7 +122,7 @@ def attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
     )
 
 
-def event_from_row(r: sqlite3.Row) -> WatchEvent:
+def event_from_row(r: Row) -> WatchEvent:
     fs = r["from_state"]
     return WatchEvent(
         revision=r["revision"], job_id=r["job_id"], tenant=r["tenant"], job_set=r["job_set"],
@@ -126,7 +132,7 @@ def event_from_row(r: sqlite3.Row) -> WatchEvent:
     )
 
 
-def order_from_row(r: sqlite3.Row) -> DispatchOrder:
+def order_from_row(r: Row) -> DispatchOrder:
     return DispatchOrder(
         order_id=r["order_id"], cluster=r["cluster"], job_id=r["job_id"], attempt=r["attempt"],
         kind=OrderKind(r["kind"]), grace_s=r["grace_s"], created_at=r["created_at"],

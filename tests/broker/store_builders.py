@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -81,14 +81,26 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["memory", "file"])
+@pytest.fixture(params=["memory", "file", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> AsyncIterator[SqliteStore]:
-    """The same tests run against the in-memory and the file-backed (WAL, reader thread) store."""
-    path = ":memory:" if request.param == "memory" else str(tmp_path / "store.db")
-    s = SqliteStore(path, clock=clock, id_gen=id_gen(), options=StoreOptions())
+    """The same tests run against every backend: SQLite in memory, SQLite on disk (WAL, reader thread), PostgreSQL."""
+    if request.param == "postgres":
+        from broker.store.postgres import PostgresStore
+
+        dsn = await fresh_pg_database(request.getfixturevalue("pg_server"))
+        s: SqliteStore = PostgresStore(dsn, clock=clock, id_gen=id_gen())  # type: ignore[assignment]
+    else:
+        path = ":memory:" if request.param == "memory" else str(tmp_path / "store.db")
+        s = SqliteStore(path, clock=clock, id_gen=id_gen(), options=StoreOptions())
     await s.open()
     yield s
     await s.close()
+
+
+def sqlite_only(store: object) -> None:
+    """Skip a test that drives the SQLite writer thread directly."""
+    if not isinstance(store, SqliteStore):
+        pytest.skip("drives the SQLite writer thread")
 
 
 @pytest.fixture
@@ -97,3 +109,70 @@ async def file_store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[SqliteSt
     await s.open()
     yield s
     await s.close()
+
+
+# -- PostgreSQL (the HA backend) -------------------------------------------------------------------------
+
+
+def _pg_binaries() -> tuple[str, str] | None:
+    import shutil
+
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if not initdb or not pg_ctl:
+        return None
+    try:
+        import asyncpg  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        return None
+    return initdb, pg_ctl
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """A throwaway PostgreSQL server on a Unix socket; yields its DSN prefix (skips if PostgreSQL is absent)."""
+    import os
+    import shutil
+    import subprocess
+
+    bins = _pg_binaries()
+    if bins is None:
+        pytest.skip("PostgreSQL (initdb, pg_ctl) or asyncpg not installed")
+    initdb, pg_ctl = bins
+    import tempfile
+
+    # not under pytest's tmp dir: the postgres user must be able to reach it
+    base = Path(tempfile.mkdtemp(prefix="tandem-pg-"))
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # postgres refuses to run as root
+        runuser = shutil.which("runuser")
+        if runuser is None:
+            pytest.skip("running as root without runuser")
+        shutil.chown(base, "postgres", "postgres")
+        run_as = [runuser, "-u", "postgres", "--"]
+    data, port = base / "data", 55000 + os.getpid() % 5000
+    try:
+        subprocess.run([*run_as, initdb, "-D", str(data), "-A", "trust", "-U", "tandem"], check=True,
+                       capture_output=True)
+        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-o",
+                        f"-k {base} -p {port} -c listen_addresses='' -c fsync=off", "start"],
+                       check=True, capture_output=True)
+        yield f"postgresql://tandem@/?host={base}&port={port}"
+    finally:
+        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def fresh_pg_database(server: str) -> str:
+    """A new empty database on the test server; returns its DSN."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    name = f"t{next(_db_counter)}"
+    conn = await asyncpg.connect(server.replace("/?", "/postgres?"))
+    try:
+        await conn.execute(f"CREATE DATABASE {name}")
+    finally:
+        await conn.close()
+    return server.replace("/?", f"/{name}?")
+
+
+_db_counter = itertools.count(1)

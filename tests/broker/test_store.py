@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,16 @@ from broker.records import (
 )
 from broker.states import AttemptOutcome, JobState
 from broker.store.sqlite import SqliteStore
-from tests.broker.store_builders import FakeClock, clock, file_store, id_gen, new_job, store  # noqa: F401
+from tests.broker.store_builders import (  # noqa: F401
+    FakeClock,
+    clock,
+    file_store,
+    id_gen,
+    new_job,
+    pg_server,
+    sqlite_only,
+    store,
+)
 
 S = JobState
 
@@ -101,42 +111,74 @@ async def test_submit_all_is_atomic(store: SqliteStore) -> None:
 # -- group commit ----------------------------------------------------------------------------------
 
 
-def _block_writer(s: SqliteStore) -> tuple[threading.Event, "asyncio.Future[None]"]:
-    """Occupy the writer thread until the returned event is set, so requests queue up behind it."""
-    gate, entered = threading.Event(), threading.Event()
+class _Blocker:
+    """Occupies the store's writer (thread or task) until released, so requests queue up behind it."""
 
-    def hold(_: sqlite3.Connection) -> None:
-        entered.set()
-        gate.wait(10)
+    def __init__(self, s: SqliteStore) -> None:
+        self.store = s
+        if isinstance(s, SqliteStore):
+            self._gate, self._entered = threading.Event(), threading.Event()
 
-    fut = asyncio.ensure_future(s.committer.call(hold))
-    return gate, fut, entered  # type: ignore[return-value]
+            def hold(_: sqlite3.Connection) -> None:
+                self._entered.set()
+                self._gate.wait(10)
+
+            self.done = asyncio.ensure_future(s.committer.call(hold))
+        else:
+            self._agate, self._aentered = asyncio.Event(), asyncio.Event()
+
+            async def ahold(_: object) -> None:
+                self._aentered.set()
+                await self._agate.wait()
+
+            self.done = asyncio.ensure_future(s._write(ahold))  # type: ignore[attr-defined]
+
+    async def entered(self) -> None:
+        if isinstance(self.store, SqliteStore):
+            await asyncio.get_running_loop().run_in_executor(None, self._entered.wait, 10)
+        else:
+            await self._aentered.wait()
+
+    async def release(self) -> None:
+        await asyncio.sleep(0)  # let every queued task enqueue first
+        if isinstance(self.store, SqliteStore):
+            self._gate.set()
+        else:
+            self._agate.set()
+        await self.done
+
+
+def _stats(s: SqliteStore) -> Any:
+    return s.committer.stats if isinstance(s, SqliteStore) else s.stats  # type: ignore[attr-defined]
+
+
+def _set_fault(s: SqliteStore, fault: Any) -> None:
+    if isinstance(s, SqliteStore):
+        s.committer.fault = fault
+    else:
+        s.fault = fault  # type: ignore[attr-defined]
 
 
 async def test_waiting_submissions_share_one_transaction(store: SqliteStore) -> None:
-    gate, blocker, entered = _block_writer(store)  # type: ignore[misc]
-    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
-    before = store.committer.stats.batches
+    blocker = _Blocker(store)
+    await blocker.entered()
+    before = _stats(store).batches
     tasks = [asyncio.ensure_future(store.submit(new_job(key=f"k{i}"))) for i in range(50)]
-    await asyncio.sleep(0)  # let every task enqueue
-    gate.set()
-    await blocker
+    await blocker.release()
     results = await asyncio.gather(*tasks)
     assert all(r.created for r in results)
-    assert store.committer.stats.batches - before == 2  # the blocker's batch + one batch of 50
-    assert store.committer.stats.sizes[50] == 1
+    assert _stats(store).batches - before == 2  # the blocker's batch + one batch of 50
+    assert _stats(store).sizes[50] == 1
 
 
 async def test_failed_commit_fails_every_member_and_keeps_nothing(store: SqliteStore) -> None:
-    gate, blocker, entered = _block_writer(store)  # type: ignore[misc]
-    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
-    store.committer.fault = lambda size: sqlite3.OperationalError("disk I/O error") if size == 5 else None
+    blocker = _Blocker(store)
+    await blocker.entered()
+    _set_fault(store, lambda size: OSError("disk I/O error") if size == 5 else None)
     tasks = [asyncio.ensure_future(store.submit(new_job(key=f"k{i}"))) for i in range(5)]
-    await asyncio.sleep(0)
-    gate.set()
-    await blocker
+    await blocker.release()
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-    store.committer.fault = None
+    _set_fault(store, None)
     assert all(isinstance(o, errors.BatchFailed) for o in outcomes)
     assert all(o.code is Code.UNAVAILABLE and o.retryable for o in outcomes if isinstance(o, errors.TandemError))
     assert (await store.list_jobs(JobFilter())).jobs == ()
@@ -146,23 +188,25 @@ async def test_failed_commit_fails_every_member_and_keeps_nothing(store: SqliteS
 
 async def test_one_members_error_does_not_sink_the_batch(store: SqliteStore) -> None:
     await store.submit(new_job(key="dup", gpus=1))
-    gate, blocker, entered = _block_writer(store)  # type: ignore[misc]
-    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+    blocker = _Blocker(store)
+    await blocker.entered()
     good1 = asyncio.ensure_future(store.submit(new_job(key="g1")))
     bad = asyncio.ensure_future(store.submit(new_job(key="dup", gpus=2)))
     good2 = asyncio.ensure_future(store.submit(new_job(key="g2")))
-    await asyncio.sleep(0)
-    gate.set()
-    await blocker
+    cas = asyncio.ensure_future(store.transition(Transition("nope", S.QUEUED, 0, S.RESERVED, reason="x")))
+    await blocker.release()
     assert (await good1).created and (await good2).created
     with pytest.raises(errors.IdempotencyConflict):
         await bad
+    with pytest.raises(errors.JobNotFound):
+        await cas
     assert len((await store.list_jobs(JobFilter())).jobs) == 3
 
 
 async def test_unexpected_error_in_a_savepoint_free_request_fails_the_whole_batch(store: SqliteStore) -> None:
-    gate, blocker, entered = _block_writer(store)  # type: ignore[misc]
-    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+    sqlite_only(store)
+    blocker = _Blocker(store)
+    await blocker.entered()
 
     def half_write(c: sqlite3.Connection) -> None:
         c.execute("INSERT INTO meta (key, value) VALUES ('half', 1)")
@@ -170,9 +214,7 @@ async def test_unexpected_error_in_a_savepoint_free_request_fails_the_whole_batc
 
     good = asyncio.ensure_future(store.submit(new_job(key="g")))
     bad = asyncio.ensure_future(store.committer.call(half_write, savepoint=False))
-    await asyncio.sleep(0)
-    gate.set()
-    await blocker
+    await blocker.release()
     outcomes = await asyncio.gather(good, bad, return_exceptions=True)
     assert all(isinstance(o, errors.BatchFailed) for o in outcomes)
     assert (await store.list_jobs(JobFilter())).jobs == ()
@@ -433,6 +475,7 @@ async def test_filtered_watch_page_advances_past_other_tenants(store: SqliteStor
 
 
 async def test_waiting_does_not_spin_on_its_own_reads(store: SqliteStore) -> None:
+    sqlite_only(store)
     rev = await store.current_revision()
     before = store.committer.stats.batches
     assert await store.wait_for_revision(rev, timeout_s=0.2) == rev

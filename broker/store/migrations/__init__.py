@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from broker.store.migrations import m0001_initial
+from broker.store.migrations import m0001_initial, pg0001_initial
 
-__all__ = ["MIGRATIONS", "LATEST"]
+__all__ = ["MIGRATIONS", "LATEST", "PG_MIGRATIONS", "PG_LATEST"]
 
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, m0001_initial.STATEMENTS),
@@ -12,3 +12,10 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
 """(version, statements); append new versions, never edit applied ones."""
 
 LATEST = MIGRATIONS[-1][0]
+
+PG_MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, pg0001_initial.STATEMENTS),
+)
+"""The PostgreSQL store's migrations: same version numbers, same meaning as MIGRATIONS."""
+
+PG_LATEST = PG_MIGRATIONS[-1][0]

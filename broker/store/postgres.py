@@ -1,0 +1,479 @@
+"""PostgreSQL implementation of ``Store`` (asyncpg) for HA: one leader per database by advisory lock, group commit.
+
+Same contract and test suite as the SQLite store. The leader's single writer
+connection assigns every revision, so sequence order is commit order.
+Standby brokers fail ``open()`` with StoreUnavailable until the leader's lock
+is free (call it again to take over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from broker import lifecycle
+from broker.errors import BatchFailed, Internal, JobFinished, RevisionCompacted, StoreUnavailable, TandemError
+from broker.records import (
+    AttemptRecord,
+    CompactionResult,
+    DispatchOrder,
+    JobFilter,
+    JobPage,
+    JobRecord,
+    NewJob,
+    Reservation,
+    SubmitResult,
+    Transition,
+    WatchEvent,
+    WatchPage,
+)
+from broker.states import JobState
+from broker.store import codec, pg_sql
+from broker.store.base import Clock, Decide, IdGen, Store, StoreOptions
+from broker.store.commit import CommitStats
+
+__all__ = ["PostgresStore", "LEADER_LOCK"]
+
+T = TypeVar("T")
+Conn = Any
+Op = Callable[[Conn], Awaitable[Any]]
+log = logging.getLogger(__name__)
+
+LEADER_LOCK = 0x74616E64656D  # "tandem": the advisory lock the leader holds on its writer connection
+
+
+@dataclass(slots=True)
+class _Request:
+    op: Op
+    future: asyncio.Future[Any]
+    savepoint: bool
+
+
+class PostgresStore(Store):
+    """``dsn`` as asyncpg takes it, e.g. ``postgresql://tandem@/tandem?host=/run/postgresql``."""
+
+    def __init__(
+        self, dsn: str, *, clock: Clock = time.time, id_gen: IdGen | None = None,
+        options: StoreOptions = StoreOptions(), readers: int = 4,
+    ) -> None:
+        self._dsn = dsn
+        self._clock = clock
+        self._id_gen = id_gen or (lambda: codec.new_job_id(lambda: int(clock() * 1000)))
+        self._opts = options
+        self._readers = readers
+        self._conn: Conn = None
+        self._pool: Any = None
+        self._queue: asyncio.Queue[_Request | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._tokens: codec.PageTokens | None = None
+        self._signal: asyncio.Future[None] | None = None
+        self._revision = 0
+        self.stats = CommitStats()
+        self.schema_version = 0
+        self.fault: Callable[[int], BaseException | None] | None = None
+        """Test hook: called with the batch size before COMMIT; an exception it returns fails the batch."""
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._task is not None:
+            return
+        import asyncpg  # type: ignore[import-untyped]  # the optional driver only this backend needs
+
+        conn = await asyncpg.connect(self._dsn)
+        try:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK):
+                raise StoreUnavailable("another broker is the leader of this database")
+            self.schema_version = await pg_sql.migrate(conn, self._clock())
+            secret = await conn.fetchval("SELECT value FROM meta WHERE key='page_secret'")
+            if secret is None:
+                secret = os.urandom(32)
+                await conn.execute("INSERT INTO meta (key, value) VALUES ('page_secret', $1)", secret)
+            self._revision = await pg_sql.revision(conn)
+            self._pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=self._readers)
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+        self._tokens = codec.PageTokens(bytes(secret))
+        self._queue = asyncio.Queue()
+        self._signal = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._writer(), name="tandem-store-writer")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        await self._queue.put(None)
+        await task
+        await self._pool.close()
+        await self._conn.close()  # releases the leader lock
+
+    # -- group commit ----------------------------------------------------------------------------
+
+    async def _write(self, op: Op, *, savepoint: bool = True) -> Any:
+        if self._task is None:
+            raise StoreUnavailable("store is not open")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Request(op, fut, savepoint))
+        return await fut
+
+    async def _writer(self) -> None:
+        while True:
+            first = await self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            stop = False
+            while len(batch) < self._opts.max_batch and not self._queue.empty():
+                nxt = self._queue.get_nowait()
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            await self._run_batch(batch)
+            if stop:
+                break
+        while not self._queue.empty():
+            req = self._queue.get_nowait()
+            if req is not None and not req.future.done():
+                req.future.set_exception(StoreUnavailable("store is closed"))
+
+    async def _run_batch(self, batch: list[_Request]) -> None:
+        c = self._conn
+        results: list[tuple[Any, BaseException | None]] = []
+        tx = c.transaction()
+        try:
+            await tx.start()
+            try:
+                for req in batch:
+                    results.append(await self._run_one(c, req))
+                injected = self.fault(len(batch)) if self.fault is not None else None
+                if injected is not None:
+                    raise injected
+            except BaseException:
+                await tx.rollback()
+                raise
+            await tx.commit()
+        except Exception as e:  # every member learns of it
+            self.stats.failed_batches += 1
+            log.error("store batch failed", extra={"batch_size": len(batch), "error": repr(e)})
+            for req in batch:
+                if not req.future.done():
+                    failed = BatchFailed("the store could not commit this request; retry it")
+                    failed.__cause__ = e
+                    req.future.set_exception(failed)
+            return
+        self.stats.record(len(batch))
+        self._publish(await pg_sql.revision(c))
+        for req, (value, error) in zip(batch, results):
+            if req.future.done():
+                continue
+            if error is not None:
+                req.future.set_exception(error)
+            else:
+                req.future.set_result(value)
+
+    async def _run_one(self, c: Conn, req: _Request) -> tuple[Any, BaseException | None]:
+        import asyncpg
+
+        if not req.savepoint:
+            try:
+                return await req.op(c), None
+            except TandemError as e:
+                return None, e  # raised before any write, by the caller's promise
+        sp = c.transaction()  # nested: a SAVEPOINT
+        await sp.start()
+        try:
+            value = await req.op(c)
+        except TandemError as e:
+            await sp.rollback()
+            return None, e
+        except asyncpg.IntegrityConstraintViolationError as e:
+            await sp.rollback()
+            err = Internal("store constraint violated")
+            err.__cause__ = e
+            return None, err
+        except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError):
+            raise
+        except Exception as e:
+            await sp.rollback()
+            err = Internal(f"store request failed: {type(e).__name__}")
+            err.__cause__ = e
+            return None, err
+        await sp.commit()
+        return value, None
+
+    def _publish(self, rev: int) -> None:
+        if rev <= self._revision:
+            return
+        self._revision = rev
+        fut, self._signal = self._signal, asyncio.get_running_loop().create_future()
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def _read(self, op: Op) -> Any:
+        if self._pool is None or self._task is None:
+            raise StoreUnavailable("store is not open")
+        async with self._pool.acquire() as c:
+            async with c.transaction(isolation="repeatable_read", readonly=True):
+                return await op(c)
+
+    # -- submission ------------------------------------------------------------------------------
+
+    async def submit(self, job: NewJob) -> SubmitResult:
+        async def op(c: Conn) -> SubmitResult:
+            return await pg_sql.submit_job(c, job, id_gen=self._id_gen, now=self._clock())
+
+        result: SubmitResult = await self._write(op, savepoint=False)
+        return result
+
+    async def submit_all(self, jobs: Sequence[NewJob]) -> list[SubmitResult]:
+        items = list(jobs)
+
+        async def op(c: Conn) -> list[SubmitResult]:
+            return [await pg_sql.submit_job(c, j, id_gen=self._id_gen, now=self._clock()) for j in items]
+
+        result: list[SubmitResult] = await self._write(op)
+        return result
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def get_job(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
+        job: JobRecord = await self._read(lambda c: pg_sql.load_job(c, job_id, tenant))
+        return job
+
+    async def list_attempts(self, job_id: str) -> list[AttemptRecord]:
+        async def op(c: Conn) -> list[AttemptRecord]:
+            rows = await c.fetch("SELECT * FROM attempts WHERE job_id=$1 ORDER BY number", job_id)
+            return [codec.attempt_from_row(r) for r in rows]
+
+        result: list[AttemptRecord] = await self._read(op)
+        return result
+
+    async def job_history(self, job_id: str) -> list[WatchEvent]:
+        async def op(c: Conn) -> list[WatchEvent]:
+            rows = await c.fetch("SELECT * FROM events WHERE job_id=$1 ORDER BY revision", job_id)
+            return [codec.event_from_row(r) for r in rows]
+
+        result: list[WatchEvent] = await self._read(op)
+        return result
+
+    async def list_jobs(self, flt: JobFilter, *, page_size: int = 0, page_token: str = "") -> JobPage:
+        if self._tokens is None:
+            raise StoreUnavailable("store is not open")
+        size = min(page_size if page_size > 0 else self._opts.default_page_size, self._opts.max_page_size)
+        after = self._tokens.decode(page_token, flt) if page_token else 0
+        where: list[str] = ["seq > $1"]
+        args: list[object] = [after]
+
+        def arg(v: object) -> str:
+            args.append(v)
+            return f"${len(args)}"
+
+        if flt.tenant is not None:
+            where.append(f"tenant = {arg(flt.tenant)}")
+        if flt.states:
+            where.append(f"state = ANY({arg(sorted(s.value for s in flt.states))}::text[])")
+        if flt.queue is not None:
+            where.append(f"queue = {arg(flt.queue)}")
+        if flt.job_set is not None:
+            where.append(f"job_set = {arg(flt.job_set)}")
+        if flt.labels:
+            where.append(f"labels @> {arg(codec.dumps(dict(flt.labels)))}::jsonb")
+        query = f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY seq LIMIT {arg(size + 1)}"
+
+        async def op(c: Conn) -> list[JobRecord]:
+            return [codec.job_from_row(r) for r in await c.fetch(query, *args)]
+
+        jobs: list[JobRecord] = await self._read(op)
+        more = len(jobs) > size
+        jobs = jobs[:size]
+        token = self._tokens.encode(jobs[-1].seq, flt) if more and jobs else ""
+        return JobPage(tuple(jobs), token)
+
+    async def active_jobs(self) -> list[JobRecord]:
+        async def op(c: Conn) -> list[JobRecord]:
+            rows = await c.fetch("SELECT * FROM jobs WHERE state = ANY($1::text[]) ORDER BY seq", pg_sql.ACTIVE_STATES)
+            return [codec.job_from_row(r) for r in rows]
+
+        result: list[JobRecord] = await self._read(op)
+        return result
+
+    _OPEN_ATTEMPTS = (
+        "SELECT a.*, j.tenant AS tenant FROM attempts a JOIN jobs j ON j.job_id = a.job_id AND j.attempt = a.number"
+        " WHERE a.outcome IS NULL AND j.state = ANY($1::text[]) ORDER BY j.seq"
+    )
+
+    async def active_attempts(self) -> list[AttemptRecord]:
+        async def op(c: Conn) -> list[AttemptRecord]:
+            return [codec.attempt_from_row(r) for r in await c.fetch(self._OPEN_ATTEMPTS, pg_sql.ACTIVE_STATES)]
+
+        result: list[AttemptRecord] = await self._read(op)
+        return result
+
+    async def active_reservations(self) -> list[Reservation]:
+        async def op(c: Conn) -> list[Reservation]:
+            rows = await c.fetch(self._OPEN_ATTEMPTS, pg_sql.ACTIVE_STATES)
+            return [codec.attempt_from_row(r).reservation(r["tenant"]) for r in rows]
+
+        result: list[Reservation] = await self._read(op)
+        return result
+
+    # -- state changes ---------------------------------------------------------------------------
+
+    async def transition(self, t: Transition) -> JobRecord:
+        async def op(c: Conn) -> JobRecord:
+            return await pg_sql.apply_transition(c, await pg_sql.load_job(c, t.job_id), t, self._clock())
+
+        result: JobRecord = await self._write(op)
+        return result
+
+    async def mutate(self, job_id: str, decide: Decide) -> JobRecord:
+        async def op(c: Conn) -> JobRecord:
+            job = await pg_sql.load_job(c, job_id)
+            t = decide(job, await pg_sql.current_attempt(c, job))
+            return job if t is None else await pg_sql.apply_transition(c, job, t, self._clock())
+
+        result: JobRecord = await self._write(op)
+        return result
+
+    async def apply_event(self, event: lifecycle.Event) -> tuple[JobRecord, lifecycle.Reaction]:
+        async def op(c: Conn) -> tuple[JobRecord, lifecycle.Reaction]:
+            job = await pg_sql.load_job(c, event.job_id)
+            now = self._clock()
+            reaction = lifecycle.react(job, await pg_sql.current_attempt(c, job), event, self._opts.retry, now)
+            if reaction.transition is None:
+                return job, reaction
+            return await pg_sql.apply_transition(c, job, reaction.transition, now), reaction
+
+        result: tuple[JobRecord, lifecycle.Reaction] = await self._write(op)
+        return result
+
+    async def _cancel(self, c: Conn, job: JobRecord, actor: str, message: str, grace_s: float) -> JobRecord | None:
+        ev = lifecycle.CancelRequested(job.job_id, actor=actor, message=message, grace_s=grace_s)
+        now = self._clock()
+        reaction = lifecycle.react(job, await pg_sql.current_attempt(c, job), ev, self._opts.retry, now)
+        if reaction.transition is None:
+            return None
+        return await pg_sql.apply_transition(c, job, reaction.transition, now)
+
+    async def cancel_job(
+        self, job_id: str, *, tenant: str | None, actor: str, message: str = "", grace_s: float = 30.0
+    ) -> JobRecord:
+        async def op(c: Conn) -> JobRecord:
+            job = await pg_sql.load_job(c, job_id, tenant)
+            if job.state in (JobState.SUCCEEDED, JobState.FAILED):
+                raise JobFinished(f"job {job_id} already {job.state.value}", job_id=job_id, state=job.state.value)
+            return await self._cancel(c, job, actor, message, grace_s) or job
+
+        result: JobRecord = await self._write(op)
+        return result
+
+    async def cancel_job_set(
+        self, tenant: str, job_set: str, *, actor: str, message: str = "", grace_s: float = 30.0
+    ) -> list[JobRecord]:
+        async def op(c: Conn) -> list[JobRecord]:
+            rows = await c.fetch(
+                "SELECT * FROM jobs WHERE tenant=$1 AND job_set=$2 AND state = ANY($3::text[]) ORDER BY seq",
+                tenant, job_set, pg_sql.ACTIVE_STATES,
+            )
+            changed = []
+            for row in rows:
+                done = await self._cancel(c, codec.job_from_row(row), actor, message, grace_s)
+                if done is not None:
+                    changed.append(done)
+            return changed
+
+        result: list[JobRecord] = await self._write(op)
+        return result
+
+    # -- outbox ----------------------------------------------------------------------------------
+
+    async def pending_orders(self, cluster: str, *, after: int = 0, limit: int = 1000) -> list[DispatchOrder]:
+        async def op(c: Conn) -> list[DispatchOrder]:
+            rows = await c.fetch(
+                "SELECT * FROM orders WHERE cluster=$1 AND delivered_at IS NULL AND order_id > $2"
+                " ORDER BY order_id LIMIT $3", cluster, after, limit,
+            )
+            return [codec.order_from_row(r) for r in rows]
+
+        result: list[DispatchOrder] = await self._read(op)
+        return result
+
+    async def ack_orders(self, cluster: str, order_ids: Sequence[int]) -> int:
+        ids = list(order_ids)
+
+        async def op(c: Conn) -> int:
+            status = await c.execute(
+                "UPDATE orders SET delivered_at=$1 WHERE order_id = ANY($2::bigint[]) AND cluster=$3"
+                " AND delivered_at IS NULL", self._clock(), ids, cluster,
+            )
+            return int(status.split()[-1])
+
+        result: int = await self._write(op)
+        return result
+
+    # -- watch & retention -----------------------------------------------------------------------
+
+    async def current_revision(self) -> int:
+        if self._task is None:
+            raise StoreUnavailable("store is not open")
+        return self._revision
+
+    async def compacted_revision(self) -> int:
+        result: int = await self._read(lambda c: pg_sql.meta_int(c, "compacted_revision"))
+        return result
+
+    async def watch_events(
+        self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
+    ) -> list[WatchEvent]:
+        return list((await self.watch_page(from_revision, limit=limit, tenant=tenant, job_set=job_set)).events)
+
+    async def watch_page(
+        self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
+    ) -> WatchPage:
+        n = min(limit if limit > 0 else self._opts.max_watch_batch, self._opts.max_watch_batch)
+        # only committed revisions: a reader never looks past what the writer has published
+        upto = self._revision
+        query = ("SELECT * FROM events WHERE revision > $1 AND revision <= $2"
+                 " AND ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR job_set = $4)"
+                 " ORDER BY revision LIMIT $5")
+
+        async def op(c: Conn) -> WatchPage:
+            compacted = await pg_sql.meta_int(c, "compacted_revision")
+            if from_revision < compacted:
+                raise RevisionCompacted(
+                    f"revision {from_revision} was compacted (compacted up to {compacted}); list again, then watch",
+                    compacted_revision=compacted,
+                )
+            rows = await c.fetch(query, from_revision, upto, tenant, job_set, n)
+            events = tuple(codec.event_from_row(r) for r in rows)
+            covered = events[-1].revision if len(events) >= n else max(from_revision, upto)
+            return WatchPage(events, covered)
+
+        result: WatchPage = await self._read(op)
+        return result
+
+    async def wait_for_revision(self, after: int, timeout_s: float) -> int:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            signal = self._signal
+            rev = await self.current_revision()
+            remaining = deadline - loop.time()
+            if rev > after or remaining <= 0 or signal is None:
+                return rev
+            try:
+                await asyncio.wait_for(asyncio.shield(signal), remaining)
+            except TimeoutError:
+                return await self.current_revision()
+
+    async def compact(self, *, finished_before: float, limit: int = 10_000) -> CompactionResult:
+        result: CompactionResult = await self._write(lambda c: pg_sql.compact_jobs(c, finished_before, limit))
+        return result
