@@ -207,12 +207,13 @@ class FragEvaluator:
     def after_whole(
         self, arrays: GpuArrays, rows: npt.NDArray[np.int64], demand: PodDemand
     ) -> F64:
-        """[R]: F after a CPU-only or whole-GPU pod; which free GPUs it takes does not matter."""
+        """[R]: F after a non-sharing pod takes g from each of the k tightest GPUs that fit."""
         left = arrays.gpu_left[rows]
         if demand.gpu_count:
-            free = left == GPU_MILLI
-            take = free & (np.cumsum(free, axis=1) <= demand.gpu_count)
-            left = np.where(take, 0, left)
+            order = np.argsort(np.where(left >= demand.gpu_milli, left, 2 * GPU_MILLI),
+                               axis=1, kind="stable")[:, : demand.gpu_count]
+            left = left.copy()
+            np.put_along_axis(left, order, np.take_along_axis(left, order, 1) - demand.gpu_milli, 1)
         return frag_amount(
             arrays.cpu_left[rows] - demand.cpu_milli, left, arrays.model_code[rows],
             self.access(arrays.model_names), self.workload, arrays.mem_left[rows] - demand.mem_mib,

@@ -48,8 +48,6 @@ class PodDemand:
             raise ValueError("gpu_milli must lie in 0..1000")
         if (self.gpu_count == 0) != (self.gpu_milli == 0):
             raise ValueError("gpu_count and gpu_milli must both be zero or both positive")
-        if self.gpu_count > 1 and self.gpu_milli != GPU_MILLI:
-            raise ValueError("multi-GPU pods must take whole GPUs")
 
     @property
     def total_gpu_milli(self) -> int:
@@ -170,19 +168,20 @@ class GpuArrays:
         return ok
 
     def select_gpus_best(self, row: int, demand: PodDemand) -> tuple[int, ...]:
-        """Exclusive: lowest-index free GPUs; sharing: tightest GPU that fits (lowest index on ties)."""
+        """Whole GPUs: the lowest-index free ones; partial: the tightest that fit (lowest index on ties)."""
         left = self.gpu_left[row]
         if demand.gpu_count == 0:
             return ()
-        if not demand.is_sharing:
+        if demand.gpu_milli == GPU_MILLI:
             free = np.flatnonzero(left == GPU_MILLI)[: demand.gpu_count]
             if len(free) < demand.gpu_count:
                 raise ValueError("node has too few free GPUs")
             return tuple(int(i) for i in free)
         fit = np.flatnonzero(left >= demand.gpu_milli)
-        if len(fit) == 0:
-            raise ValueError("no GPU has room")
-        return (int(fit[np.argmin(left[fit])]),)
+        if len(fit) < demand.gpu_count:
+            raise ValueError("too few GPUs have room")
+        tight = fit[np.argsort(left[fit], kind="stable")][: demand.gpu_count]
+        return tuple(sorted(int(i) for i in tight))
 
     def place(self, row: int, demand: PodDemand, gpus: Sequence[int]) -> None:
         """Commit a placement in place (the simulator's cheap path); bumps the row version."""
