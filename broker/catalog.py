@@ -112,6 +112,8 @@ class ClusterEntry:
     excluded_nodes: set[str] = field(default_factory=set)
     arrays: ClusterArrays | None = None
     empty: ClusterArrays | None = None
+    overlaid: dict[str, Node] = field(default_factory=dict)
+    """Memo of nodes after the reservations overlay; a node's entry goes when its reservations or report change."""
     """The same nodes with everything free (never-fit check); rebuilt when the node set changes."""
 
     def usability(self, now: float, stale_after_s: float) -> Usability:
@@ -211,6 +213,7 @@ class Catalog:
                 entry.nodes[node.name] = node
         entry.sequence = report.sequence
         entry.bound = dict(report.bound)
+        entry.overlaid.clear()
         entry.excluded_nodes.clear()
         entry.last_seen = now
         entry.last_report = now
@@ -277,7 +280,11 @@ class Catalog:
 
     def _shift(self, res: Reservation, sign: int) -> None:
         entry = self.clusters.get(res.cluster)
-        if entry is None or entry.arrays is None:
+        if entry is None:
+            return
+        for r in res.replicas:
+            entry.overlaid.pop(r.node, None)
+        if entry.arrays is None:
             return
         entry.arrays.add_pending(self._unbound(res), sign)
         self.fleet.refresh_summary(res.cluster)

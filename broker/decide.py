@@ -88,30 +88,41 @@ def level_index(entry: ClusterEntry, level: str | None) -> int | None | bool:
 
 
 def overlaid_nodes(catalog: Catalog, entry: ClusterEntry, rows: Sequence[int]) -> list[Node]:
-    """Nodes of `rows` minus reserved-but-unbound replicas: the core's reservations overlay."""
+    """Nodes of `rows` minus reserved-but-unbound replicas: the core's reservations overlay, memoised per node."""
     arrays = entry.arrays
     assert arrays is not None
-    nodes = tuple(arrays.nodes[r] for r in rows)
-    names = {n.name for n in nodes}
+    out: list[Node] = []
+    for r in rows:
+        node = arrays.nodes[r]
+        done = entry.overlaid.get(node.name)
+        if done is None:
+            done = _overlay_one(catalog, entry, node)
+            entry.overlaid[node.name] = done
+        out.append(done)
+    return out
+
+
+def _overlay_one(catalog: Catalog, entry: ClusterEntry, node: Node) -> Node:
+    touching = catalog.reservations_touching(entry.name, (node.name,))
+    if not touching:
+        return node
     reservations = []
     bound = []
-    for res in catalog.reservations_touching(entry.name, names):
+    for res in touching:
         merged: dict[tuple[str, str], int] = {}
         for r in res.replicas:
-            if r.node in names:
+            if r.node == node.name:
                 merged[(r.pod_set, r.node)] = merged.get((r.pod_set, r.node), 0) + 1
-        parts = tuple(core_overlay.ReservedPart(ps, node, n, res.shapes[ps]) for (ps, node), n in merged.items())
+        parts = tuple(core_overlay.ReservedPart(ps, n, k, res.shapes[ps]) for (ps, n), k in merged.items())
         reservations.append(core_overlay.Reservation(res.job_id, res.attempt, parts))
         done = entry.bound.get(res.key, frozenset())
         counts: dict[tuple[str, str], int] = {}
         for r in res.replicas:
-            if (r.pod_set, r.index) in done and r.node in names:
+            if (r.pod_set, r.index) in done and r.node == node.name:
                 counts[(r.pod_set, r.node)] = counts.get((r.pod_set, r.node), 0) + 1
         bound.append(core_overlay.BoundReplicas(res.job_id, res.attempt, counts))
-    if not reservations:
-        return list(nodes)
-    report = core_overlay.InventoryReport(entry.name, entry.sequence, nodes, tuple(bound))
-    return list(core_overlay.effective_nodes(report, reservations))
+    report = core_overlay.InventoryReport(entry.name, entry.sequence, (node,), tuple(bound))
+    return core_overlay.effective_nodes(report, reservations)[0]
 
 
 def _placements(req: JobRequest, placed: GangPlacement) -> tuple[ReplicaPlacement, ...]:
