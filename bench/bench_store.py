@@ -15,7 +15,12 @@ import sqlite3
 import statistics
 import tempfile
 import time
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from broker.store.base import StoreOptions
 from broker.store.hammer import job_for_key, key_for
@@ -32,7 +37,14 @@ def _pct(xs: list[float], p: float) -> float:
 
 
 async def _one(path: str, submitters: int, total: int, max_batch: int) -> dict[str, object]:
-    store = SqliteStore(path, options=StoreOptions(max_batch=max_batch))
+    opts = StoreOptions(max_batch=max_batch)
+    store: Any
+    if path.startswith("postgresql://"):
+        from broker.store.postgres import PostgresStore
+
+        store = PostgresStore(path, options=opts)
+    else:
+        store = SqliteStore(path, options=opts)
     await store.open()
     per = max(1, total // submitters)
     lat: list[float] = []
@@ -46,7 +58,7 @@ async def _one(path: str, submitters: int, total: int, max_batch: int) -> dict[s
     t0 = time.perf_counter()
     await asyncio.gather(*(submitter(w) for w in range(submitters)))
     elapsed = time.perf_counter() - t0
-    stats = store.committer.stats
+    stats = store.committer.stats if isinstance(store, SqliteStore) else store.stats
     await store.close()
     sizes = [s for s, n in stats.sizes.items() for _ in range(n)]
     n = per * submitters
@@ -58,6 +70,46 @@ async def _one(path: str, submitters: int, total: int, max_batch: int) -> dict[s
         "batch_p90": _pct([float(s) for s in sizes], 90), "batch_max": max(sizes),
         "ack_p50_ms": round(_pct(lat, 50) * 1000, 2), "ack_p99_ms": round(_pct(lat, 99) * 1000, 2),
     }
+
+
+@contextmanager
+def _postgres() -> Iterator[str | None]:
+    """A throwaway PostgreSQL server with durable settings (fsync, synchronous_commit on); None if unavailable."""
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    try:
+        import asyncpg  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        initdb = None
+    if not initdb or not pg_ctl:
+        yield None
+        return
+    base = Path(tempfile.mkdtemp(prefix="tandem-bench-pg-"))
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # postgres refuses to run as root
+        shutil.chown(base, "postgres", "postgres")
+        run_as = ["runuser", "-u", "postgres", "--"]
+    data, port = base / "data", 56000 + os.getpid() % 4000
+    try:
+        subprocess.run([*run_as, initdb, "-D", str(data), "-A", "trust", "-U", "tandem"], check=True,
+                       capture_output=True)
+        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-o",
+                        f"-k {base} -p {port} -c listen_addresses='' -c fsync=on -c synchronous_commit=on",
+                        "start"], check=True, capture_output=True)
+        yield f"postgresql://tandem@/postgres?host={base}&port={port}"
+    finally:
+        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def _pg_reset(dsn: str) -> str:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    finally:
+        await conn.close()
+    return dsn
 
 
 def _median(results: list[dict[str, object]]) -> dict[str, object]:
@@ -110,6 +162,15 @@ def main(argv: list[str] | None = None) -> None:
                 n = total if max_batch > 1 and submitters > 1 else min(total, 1000)
                 runs.append(_median([asyncio.run(_one(fresh(), submitters, n, max_batch)) for _ in range(repeat)]))
                 print(json.dumps(runs[-1]))
+        with _postgres() as pg:
+            if pg is not None:
+                for submitters, max_batch in ((64, 1), (64, 512), (256, 512)):
+                    n = total if max_batch > 1 else min(total, 1000)
+                    res = _median([asyncio.run(_one(asyncio.run(_pg_reset(pg)), submitters, n, max_batch))
+                                   for _ in range(repeat)])
+                    res["mode"] = f"PostgreSQL {res['mode']}"
+                    runs.append(res)
+                    print(json.dumps(res))
         # same work without a disk: what the writer thread's CPU alone allows
         ceiling = _median([asyncio.run(_one(":memory:", 64, total, 512)) for _ in range(repeat)])
         ceiling["mode"] = "group commit, :memory: (CPU ceiling, not durable)"
