@@ -1,4 +1,4 @@
-"""Durable job store: the interface (base) and its SQLite implementation."""
+"""Durable job store: the interface (base), SQLite (embedded default) and PostgreSQL (HA) implementations."""
 
 from broker.store.base import Store, StoreOptions
 

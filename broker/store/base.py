@@ -1,4 +1,8 @@
-"""The ``Store`` interface the broker's services, placer and dispatcher code against (SQLite today, PostgreSQL later).
+"""The ``Store`` interface the broker's services, placer and dispatcher code against.
+
+Backends: ``sqlite.SqliteStore`` (embedded default: WAL, synchronous=FULL) and
+``postgres.PostgresStore`` (HA: one leader per database by advisory lock);
+tests/broker/test_store.py runs the same contract tests against both.
 
 Contract (every backend, checked by the shared test suite):
 
