@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ExtenderConfig", "TopologyConfig", "load_config", "DEFAULT_DEVICE_CLASS_SELECTORS"]
+__all__ = ["ExtenderConfig", "TopologyConfig", "WorkloadClass", "load_config", "DEFAULT_DEVICE_CLASS_SELECTORS"]
 
 DEFAULT_DEVICE_CLASS_SELECTORS: dict[str, list[str]] = {
     "gpu.nvidia.com": [
@@ -41,6 +41,25 @@ class TopologyConfig(BaseModel):
     def keys(self) -> tuple[str, ...]:
         """Level keys in order, broad to narrow."""
         return (self.zone, self.block, self.rack, self.clique, self.hostname)
+
+
+class WorkloadClass(BaseModel):
+    """One class of the target workload the fragmentation-aware scorer keeps room for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: int = Field(1, ge=1)
+    """GPUs per pod of this class."""
+    gpu_milli: int = Field(1000, ge=1, le=1000)
+    """Share of each GPU, in thousandths (1000 = whole GPUs)."""
+    cpu_milli: int = Field(8000, ge=0)
+    """CPU per pod, millicores."""
+    weight: float = Field(1.0, gt=0)
+    """Relative frequency of this class (normalised over the list)."""
+
+
+def _default_workload() -> list[WorkloadClass]:
+    return [WorkloadClass(gpus=g, cpu_milli=8000 * g) for g in (1, 2, 4, 8)]
 
 
 class ExtenderConfig(BaseModel):
@@ -100,6 +119,12 @@ class ExtenderConfig(BaseModel):
         default_factory=lambda: {k: list(v) for k, v in DEFAULT_DEVICE_CLASS_SELECTORS.items()}
     )
     """CEL selectors of device classes assumed when the cluster has no DeviceClass of that name."""
+    scoring_policy: str = "tandem-frag"
+    """Node scoring policy for prioritize (a placement.scoring.make_policy name: tandem-frag,
+    fgd, bestfit, packing, clustering, dotprod)."""
+    target_workload: list[WorkloadClass] = Field(default_factory=_default_workload)
+    """The pod classes fragmentation is measured against (default: 1, 2, 4 and 8 whole GPUs,
+    8 CPUs per GPU, equally likely)."""
     verdict_cache_size: int = 256
     """Per-shape verdicts kept for the current inventory version (entries)."""
     log_level: str = "INFO"
@@ -110,6 +135,15 @@ class ExtenderConfig(BaseModel):
     def _prefix(cls, v: str) -> str:
         v = v.rstrip("/")
         return v if not v or v.startswith("/") else "/" + v
+
+    @field_validator("scoring_policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        from placement.scoring import POLICY_NAMES
+
+        if v not in POLICY_NAMES:
+            raise ValueError(f"unknown scoring policy {v!r}; known: {', '.join(POLICY_NAMES)}")
+        return v
 
     @field_validator("listen")
     @classmethod

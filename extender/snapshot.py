@@ -22,7 +22,8 @@ from extender.facts import NodeFacts
 from extender.nodefit import Query, Verdict, check_node, room_for
 from placement import dra as core_dra
 from placement.gpuarrays import GpuArrays, PodDemand
-from placement.scoring import BestFitPolicy
+from placement.frag import TargetWorkload, TypicalPod
+from placement.scoring import Policy, make_policy
 
 __all__ = ["Snapshot", "ShapeVerdict", "SCORE_MAX"]
 
@@ -48,6 +49,25 @@ def code_name(code: int) -> str:
     return _CODE_NAMES[code]
 
 
+_NEXT_ROW_VERSION = [1 << 40]  # apart from the core's own counter; unique within the process
+
+
+def _row_versions(n: int) -> npt.NDArray[np.int64]:
+    """Fresh row versions: a row's scores stay memoised by the policy while its version holds."""
+    start = _NEXT_ROW_VERSION[0]
+    _NEXT_ROW_VERSION[0] += n
+    return np.arange(start, start + n, dtype=np.int64)
+
+
+def make_scoring_policy(config: ExtenderConfig) -> Policy:
+    """The configured scoring policy over the configured target workload."""
+    total = sum(c.weight for c in config.target_workload)
+    workload = TargetWorkload(tuple(
+        TypicalPod(c.cpu_milli, c.gpu_milli, c.gpus, frozenset(), c.weight / total) for c in config.target_workload
+    ))
+    return make_policy(config.scoring_policy, workload=workload, rng=np.random.default_rng(0))
+
+
 def _objects(items: Sequence[bytes]) -> npt.NDArray[np.object_]:
     arr = np.empty(len(items), dtype=object)
     arr[:] = items
@@ -58,7 +78,7 @@ class ShapeVerdict:
     """Verdicts of one query over the nodes of a snapshot (row i = snapshot node i), filled in
     for the rows requests name. For each refused row, `"name":"reason"` is kept pre-serialised."""
 
-    __slots__ = ("snap", "query", "memo", "done", "ok", "unresolvable", "codes", "verdicts", "frags", "_raw")
+    __slots__ = ("snap", "query", "memo", "done", "ok", "unresolvable", "codes", "verdicts", "frags")
 
     def __init__(self, snap: Snapshot, query: Query, memo: dict[str, tuple[NodeFacts, Verdict]]) -> None:
         n = len(snap.facts)
@@ -71,7 +91,6 @@ class ShapeVerdict:
         self.codes = np.zeros(n, np.intp)
         self.verdicts: list[Verdict | None] = [None] * n
         self.frags = _objects([b""] * n)
-        self._raw: npt.NDArray[np.float64] | None = None
 
     def carry(self, snap: Snapshot, changed: Rows) -> ShapeVerdict:
         """This query's verdicts moved to the next version of the same node list: rows whose
@@ -81,7 +100,6 @@ class ShapeVerdict:
         sv.done, sv.ok = self.done.copy(), self.ok.copy()
         sv.unresolvable, sv.codes = self.unresolvable.copy(), self.codes.copy()
         sv.verdicts, sv.frags = list(self.verdicts), self.frags.copy()
-        sv._raw = None
         if len(changed):
             sv.done[changed] = False
             sv.ok[changed] = False
@@ -121,13 +139,16 @@ class ShapeVerdict:
         q = self.query
         s = q.shape
         if s.gpus and not s.dra and s.mig_profile is None:
-            if self._raw is None:  # one vectorised pass over every node
-                snap = self.snap
-                demand = PodDemand(cpu_milli=s.cpu_milli, mem_mib=s.memory >> 20, gpu_count=s.gpus,
-                                   gpu_milli=s.gpu_milli)
-                arrays = snap.gpu_arrays()
-                self._raw = BestFitPolicy().score(arrays, demand, np.ones(len(arrays), np.bool_))
-            return self._raw[rows]
+            # The core's scoring policy, vectorised over the GPU columns; it memoises per row
+            # version, and rows keep their version while their node does not change.
+            snap = self.snap
+            demand = PodDemand(cpu_milli=s.cpu_milli, mem_mib=s.memory >> 20, gpu_count=s.gpus,
+                               gpu_milli=s.gpu_milli, models=s.gpu_models)
+            arrays = snap.gpu_arrays()
+            feasible = np.zeros(len(arrays), np.bool_)
+            feasible[rows] = True
+            raw: npt.NDArray[np.float64] = snap.policy.score(arrays, demand, feasible)[rows]
+            return raw
         # MIG / DRA: the tighter the node (fewest further replicas it could take), the better
         facts, ev = self.snap.facts, self.snap.evaluator
         return -np.array([room_for(facts[i], q, ev) for i in rows.tolist()], np.float64)
@@ -170,6 +191,7 @@ class Snapshot:
         self._verdicts: OrderedDict[Query, ShapeVerdict] = OrderedDict()
         self._arrays: GpuArrays | None = None
         self._entry_table: npt.NDArray[np.object_] | None = None
+        self.policy: Policy = previous.policy if previous is not None else make_scoring_policy(config)
 
     @classmethod
     def build(
@@ -238,6 +260,7 @@ class Snapshot:
                 [len(n.gpus) for n in nodes],
                 [code[m] for m in models],
                 names,
+                version=_row_versions(len(nodes)),
             )
         return self._arrays
 
@@ -259,7 +282,9 @@ class Snapshot:
                 left[i, : len(n.gpus)] = [g.milli_free for g in n.gpus]
             count[i] = len(n.gpus)
             code[i] = models[n.gpu_model or ""]
-        return GpuArrays(old.names, cpu, mem, left, count, code, old.model_names)
+        version = old.version.copy()
+        version[self._changed] = _row_versions(len(self._changed))
+        return GpuArrays(old.names, cpu, mem, left, count, code, old.model_names, version=version)
 
     def scores(self, q: Query, rows: Rows) -> npt.NDArray[np.int64]:
         """Extender scores 0..10 of `rows` (valid rows): 0 where the pod does not fit; among the

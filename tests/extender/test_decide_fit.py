@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from extender.config import ExtenderConfig
 from extender.inventory import Inventory
 from tests.extender.extender_builders import args, claim, device_class, node, pod
 from tests.extender.extender_support import ALL_NODES, fixture_pod, make_inventory, start_client
@@ -225,7 +226,7 @@ async def test_prioritize_gives_zero_to_nodes_that_do_not_fit() -> None:
 
 
 async def test_verdicts_and_scores_follow_pod_events() -> None:
-    inv = make_inventory()
+    inv = make_inventory(config=ExtenderConfig(scoring_policy="bestfit"))  # least GPUs left wins
     want4 = fixture_pod("want-4-h100")
     names = ["h100-r1-n2", "h100-r2-n1", "h100-r2-n2"]
     before = {e["Host"]: e["Score"] for e in await call(inv, "prioritize", args(want4, names))}
@@ -240,3 +241,16 @@ async def test_verdicts_and_scores_follow_pod_events() -> None:
     reply = await call(inv, "filter", args(want4, names))
     assert reply["NodeNames"] == ["h100-r1-n2", "h100-r2-n2"]
     assert "3 free GPUs" in reply["FailedNodes"]["h100-r2-n1"]
+
+
+@pytest.mark.parametrize("policy", ["tandem-frag", "fgd", "bestfit", "packing"])
+async def test_every_policy_keeps_the_whole_node_for_later(policy: str) -> None:
+    inv = make_inventory(config=ExtenderConfig(scoring_policy=policy))
+    reply = await call(inv, "prioritize", args(fixture_pod("want-4-h100"), ["h100-r1-n2", "h100-r2-n1", "h100-r2-n2"]))
+    scores = {e["Host"]: e["Score"] for e in reply}
+    assert scores["h100-r2-n1"] > scores["h100-r1-n2"] and scores["h100-r2-n2"] > scores["h100-r1-n2"]
+
+
+def test_unknown_policy_is_a_config_error() -> None:
+    with pytest.raises(ValueError):
+        ExtenderConfig(scoring_policy="nope")
