@@ -165,7 +165,9 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     passed_at = np.flatnonzero(ok)
     passed_names = passed_nodes = None
     if args.nodes is None:
-        passed_names = b",".join(snap.name_json_arr[pos[passed_at]].tolist())
+        passed_rows = pos[passed_at]
+        passed_names = b",".join(snap.name_json_arr[passed_rows].tolist())
+        snap.last_passed = (q, b'"NodeNames":[' + passed_names + b"]", passed_rows)
     else:
         nodes = args.nodes
         passed_nodes = [nodes[j] for j in passed_at.tolist()]
@@ -219,12 +221,29 @@ def _gang_domain_note(inv: Inventory, snap: Snapshot, q: Query) -> str:
     return "; ".join(notes)
 
 
+def _remembered_rows(snap: Snapshot, q: Query, args: ExtenderArgs) -> np.ndarray | None:
+    """The rows of the list the last filter passed, when this body carries exactly that list."""
+    last = snap.last_passed
+    if last is None or last[0] != q or args.nodes is not None or len(args.node_names) != len(last[2]):
+        return None
+    rows = last[2]
+    at = args.raw.rfind(b'"NodeNames":[')  # Go writes NodeNames last: found from the end at once
+    if not len(rows) or at < 0 or args.raw[at:at + len(last[1])] != last[1]:
+        return None
+    nj = snap.name_json
+    if nj[rows[0]] != orjson.dumps(args.node_names[0]) or nj[rows[-1]] != orjson.dumps(args.node_names[-1]):
+        return None
+    return rows
+
+
 def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
     """HostPriorityList for the candidates (0..10; 0 for nodes that do not fit or are unknown)."""
     snap = _require_ready(inv)
     q = query_for(args.pod, inv)
     names = args.node_names
-    pos = _positions(snap, names)
+    pos = _remembered_rows(snap, q, args)
+    if pos is None:
+        pos = _positions(snap, names)
     known = pos >= 0
     rows = pos if known.all() else pos[known]
     try:

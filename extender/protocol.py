@@ -50,6 +50,8 @@ class ExtenderArgs:
     pod: dict[str, Any]
     node_names: list[str]
     nodes: list[dict[str, Any]] | None
+    raw: bytes = b""
+    """The body as received (lets prioritize recognise the list its filter just returned)."""
 
 
 def _decode(body: bytes) -> Any:
@@ -95,7 +97,7 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     if names is not None:
         if not isinstance(names, list):  # element types are checked where a name is not found
             raise BadRequest("NodeNames must be a list of strings")
-        return ExtenderArgs(pod, names, None)
+        return ExtenderArgs(pod, names, None, body)
     if node_list is None:
         raise BadRequest("neither NodeNames nor Nodes is set")
     if not isinstance(node_list, dict):
@@ -112,7 +114,7 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
         if not isinstance(name, str):
             raise BadRequest(f"Nodes.items[{i}].metadata.name is missing")
         out_names.append(name)
-    return ExtenderArgs(pod, out_names, items)
+    return ExtenderArgs(pod, out_names, items, body)
 
 
 class MetaPod(BaseModel):

@@ -191,6 +191,9 @@ class Snapshot:
         self._verdicts: OrderedDict[Query, ShapeVerdict] = OrderedDict()
         self._arrays: GpuArrays | None = None
         self._entry_table: npt.NDArray[np.object_] | None = None
+        self.last_passed: tuple[Query, bytes, Rows] | None = None
+        """(query, `"NodeNames":[...]` bytes, rows) of the last names-mode filter reply: kube-scheduler
+        sends prioritize the list its filter passed, so prioritize can skip the name lookups."""
         self.policy: Policy = previous.policy if previous is not None else make_scoring_policy(config)
 
     @classmethod

@@ -254,3 +254,22 @@ async def test_every_policy_keeps_the_whole_node_for_later(policy: str) -> None:
 def test_unknown_policy_is_a_config_error() -> None:
     with pytest.raises(ValueError):
         ExtenderConfig(scoring_policy="nope")
+
+
+async def test_prioritize_after_filter_reuses_rows_only_for_the_same_list() -> None:
+    inv = make_inventory()
+    want4 = fixture_pod("want-4-h100")
+    names = ["h100-r2-n2", "h100-r1-n2", "h100-r2-n1"]
+    server, session, c = await start_client(inv)
+    try:
+        _, f = await c.post("filter", args(want4, names))
+        _, same = await c.post("prioritize", args(want4, f["NodeNames"]))
+        _, other = await c.post("prioritize", args(want4, list(reversed(f["NodeNames"]))))
+        _, fewer = await c.post("prioritize", args(want4, f["NodeNames"][:2]))
+    finally:
+        await session.close()
+        await server.close()
+    assert [e["Host"] for e in same] == names
+    assert [e["Host"] for e in other] == list(reversed(names))
+    assert {e["Host"]: e["Score"] for e in other} == {e["Host"]: e["Score"] for e in same}
+    assert [e["Host"] for e in fewer] == names[:2]
