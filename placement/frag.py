@@ -189,19 +189,24 @@ class FragEvaluator:
     def after_share(
         self, arrays: GpuArrays, rows: npt.NDArray[np.int64], demand: PodDemand
     ) -> F64:
-        """[R, G]: F after putting a sharing pod on GPU i of each row; NaN where it does not fit."""
+        """[R, G]: F after putting a sharing pod on GPU i of each row.
+
+        NaN where the pod does not fit, and where GPU i has the same free milli as a
+        lower-index GPU of the row (same outcome), so each distinct choice is computed once.
+        """
         left = arrays.gpu_left[rows].astype(np.int64)
         r, g = left.shape
-        hypo = np.repeat(left[:, None, :], g, axis=1)  # [R, G(choice), G]
-        hypo -= demand.gpu_milli * np.eye(g, dtype=np.int64)[None, :, :]
-        frag = frag_amount(
-            np.repeat(arrays.cpu_left[rows] - demand.cpu_milli, g),
-            hypo.reshape(r * g, g),
-            np.repeat(arrays.model_code[rows], g),
+        earlier = np.tril(np.ones((g, g), dtype=np.bool_), k=-1)
+        repeat = ((left[:, :, None] == left[:, None, :]) & earlier[None]).any(axis=2)
+        ri, gi = np.nonzero((left >= demand.gpu_milli) & ~repeat)
+        hypo = left[ri].copy()
+        hypo[np.arange(len(ri)), gi] -= demand.gpu_milli
+        out: F64 = np.full((r, g), np.nan)
+        out[ri, gi] = frag_amount(
+            arrays.cpu_left[rows][ri] - demand.cpu_milli, hypo, arrays.model_code[rows][ri],
             self.access(arrays.model_names), self.workload,
-            np.repeat(arrays.mem_left[rows] - demand.mem_mib, g),
-        ).reshape(r, g)
-        out: F64 = np.where(left >= demand.gpu_milli, frag, np.nan)
+            arrays.mem_left[rows][ri] - demand.mem_mib,
+        )
         return out
 
     def after_whole(

@@ -36,6 +36,16 @@ class PaperFigures:
     def mean130(self) -> float:
         return statistics.fmean(self.alloc130)
 
+    def subset(self, seeds: Sequence[int]) -> PaperFigures:
+        """The same figures restricted to the given seeds (all of them when none match)."""
+        keep = [i for i, s in enumerate(self.seeds) if s in set(seeds)]
+        if not keep:
+            return self
+        return PaperFigures(
+            tuple(self.seeds[i] for i in keep), tuple(self.alloc100[i] for i in keep),
+            tuple(self.alloc130[i] for i in keep), self.total_gpus,
+        )
+
     @property
     def unallocated130(self) -> float:
         return self.total_gpus * (1 - self.mean130 / 100)
@@ -94,8 +104,13 @@ def summarise(
             pol["decisions_per_second"] = round(sum(pol["pods"]) / max(sum(pol["seconds"]), 1e-9))
             if wall_seconds and workload in wall_seconds:
                 pol["workload_wall_seconds"] = round(wall_seconds[workload], 1)
+            fgd = (expected or {}).get((workload, "fgd"))
+            fgd = None if fgd is None else fgd.subset(pol["seeds"])
+            if fgd is not None and pol["mean_alloc130"] is not None:
+                pol["vs_paper_fgd130"] = round(pol["mean_alloc130"] - fgd.mean130, 2)
             paper = (expected or {}).get((workload, name))
             if paper is not None:
+                paper = paper.subset(pol["seeds"])
                 pol["paper"] = {
                     "mean_alloc100": round(paper.mean100, 2),
                     "mean_alloc130": round(paper.mean130, 2),
@@ -117,7 +132,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
 def table(summary: dict[str, Any], markdown: bool = False) -> str:
     """One row per (workload, policy): ours vs paper at 100 % and 130 %, unallocated GPUs, speed."""
     head = ("workload", "policy", "seeds", "ours@100", "paper@100", "ours@130", "paper@130",
-            "Δ130", "unalloc GPUs", "paper unalloc", "decisions/s")
+            "Δ130", "vs paper FGD@130", "unalloc GPUs", "paper unalloc", "decisions/s")
     rows: list[tuple[str, ...]] = []
     for workload, policies in summary.items():
         for name, pol in policies.items():
@@ -127,7 +142,9 @@ def table(summary: dict[str, Any], markdown: bool = False) -> str:
             rows.append((
                 workload, name, str(len(pol["seeds"])), _fmt(pol["mean_alloc100"]),
                 _fmt(paper.get("mean_alloc100")), _fmt(ours130), _fmt(p130),
-                "—" if delta is None else f"{delta:+.2f}", _fmt(pol["mean_unallocated130"], 0),
+                "—" if delta is None else f"{delta:+.2f}",
+                "—" if pol.get("vs_paper_fgd130") is None else f"{pol['vs_paper_fgd130']:+.2f}",
+                _fmt(pol["mean_unallocated130"], 0),
                 _fmt(paper.get("mean_unallocated130"), 0), str(pol["decisions_per_second"]),
             ))
     if markdown:
