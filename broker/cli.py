@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _state(v: int) -> str:
-    return job_pb2.JobState.Name(v).removeprefix("JOB_STATE_")
+    return job_pb2.JobState.Name(v).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
 
 
 def _ts(t: Any) -> str:
@@ -164,11 +164,11 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return 0
         if args.cmd == "cancel":
             if args.job_set:
-                resp = await c.cancel_set(args.job_set, args.reason)
-                out.write(f"cancelled {len(resp.cancelled_job_ids)} jobs ({resp.already_terminal_count} already done)\n")
+                done = await c.cancel_set(args.job_set, args.reason)
+                out.write(f"cancelled {len(done.cancelled_job_ids)} jobs ({done.already_terminal_count} already done)\n")
             elif args.job_id:
-                resp = await c.cancel(args.job_id, args.reason)
-                out.write(f"{args.job_id}: {_state(resp.state)}{' (already finished)' if resp.already_terminal else ''}\n")
+                one = await c.cancel(args.job_id, args.reason)
+                out.write(f"{args.job_id}: {_state(one.state)}{' (already finished)' if one.already_terminal else ''}\n")
             else:
                 out.write("name a job id or --job-set\n")
                 return 2

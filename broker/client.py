@@ -38,7 +38,7 @@ def status_details(err: grpc.aio.AioRpcError | grpc.RpcError) -> list[object]:
     """The google.rpc detail messages (BadRequest, QuotaFailure, ErrorInfo, ...) of a failed call, unpacked."""
     from google.rpc import error_details_pb2
 
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    status = rpc_status.from_call(err)
     out: list[object] = []
     if status is None:
         return out

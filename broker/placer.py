@@ -16,7 +16,7 @@ from broker import errors, lifecycle, serde
 from broker import queue as q
 from broker.decide import Decision, Wait, decide
 from broker.policy import PolicyFile
-from broker.records import JobRecord
+from broker.records import JobRecord, ReplicaPlacement
 from broker.states import HOLDS_CAPACITY, JobState
 from broker.store.base import Store
 
@@ -89,10 +89,9 @@ class Placer:
                 self.held[job.job_id] = Held(job.tenant, a.gpu_model, a.gpus)
                 self._entry(job)
         for res in await self.store.active_reservations():
-            job = jobs.get(res.job_id)
-            if job is None:
-                continue
-            self._hold(job, res.cluster, res.attempt, res.assignments, res.gpu_model)
+            held_job = jobs.get(res.job_id)
+            if held_job is not None:
+                self._hold(held_job, res.cluster, res.attempt, res.assignments, res.gpu_model)
 
     def _request(self, job: JobRecord) -> JobRequest:
         req = self.requests.get(job.job_id)
@@ -110,7 +109,8 @@ class Placer:
             self.requests[job.job_id] = dataclasses.replace(req, job_id=job.job_id,
                                                             priority=job.priority + band * 10000)
 
-    def _hold(self, job: JobRecord, cluster: str, attempt: int, assignments: tuple, gpu_model: str) -> None:
+    def _hold(self, job: JobRecord, cluster: str, attempt: int, assignments: tuple[ReplicaPlacement, ...],
+              gpu_model: str) -> None:
         req = self._request(job)
         shapes = {ps.name: ps.shape for ps in req.pod_sets}
         replicas = tuple(cat.ReservedReplica(a.pod_set, a.index, a.node) for a in assignments)
@@ -212,7 +212,7 @@ class Placer:
         usage = snap.usage
         order = [self.queued[e.job_id] for e in snap.order() if e.job_id in self._todo and e.job_id in self.queued]
         placed = 0
-        pending: list[tuple[JobRecord, object]] = []
+        pending: list[tuple[JobRecord, lifecycle.Reserve]] = []
         for job in order[: self.batch]:
             self._todo.discard(job.job_id)
             t0 = time.perf_counter()
@@ -235,9 +235,8 @@ class Placer:
             pending.append((job, ev))
         if self._todo:
             self._wake.set()
-        results = await asyncio.gather(*(self.store.apply_event(ev) for _, ev in pending), return_exceptions=True)  # type: ignore[arg-type]
+        results = await asyncio.gather(*(self.store.apply_event(ev) for _, ev in pending), return_exceptions=True)
         for (job, ev), res in zip(pending, results):
-            assert isinstance(ev, lifecycle.Reserve)
             key = (job.job_id, job.attempt + 1)
             if isinstance(res, BaseException) or res[1].transition is None:
                 # Lost the race (cancelled meanwhile) or the commit failed: give the capacity back.
@@ -269,7 +268,7 @@ class Placer:
                 await asyncio.wait_for(self._wake.wait(), timeout=idle_s)
                 await asyncio.sleep(coalesce_s)
             except TimeoutError:
-                self._todo.update(j for j in self.queued.values() if j.not_before <= self.clock())
+                self._todo.update(j.job_id for j in self.queued.values() if j.not_before <= self.clock())
             self._wake.clear()
             try:
                 await self.step()

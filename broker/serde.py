@@ -34,9 +34,7 @@ pb = job_pb2
 svc = job_service_pb2
 
 
-def ts(t: float | None) -> timestamp_pb2.Timestamp | None:
-    if t is None:
-        return None
+def ts(t: float) -> timestamp_pb2.Timestamp:
     out = timestamp_pb2.Timestamp()
     out.FromNanoseconds(int(t * 1e9))
     return out
@@ -225,9 +223,9 @@ def _attempt_to_proto(a: AttemptRecord) -> job_pb2.Attempt:
     for r in a.assignments:
         out.assignments.add(pod_set=r.pod_set, index=r.index, node=r.node)
     for name in ("reserve_time", "dispatch_time", "accept_time", "start_time", "running_time", "end_time"):
-        t = ts(getattr(a, name))
+        t = getattr(a, name)
         if t is not None:
-            getattr(out, name).CopyFrom(t)
+            getattr(out, name).CopyFrom(ts(t))
     if a.outcome is not None:
         out.outcome = job_pb2.AttemptOutcome.Value(f"ATTEMPT_OUTCOME_{a.outcome.value}")
     if a.exit_code is not None:
@@ -249,11 +247,12 @@ def state_to_proto(state: JobState) -> int:
 
 
 def state_from_proto(value: int) -> JobState:
-    return JobState(job_pb2.JobState.Name(value).removeprefix("JOB_STATE_"))
+    return JobState(job_pb2.JobState.Name(value).removeprefix("JOB_STATE_"))  # type: ignore[arg-type]
 
 
 def outcome_from_proto(value: int) -> AttemptOutcome | None:
-    name = job_pb2.AttemptOutcome.Name(value).removeprefix("ATTEMPT_OUTCOME_") if value in job_pb2.AttemptOutcome.values() else "UNSPECIFIED"
+    known = value in job_pb2.AttemptOutcome.values()
+    name = job_pb2.AttemptOutcome.Name(value).removeprefix("ATTEMPT_OUTCOME_") if known else "UNSPECIFIED"  # type: ignore[arg-type]
     return None if name == "UNSPECIFIED" else AttemptOutcome(name)
 
 
@@ -279,7 +278,7 @@ def job_to_proto(
         position, reason, message = queue_info
         if position is not None:
             st.queue_info.position = position
-        st.queue_info.reason = job_pb2.WaitReason.Value(f"WAIT_REASON_{reason}")  # type: ignore[assignment]
+        st.queue_info.reason = job_pb2.WaitReason.Value(f"WAIT_REASON_{reason}")
         st.queue_info.message = message
     if full:
         for a in attempts:

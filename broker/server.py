@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import grpc
@@ -49,7 +50,7 @@ def _options(lc: ListenerConfig) -> list[tuple[str, int]]:
 
 def _bind(server: grpc.aio.Server, lc: ListenerConfig) -> int:
     creds = _credentials(lc)
-    port = server.add_secure_port(lc.address, creds) if creds else server.add_insecure_port(lc.address)
+    port: int = server.add_secure_port(lc.address, creds) if creds else server.add_insecure_port(lc.address)
     if port == 0:
         raise OSError(f"cannot bind {lc.address}")
     return port
@@ -62,7 +63,7 @@ class Servers:
     agent: grpc.aio.Server
     tenant_port: int
     agent_port: int
-    health: health.aio.HealthServicer | None = None
+    health: Any = None
 
     async def stop(self, grace_s: float) -> None:
         """Graceful: report NOT_SERVING, close agent streams, let in-flight calls finish, then close the store."""
@@ -72,7 +73,7 @@ class Servers:
         await asyncio.gather(self.tenant.stop(grace_s), self.agent.stop(grace_s))
         await self.hub.close()
 
-    def _healths(self) -> list[health.aio.HealthServicer]:
+    def _healths(self) -> list[Any]:
         return [h for h in (self.health, getattr(self, "_agent_health", None)) if h is not None]
 
 
@@ -83,8 +84,10 @@ async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
     tenant = grpc.aio.server(options=_options(cfg.tenant_listener))
     agent = grpc.aio.server(options=_options(cfg.agent_listener))
     job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(hub), tenant)
-    cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterAdminServicer(hub), tenant)
-    cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(AgentServicer(hub), agent)
+    # One service, two listeners: admin RPCs on the tenant side, Connect on the agents' mTLS side; the
+    # other half of each answers UNIMPLEMENTED (the generated base class).
+    cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterAdminServicer(hub), tenant)  # type: ignore[abstract]
+    cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(AgentServicer(hub), agent)  # type: ignore[abstract]
     healths = []
     for server, services in ((tenant, (JOB_SERVICE, CLUSTER_SERVICE)), (agent, (CLUSTER_SERVICE,))):
         h = health.aio.HealthServicer()
