@@ -179,7 +179,9 @@ class Snapshot:
                 changed = [i for i, (a, b) in enumerate(zip(prev.facts, facts)) if a is not b]
             self._changed: Rows = np.array(changed, np.intp)
         else:
-            self.index = {f.name: i for i, f in enumerate(facts)}
+            # Keys decoded in one go sit next to each other in memory: a request's lookups, in
+            # kube-scheduler's ever-changing order, then stay in cache (about twice as fast).
+            self.index = dict(zip(orjson.loads(orjson.dumps(names)), range(len(names))))
             self.name_json = [f.name_json for f in facts]
             self.host_prefix = [f.host_prefix for f in facts]
             self.name_json_arr = _objects(self.name_json)
