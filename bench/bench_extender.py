@@ -106,6 +106,11 @@ def synth_cluster(n_nodes: int, only: tuple[str, ...] = ()) -> tuple[dict[str, A
     return {"apiVersion": "v1", "kind": "List", "items": out}, node_objs
 
 
+def go_json(obj: Any) -> bytes:
+    """JSON as kube-scheduler's Go encoder writes it: compact, no spaces."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -172,21 +177,21 @@ def run_pairs(port: int, pod: dict[str, Any], nodes: list[dict[str, Any]], mode:
             p["metadata"]["uid"] = f"bench-{k}"
         rng.shuffle(names)  # kube-scheduler's candidate order changes from cycle to cycle
         if mode == "names":
-            fbody = json.dumps({"Pod": p, "Nodes": None, "NodeNames": names}).encode()
+            fbody = go_json({"Pod": p, "Nodes": None, "NodeNames": names})
         else:
             items = [by_name[x] for x in names]
-            fbody = json.dumps({"Pod": p, "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}).encode()
+            fbody = go_json({"Pod": p, "Nodes": {"metadata": {}, "items": items}, "NodeNames": None})
         t0 = time.perf_counter()
         fraw = post(conn, "/tandem/filter", fbody)
         t1 = time.perf_counter()
         fres = json.loads(fraw)
         if mode == "names":
             ok = fres["NodeNames"]
-            pbody = json.dumps({"Pod": p, "Nodes": None, "NodeNames": ok}).encode()
+            pbody = go_json({"Pod": p, "Nodes": None, "NodeNames": ok})
         else:
             ok = [n["metadata"]["name"] for n in fres["Nodes"]["items"]]
-            pbody = json.dumps({"Pod": p, "Nodes": {"metadata": {}, "items": [by_name[x] for x in ok]},
-                                "NodeNames": None}).encode()
+            pbody = go_json({"Pod": p, "Nodes": {"metadata": {}, "items": [by_name[x] for x in ok]},
+                             "NodeNames": None})
         t2 = time.perf_counter()
         praw = post(conn, "/tandem/prioritize", pbody)
         t3 = time.perf_counter()
@@ -234,12 +239,12 @@ def pairs_in_process(size: int, only: tuple[str, ...], pod: dict[str, Any], roun
     lat: list[float] = []
     for k in range(rounds + 10):
         rng.shuffle(names)
-        fbody = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+        fbody = go_json({"Pod": pod, "Nodes": None, "NodeNames": names})
         t0 = time.perf_counter()
         fres = decide_filter(inv, parse_extender_args(fbody)).body
         t1 = time.perf_counter()
         ok = json.loads(fres)["NodeNames"]
-        pbody = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": ok}).encode()
+        pbody = go_json({"Pod": pod, "Nodes": None, "NodeNames": ok})
         t2 = time.perf_counter()
         decide_prioritize(inv, parse_extender_args(pbody))
         t3 = time.perf_counter()
@@ -277,11 +282,11 @@ def churn_in_process(size: int, pod: dict[str, Any], rounds: int) -> dict[str, A
         bound["spec"]["nodeName"] = rng.choice(names)
         bound["status"] = {"phase": "Running"}
         rng.shuffle(names)
-        fbody = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+        fbody = go_json({"Pod": pod, "Nodes": None, "NodeNames": names})
         t1 = time.perf_counter()
         inv.apply("Pod", "ADDED", bound)
         ok = json.loads(decide_filter(inv, parse_extender_args(fbody)).body)["NodeNames"]
-        decide_prioritize(inv, parse_extender_args(json.dumps({"Pod": pod, "NodeNames": ok}).encode()))
+        decide_prioritize(inv, parse_extender_args(go_json({"Pod": pod, "NodeNames": ok})))
         t3 = time.perf_counter()
         if k >= 5:
             lat.append(t3 - t1)
