@@ -66,10 +66,25 @@ class Hub:
                                              coalesce_s=self.cfg.placement_interval_s)),
             loop.create_task(self.dispatcher.run_sweeps(min(1.0, self.cfg.cluster_stale_after_s / 4))),
             loop.create_task(self._retention()),
+            loop.create_task(self._gauges()),
         ]
 
     def _reserved(self, cluster: str) -> None:
         asyncio.get_running_loop().create_task(self.dispatcher.deliver(cluster))
+
+    async def _gauges(self, every_s: float = 5.0) -> None:
+        """Queue, demand, reservation and staleness gauges, and new group-commit batch sizes."""
+        seen: dict[int, int] = {}
+        while True:
+            await asyncio.sleep(every_s)
+            with contextlib.suppress(Exception):
+                self.metrics.refresh_queue(self.placer)
+                self.metrics.staleness(self.catalog, self.clock())
+                stats = getattr(self.store, "commit_stats", None)
+                for size, count in dict(getattr(stats, "sizes", {}) or {}).items():
+                    for _ in range(count - seen.get(size, 0)):
+                        self.metrics.commit_batch.observe(size)
+                    seen[size] = count
 
     async def _retention(self) -> None:
         while True:

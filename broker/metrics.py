@@ -75,12 +75,5 @@ class Metrics:
         for cluster, gpus in per_cluster.items():
             self.reserved_gpus.labels(cluster).set(gpus)
 
-    def observe_commits(self, stats: Any) -> None:
-        """Feed new group-commit batch sizes from the store's committer stats (if it exposes them)."""
-        sizes = getattr(stats, "drain_batch_sizes", None)
-        if callable(sizes):
-            for n in sizes():
-                self.commit_batch.observe(n)
-
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

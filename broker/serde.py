@@ -215,9 +215,10 @@ def parse_items(request: job_service_pb2.SubmitJobsRequest, caller_tenant: str, 
 # ----------------------------------------------------------------------------- job views
 
 
-def _attempt_to_proto(a: AttemptRecord) -> job_pb2.Attempt:
+def _attempt_to_proto(a: AttemptRecord, level: str = "") -> job_pb2.Attempt:
     out = job_pb2.Attempt(number=a.number, cluster=a.cluster, gpu_model=a.gpu_model,
-                          namespace=a.namespace, outcome_message=a.message, spent_retry=a.spent_retry)
+                          namespace=a.namespace, outcome_message=a.message, spent_retry=a.spent_retry,
+                          domain_level=level if a.domain else "")
     for seg in a.domain:
         out.domain.segments.add(value=seg)
     for r in a.assignments:
@@ -282,7 +283,7 @@ def job_to_proto(
         st.queue_info.message = message
     if full:
         for a in attempts:
-            st.attempts.append(_attempt_to_proto(a))
+            st.attempts.append(_attempt_to_proto(a, job.spec.topology.required_level))
         for ev in history:
             st.history.append(_transition(ev))
     return job

@@ -186,6 +186,7 @@ def dispatch_message(
         msg.max_runtime.CopyFrom(spec.max_runtime)
     if spec.HasField("termination_grace_period"):
         msg.termination_grace_period.CopyFrom(spec.termination_grace_period)
+    msg.namespace_hint = spec.namespace_hint
     msg.labels.update(spec.labels)
     msg.annotations.update(spec.annotations)
     return msg

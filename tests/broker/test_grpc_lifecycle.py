@@ -208,3 +208,30 @@ async def test_restart_places_nothing_until_fresh_snapshots_and_keeps_reservatio
         await a.close()
     finally:
         await b.close()
+
+
+async def test_metrics_follow_the_flow(tmp_path: Path) -> None:
+    b = await start_broker(tmp_path)
+    try:
+        a = b.agent("c1")
+        await a.connect([node("n1"), node("n2", rack="r2")])
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])
+        d = await a.expect("dispatch")
+        a.reject(d, [d.pod_sets[0].nodes[0].node])
+        await a.expect("dispatch")
+        [waiting] = await c.submit("s", [SubmitItem("k2", spec(gpus=8, replicas=2))])
+        await eventually(lambda: waiting.job_id in b.hub.placer.waits)
+        m = b.hub.metrics
+        b.hub.metrics.refresh_queue(b.hub.placer)
+        sample = m.registry.get_sample_value
+        assert sample("tandem_broker_dispatch_rejections_total", {"cluster": "c1"}) == 1
+        assert sample("tandem_broker_queue_length", {"tenant": "alpha"}) == 1
+        assert sample("tandem_broker_pending_gpu_demand", {"tenant": "alpha", "gpu_model": "any"}) == 16
+        assert sample("tandem_broker_reserved_gpus", {"cluster": "c1"}) == 8
+        assert sample("tandem_broker_time_to_placement_seconds_count") == 2
+        assert sample("tandem_broker_decision_seconds_count") >= 3
+        assert j.job_id
+        await a.close()
+    finally:
+        await b.close()
