@@ -73,6 +73,7 @@ class PostgresStore(Store):
         self._tokens: codec.PageTokens | None = None
         self._signal: asyncio.Future[None] | None = None
         self._revision = 0
+        self._broken: BaseException | None = None
         self.stats = CommitStats()
         self.schema_version = 0
         self.fault: Callable[[int], BaseException | None] | None = None
@@ -119,6 +120,9 @@ class PostgresStore(Store):
     async def _write(self, op: Op, *, savepoint: bool = True) -> Any:
         if self._task is None:
             raise StoreUnavailable("store is not open")
+        if self._broken is not None:
+            # the writer connection (and with it the leader lock) is gone: another broker may lead now
+            raise StoreUnavailable("lost the database connection and leadership; restart the broker") from self._broken
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Request(op, fut, savepoint))
         return await fut
@@ -147,8 +151,8 @@ class PostgresStore(Store):
     async def _run_batch(self, batch: list[_Request]) -> None:
         c = self._conn
         results: list[tuple[Any, BaseException | None]] = []
-        tx = c.transaction()
         try:
+            tx = c.transaction()
             await tx.start()
             try:
                 for req in batch:
@@ -163,6 +167,8 @@ class PostgresStore(Store):
         except Exception as e:  # every member learns of it
             self.stats.failed_batches += 1
             log.error("store batch failed", extra={"batch_size": len(batch), "error": repr(e)})
+            if c.is_closed():
+                self._broken = e
             for req in batch:
                 if not req.future.done():
                     failed = BatchFailed("the store could not commit this request; retry it")

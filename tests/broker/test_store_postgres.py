@@ -41,3 +41,24 @@ async def test_one_leader_per_database_and_state_survives_a_takeover(pg_server: 
         assert nxt.revision > rev
     finally:
         await standby.close()
+
+
+async def test_losing_the_writer_connection_stops_writes(pg_server: str) -> None:  # noqa: F811
+    dsn = await fresh_pg_database(pg_server)
+    store = PostgresStore(dsn, clock=FakeClock(), id_gen=id_gen())
+    await store.open()
+    try:
+        await store.submit(new_job(key="before"))
+        store._conn.terminate()  # the leader's session dies (network, server restart)
+        with pytest.raises(errors.BatchFailed):
+            await store.submit(new_job(key="during"))
+        with pytest.raises(errors.StoreUnavailable) as ei:
+            await store.submit(new_job(key="after"))
+        assert "leadership" in ei.value.message
+        takeover = PostgresStore(dsn, clock=FakeClock(), id_gen=id_gen("b"))
+        await takeover.open()  # the lock died with the session
+        assert [j.idempotency_key for j in (await takeover.list_jobs(JobFilter())).jobs] == ["before"]
+        await takeover.close()
+    finally:
+        await store._pool.close()
+        store._task = None
