@@ -18,7 +18,7 @@ from broker import errors, lifecycle, serde_agent
 from broker.auth import Caller
 from broker.config import BrokerConfig
 from broker.placer import Placer
-from broker.records import AttemptRecord, JobRecord, OrderKind
+from broker.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
 from broker.states import PRE_START, AttemptOutcome, JobState
 from broker.store.base import Store
 
@@ -227,40 +227,49 @@ class Dispatcher:
         lock = self._deliver_locks.setdefault(cluster, asyncio.Lock())
         async with lock:
             orders = await self.store.pending_orders(cluster)
+            if not orders:
+                return
+            # Reads for every order at once, then send strictly in outbox order, then commit together.
+            built = await asyncio.gather(*(self._build_order(session, o) for o in orders))
             done: list[int] = []
-            for order in orders:
+            sent: list[DispatchOrder] = []
+            for order, body in zip(orders, built):
                 if session.closed:
                     break
-                await self._send_order(session, order)
+                if body is not None:
+                    session.send(self.clock, **body)
+                    if order.kind is OrderKind.DISPATCH:
+                        sent.append(order)
                 done.append(order.order_id)
+            await asyncio.gather(*(self._apply(lifecycle.DispatchSent(o.job_id, o.attempt)) for o in sent))
             if done:
                 await self.store.ack_orders(cluster, done)
 
-    async def _send_order(self, session: Session, order: Any) -> None:
+    async def _build_order(self, session: Session, order: DispatchOrder) -> dict[str, Any] | None:
+        """The message body for one outbox order, or None when the order was superseded."""
         try:
             job = await self.store.get_job(order.job_id)
         except errors.JobNotFound:
-            return
+            return None
         if order.kind is OrderKind.DISPATCH:
             if job.attempt != order.attempt or job.state not in (S.RESERVED, S.DISPATCHED):
-                return  # superseded before it went out
+                return None  # superseded before it went out
             attempt = await self._attempt(job.job_id, order.attempt)
             if attempt is None:
-                return
+                return None
             deadline = self.clock() + self.cfg.gang_start_deadline_s
+            entry = self.catalog.clusters.get(session.cluster)
             msg = serde_agent.dispatch_message(order, job.spec, job.tenant, attempt.domain, attempt.assignments,
-                                               deadline, self.catalog.clusters[session.cluster].sequence
-                                               if session.cluster in self.catalog.clusters else 0)
-            session.send(self.clock, dispatch=msg)
-            await self._apply(lifecycle.DispatchSent(job.job_id, order.attempt))
-        elif order.kind is OrderKind.START:
+                                               deadline, entry.sequence if entry else 0)
+            return {"dispatch": msg}
+        if order.kind is OrderKind.START:
             # Start only for the live attempt, and only on a live stream (fencing).
             if job.attempt == order.attempt and job.state is S.STARTING:
-                session.send(self.clock, start=serde_agent.start_message(job.job_id, order.attempt))
-        else:
-            reason = "PREEMPTED" if order.kind is OrderKind.PREEMPT else (
-                "USER_REQUEST" if job.state in (S.CANCELLING, S.CANCELLED) else "SUPERSEDED")
-            session.send(self.clock, cancel=serde_agent.cancel_message(job.job_id, order.attempt, reason, order.grace_s))
+                return {"start": serde_agent.start_message(job.job_id, order.attempt)}
+            return None
+        reason = "PREEMPTED" if order.kind is OrderKind.PREEMPT else (
+            "USER_REQUEST" if job.state in (S.CANCELLING, S.CANCELLED) else "SUPERSEDED")
+        return {"cancel": serde_agent.cancel_message(job.job_id, order.attempt, reason, order.grace_s)}
 
     async def _attempt(self, job_id: str, number: int) -> AttemptRecord | None:
         for a in await self.store.list_attempts(job_id):
