@@ -42,7 +42,6 @@ class Decision:
     body: bytes
     passed: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
-    note: str = ""
 
 
 def _claim_resolver(pod: dict[str, Any], inv: Inventory) -> tuple[dict[str, tuple[DraRequest, ...]], frozenset[str] | None]:

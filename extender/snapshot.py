@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -334,8 +333,3 @@ class Snapshot:
     def facts_by_name(self, name: str) -> NodeFacts | None:
         i = self.index.get(name)
         return None if i is None else self.facts[i]
-
-    def node_summary(self) -> list[dict[str, Any]]:
-        """Small per-node view for debugging and logs."""
-        return [{"name": f.name, "gpuModel": f.node.gpu_model, "gpus": f.node.total_gpus,
-                 "freeGpus": f.node.free_whole_gpus} for f in self.facts]
