@@ -8,12 +8,12 @@ summarised with FGD's discrete-column method (allocation vs arrived load, 0..130
 from __future__ import annotations
 
 import math
+import multiprocessing
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-import multiprocessing
 import numpy as np
 
 from placement.frag import TargetWorkload, typical_pods
