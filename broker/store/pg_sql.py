@@ -79,19 +79,23 @@ async def submit_job(c: Conn, new: NewJob, *, id_gen: Any, now: float) -> Submit
     if new.job_id and await c.fetchval("SELECT 1 FROM jobs WHERE job_id=$1", job_id):
         raise AlreadyExists(f"job {job_id} already exists", job_id=job_id)
     submitted = Reason.SUBMITTED.value
-    rev = await insert_event(c, job_id, new.tenant, new.job_set, EventKind.SUBMITTED, None, JobState.QUEUED, 0,
-                             submitted, "", new.actor, now)
-    seq = await c.fetchval(
-        "INSERT INTO jobs (job_id, tenant, queue, job_set, priority_band, priority, preemptible, labels, gpus,"
+    # one round trip: the SUBMITTED event (its revision) and the job row together
+    row = await c.fetchrow(
+        "WITH ev AS (INSERT INTO events (job_id, tenant, job_set, kind, from_state, to_state, attempt, reason,"
+        " message, actor, time) VALUES ($1,$2,$4,$19,NULL,$16,0,$18,'',$20,$17) RETURNING revision)"
+        " INSERT INTO jobs (job_id, tenant, queue, job_set, priority_band, priority, preemptible, labels, gpus,"
         " gpu_models, max_infra_retries, max_runtime_s, spec, idem_key, fingerprint, state, attempt, infra_retries,"
-        " not_before, create_time, update_time, end_time, reason, message, revision) VALUES ($1,$2,$3,$4,$5,$6,$7,"
-        "$8::jsonb,$9,$10,$11,$12,$13,$14,$15,$16,0,0,0,$17,$17,NULL,$18,'',$19) RETURNING seq",
+        " not_before, create_time, update_time, end_time, reason, message, revision) SELECT $1,$2,$3,$4,$5,$6,$7,"
+        "$8::jsonb,$9,$10,$11,$12,$13,$14,$15,$16,0,0,0,$17,$17,NULL,$18,'',ev.revision FROM ev"
+        " RETURNING seq, revision",
         job_id, new.tenant, new.queue, new.job_set, new.priority_band, new.priority, new.preemptible,
         codec.dumps(dict(sorted(new.labels))), new.gpus, codec.dumps(list(new.gpu_models)), new.max_infra_retries,
-        new.max_runtime_s, new.spec, new.idempotency_key or None, fp, JobState.QUEUED.value, now, submitted, rev,
+        new.max_runtime_s, new.spec, new.idempotency_key or None, fp, JobState.QUEUED.value, now, submitted,
+        EventKind.SUBMITTED.value, new.actor,
     )
+    seq, rev = int(row["seq"]), int(row["revision"])
     rec = JobRecord(
-        job_id=job_id, seq=int(seq), tenant=new.tenant, queue=new.queue, job_set=new.job_set,
+        job_id=job_id, seq=seq, tenant=new.tenant, queue=new.queue, job_set=new.job_set,
         priority_band=new.priority_band, priority=new.priority, preemptible=new.preemptible,
         labels=tuple(sorted(new.labels)), gpus=new.gpus, gpu_models=new.gpu_models,
         max_infra_retries=new.max_infra_retries, max_runtime_s=new.max_runtime_s, spec=new.spec,
