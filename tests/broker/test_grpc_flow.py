@@ -201,3 +201,61 @@ async def test_cordoned_cluster_gets_nothing_new(broker: Broker) -> None:
     d = await a.expect("dispatch")
     assert d.attempt.job_id == res.job_id
     await a.close()
+
+
+async def test_cancel_job_set_reaches_every_cluster(broker: Broker) -> None:
+    a = broker.agent("ca")
+    await a.connect([node("a1"), node("a2", rack="r2")])
+    c = broker.client("alpha")
+    r1, r2, r3 = await c.submit("set-x", [SubmitItem(f"k{i}", spec(gpus=8)) for i in range(3)])
+    for _ in range(2):
+        a.accept(await a.expect("dispatch"))
+    await eventually(lambda: _is(broker, r1.job_id, job_pb2.JOB_STATE_ACCEPTED))
+    await eventually(lambda: _is(broker, r2.job_id, job_pb2.JOB_STATE_ACCEPTED))
+    resp = await c.cancel_set("set-x", "sweep")
+    assert sorted(resp.cancelled_job_ids) == sorted([r1.job_id, r2.job_id, r3.job_id])
+    assert await _state(broker, r3.job_id) == job_pb2.JOB_STATE_CANCELLED  # never placed: done at once
+    cancels = {(await a.expect("cancel")).attempt.job_id for _ in range(2)}
+    assert cancels == {r1.job_id, r2.job_id}
+    assert await _state(broker, r1.job_id) == job_pb2.JOB_STATE_CANCELLING
+    for job_id in cancels:
+        a.cancel_ack(job_id, 1)
+    await eventually(lambda: _is(broker, r1.job_id, job_pb2.JOB_STATE_CANCELLED))
+    await eventually(lambda: _is(broker, r2.job_id, job_pb2.JOB_STATE_CANCELLED))
+    await a.close()
+
+
+async def test_reconnect_fences_replaced_attempts(broker: Broker) -> None:
+    a = broker.agent("ca")
+    await a.connect([node("a1"), node("a2", rack="r2")])
+    c = broker.client("alpha")
+    [res] = await c.submit("run-f", [SubmitItem("k", spec(gpus=8))])
+    d1 = await a.expect("dispatch")
+    a.reject(d1, [d1.pod_sets[0].nodes[0].node])
+    d2 = await a.expect("dispatch")
+    a.accept(d2)
+    await eventually(lambda: _is(broker, res.job_id, job_pb2.JOB_STATE_ACCEPTED))
+    await a.close()
+    again = broker.agent("ca")
+    welcome = await again.connect([node("a1"), node("a2", rack="r2")], known=[(res.job_id, 1), (res.job_id, 2)])
+    assert [(x.job_id, x.attempt) for x in welcome.obsolete_attempts] == [(res.job_id, 1)]
+    assert [(x.job_id, x.attempt) for x in welcome.current_attempts] == [(res.job_id, 2)]
+    await again.close()
+
+
+async def test_health_and_reflection(broker: Broker) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async with grpc.aio.insecure_channel(broker.tenant_addr) as ch:
+        resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="tandem.v1.JobService"))
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+        async def ask():  # type: ignore[no-untyped-def]
+            yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+        async for answer in reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(ask()):
+            names = {s.name for s in answer.list_services_response.service}
+            assert {"tandem.v1.JobService", "tandem.v1.ClusterService", "grpc.health.v1.Health"} <= names
+            break
