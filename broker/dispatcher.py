@@ -14,7 +14,7 @@ from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 
 from broker import catalog as cat
-from broker import errors, lifecycle, serde_agent
+from broker import errors, lifecycle, serde, serde_agent
 from broker.auth import Caller
 from broker.config import BrokerConfig
 from broker.placer import Placer
@@ -257,7 +257,7 @@ class Dispatcher:
             attempt = await self._attempt(job.job_id, order.attempt)
             if attempt is None:
                 return None
-            deadline = self.clock() + self.cfg.gang_start_deadline_s
+            deadline = self.clock() + serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
             entry = self.catalog.clusters.get(session.cluster)
             msg = serde_agent.dispatch_message(order, job.spec, job.tenant, attempt.domain, attempt.assignments,
                                                deadline, entry.sequence if entry else 0)
@@ -307,7 +307,7 @@ class Dispatcher:
             if job.state is S.DISPATCHED and a.dispatch_time and now - a.dispatch_time > self.cfg.dispatch_ack_timeout_s:
                 await self._apply(lifecycle.ReservationExpired(job.job_id, a.number))
             elif job.state in (S.ACCEPTED, S.STARTING) and a.dispatch_time \
-                    and now - a.dispatch_time > self.cfg.gang_start_deadline_s:
+                    and now - a.dispatch_time > serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s):
                 await self._teardown(job, a.cluster, AttemptOutcome.GANG_TIMEOUT, "gang did not start by its deadline",
                                      "GANG_TIMEOUT")
 

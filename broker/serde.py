@@ -135,6 +135,12 @@ def request_from_spec(job_id: str, spec: job_pb2.JobSpec, tenant: str, base_prio
     )
 
 
+def start_timeout_s(raw: bytes, default: float) -> float:
+    """The job's own gang start deadline (JobSpec.start_timeout), else the broker's default, in seconds."""
+    spec = spec_from_bytes(raw)
+    return _dur_s(spec.start_timeout) if spec.HasField("start_timeout") else default
+
+
 def request_from_record(rec: JobRecord) -> JobRequest:
     return request_from_spec(rec.job_id, spec_from_bytes(rec.spec), rec.tenant, rec.priority)
 

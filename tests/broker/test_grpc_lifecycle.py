@@ -132,6 +132,29 @@ async def test_gang_not_started_by_deadline_is_torn_down_and_restarted(tmp_path:
         await b.close()
 
 
+async def test_job_start_timeout_overrides_the_default(tmp_path: Path) -> None:
+    clock = FakeClock()
+    b = await start_broker(tmp_path, clock=clock, gang_start_deadline_s=1000, cluster_stale_after_s=5000,
+                           lost_after_s=5000)
+    try:
+        a = b.agent("c1")
+        await a.connect([node("n1")])
+        s = spec(gpus=8)
+        s.start_timeout.seconds = 30
+        [j] = await b.client("alpha").submit("s", [SubmitItem("k", s)])
+        d = await a.expect("dispatch")
+        assert d.start_deadline.seconds == int(clock.t) + 30
+        a.accept(d)
+        await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_ACCEPTED))
+        clock.advance(31)
+        await b.hub.dispatcher.sweep()
+        cancel = await a.expect("cancel")
+        assert cancel.reason == cs.CANCEL_REASON_GANG_TIMEOUT
+        await a.close()
+    finally:
+        await b.close()
+
+
 async def test_gang_below_min_available_is_restarted(tmp_path: Path) -> None:
     b = await start_broker(tmp_path)
     try:
