@@ -1,0 +1,46 @@
+"""The broker's typed config: YAML file plus CLI flags, defaults, and refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from broker.config import BrokerConfig, RetryPolicy, load_config
+
+
+def test_defaults_have_small_tenant_and_large_agent_messages() -> None:
+    cfg = load_config([])
+    assert cfg.tenant_listener.max_message_bytes < cfg.agent_listener.max_message_bytes
+    assert cfg.agent_listener.address != cfg.tenant_listener.address
+    assert cfg.lost_after_s >= cfg.cluster_stale_after_s
+
+
+def test_yaml_then_flags(tmp_path: Path) -> None:
+    (tmp_path / "b.yaml").write_text(
+        "db_path: /var/lib/tandem/a.db\n"
+        "cluster_stale_after_s: 12\n"
+        "agent_listener:\n  address: 0.0.0.0:7000\n  tls: {cert_file: s.pem, key_file: s.key, client_ca_file: ca.pem}\n"
+        "retry: {max_attempts: 3}\n"
+    )
+    cfg = load_config(["--config", str(tmp_path / "b.yaml"), "--listen", "127.0.0.1:9000", "--db", "x.db"])
+    assert cfg.db_path == "x.db"  # the flag wins
+    assert cfg.tenant_listener.address == "127.0.0.1:9000"
+    assert cfg.agent_listener.address == "0.0.0.0:7000"
+    assert cfg.agent_listener.tls.require_client_cert  # a client CA means mutual TLS
+    assert cfg.agent_listener.max_message_bytes == BrokerConfig().agent_listener.max_message_bytes
+    assert cfg.cluster_stale_after_s == 12 and cfg.retry.max_attempts == 3
+
+
+@pytest.mark.parametrize("text", ["unknown_field: 1\n", "cluster_stale_after_s: -1\n",
+                                  "cluster_stale_after_s: 100\nlost_after_s: 10\n"])
+def test_bad_config_is_refused(tmp_path: Path, text: str) -> None:
+    (tmp_path / "b.yaml").write_text(text)
+    with pytest.raises(pydantic.ValidationError):
+        load_config(["--config", str(tmp_path / "b.yaml")])
+
+
+def test_retry_backoff_grows_and_caps() -> None:
+    r = RetryPolicy(backoff_initial_s=5, backoff_factor=2, backoff_max_s=30)
+    assert [r.delay_s(n) for n in (1, 2, 3, 4, 5)] == [0.0, 5.0, 10.0, 20.0, 30.0]
