@@ -9,6 +9,7 @@ identity is the memo token of per-shape verdicts, so unchanged nodes keep them a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from placement.errors import CapacityError
 from placement.inventory import node_from_k8s
 from placement.model import Node, PodShape, Toleration, TopologyLevels
 
-__all__ = ["Hold", "NodeFacts", "build_facts", "DeviceKey", "levels_of"]
+__all__ = ["Hold", "NodeFacts", "build_facts", "DeviceKey", "levels_of", "fit_signature"]
 
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device), as in a claim's allocation results."""
@@ -58,15 +59,15 @@ class NodeFacts:
     """One node as the hot path sees it. `node` has the usage of bound pods already subtracted."""
 
     node: Node
+    name: str
     name_json: bytes
     host_prefix: bytes
     holds: tuple[Hold, ...]
     pods: tuple[PodRecord, ...]
+    sig_id: int = -1
+    """Id of everything the core's fit reads from the node except its name and labels (-1: the
+    node has DRA devices or held reservations and is always checked on its own)."""
     _effective: dict[tuple[str, str] | None, Node] = field(default_factory=dict, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.node.name
 
     def effective(self, exempt: tuple[str, str] | None, dra: DraEvaluator) -> Node:
         """The node minus every hold except the `exempt` gang's own (computed once per gang)."""
@@ -85,6 +86,14 @@ class NodeFacts:
                     continue
         self._effective[exempt] = node
         return node
+
+
+def fit_signature(node: Node) -> tuple[object, ...]:
+    """What `placement.fit.capacity` reads from a node besides its name and labels: two nodes with
+    the same signature and the same values of the labels a shape selects on get the same verdict."""
+    return (node.taints, node.ready, node.cordoned, node.cpu_milli_allocatable, node.cpu_milli_free,
+            node.memory_allocatable, node.memory_free, node.pods_free, node.gpus,
+            tuple(sorted(node.extended_free.items())))
 
 
 def levels_of(config: ExtenderConfig) -> TopologyLevels:
@@ -111,6 +120,7 @@ def build_facts(
     allocated: frozenset[DeviceKey],
     reservations: Iterable[Reservation],
     config: ExtenderConfig,
+    sig_ids: dict[tuple[object, ...], int] | None = None,
 ) -> NodeFacts:
     """Facts of one node from its object, the raw pods bound to it, their records, its
     ResourceSlices, the allocated DRA devices and the reservations naming it."""
@@ -129,10 +139,21 @@ def build_facts(
             for shape in hold_shape(r):
                 holds.append(Hold(r.job, r.attempt, left, shape, r.domain))
     quoted = orjson.dumps(name)
+    sig_id = -1
+    if sig_ids is not None and not holds and not node.dra_devices:
+        sig = fit_signature(node)
+        sig_id = sig_ids.get(sig, -1)
+        if sig_id < 0:
+            sig_id = sig_ids[sig] = next(_SIG_COUNTER)
     return NodeFacts(
         node=node,
+        name=name,
         name_json=quoted,
         host_prefix=b'{"Host":' + quoted + b',"Score":',
         holds=tuple(holds),
         pods=records,
+        sig_id=sig_id,
     )
+
+
+_SIG_COUNTER = itertools.count()  # ids never repeat, even after a caller clears its table

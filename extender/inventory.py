@@ -25,6 +25,8 @@ __all__ = ["Inventory", "KINDS", "normalise_kind"]
 
 log = logging.getLogger("tandem.extender.inventory")
 
+_SIG_TABLE_LIMIT = 100_000
+
 KINDS = ("Node", "Pod", "ResourceSlice", "ResourceClaim", "DeviceClass", "ConfigMap")
 """Kinds the inventory understands; ConfigMaps are reservation ConfigMaps."""
 
@@ -69,6 +71,7 @@ class Inventory:
         self._sorted_names: list[str] | None = None  # node names, sorted; None after a node comes or goes
         self._allocated: frozenset[DeviceKey] | None = None  # allocated DRA devices; None after a claim event
         self._relevant = False  # the last event changed something a decision reads
+        self._sig_ids: dict[tuple[object, ...], int] = {}  # fit signatures -> ids (see facts.fit_signature)
         self._dirty: set[str] = set()
         self._all_dirty = True
         self._version = 0
@@ -273,9 +276,11 @@ class Inventory:
         records = [self._records[k] for k, _ in pods if k in self._records]
         if reservations is None:
             reservations = [r for r in self._reservations.values() if name in r.nodes]
+        if len(self._sig_ids) > _SIG_TABLE_LIMIT:
+            self._sig_ids = {}
         try:
             return build_facts(node, [p for _, p in pods], records, self._slices_on.get(name, {}).values(),
-                               allocated, reservations, self.config)
+                               allocated, reservations, self.config, None if without else self._sig_ids)
         except PlacementError as e:
             self._error(f"node {name}: {e}")
             return None

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from extender.facts import NodeFacts
 from placement import fit as core_fit
 from placement.dra import DraEvaluator
-from placement.model import PodShape
+from placement.fit import NODE_NAME_FIELD
+from placement.model import GPU_PRODUCT_LABEL, PodShape
 from placement.reasons import Reason
 
-__all__ = ["Query", "Verdict", "OK", "check_node", "room_for"]
+__all__ = ["Query", "QueryMemo", "Verdict", "OK", "check_node", "room_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +68,36 @@ def _refused(f: core_fit.Fit, q: Query, facts: NodeFacts) -> Verdict:
     return Verdict(reason, not reason.preemptible, message)
 
 
+class QueryMemo:
+    """What one query has learned, kept across inventory versions: the verdict of each node (valid
+    while its NodeFacts object is the same) and the verdict of each fit-equivalence class."""
+
+    __slots__ = ("by_node", "by_class", "label_keys")
+
+    def __init__(self, q: Query) -> None:
+        self.by_node: dict[str, tuple[NodeFacts, Verdict]] = {}
+        self.by_class: dict[tuple[int, tuple[str | None, ...]], tuple[str, Verdict]] = {}
+        keys = [k for k, _ in q.shape.node_selector] + [r.key for t in q.shape.affinity for r in t]
+        # matchFields on the node name make every node its own class
+        self.label_keys: tuple[str, ...] | None = (
+            None if NODE_NAME_FIELD in keys else tuple(sorted(set(keys) | {GPU_PRODUCT_LABEL})))
+
+
+def _renamed(v: Verdict, rep: str, name: str) -> Verdict:
+    """A class member's verdict from its representative's: core messages start "node <name>"."""
+    head = f"node {rep}"
+    if not v.message.startswith(head):
+        return v
+    return Verdict(v.reason, v.unresolvable, f"node {name}" + v.message[len(head):])
+
+
 def room_for(f: NodeFacts, q: Query, dra: DraEvaluator) -> int:
     """Replicas of the query's shape the node holds after other gangs' reservations (0 = none)."""
     node = f.effective(q.gang, dra) if f.holds else f.node
     return core_fit.capacity(node, q.shape, dra=dra).count
 
 
-def check_node(f: NodeFacts, q: Query, dra: DraEvaluator) -> Verdict:
+def check_node(f: NodeFacts, q: Query, dra: DraEvaluator, memo: QueryMemo | None = None) -> Verdict:
     """The verdict for one node. Gang pinning and allocated claims bind every pod; beyond that,
     pods that want no GPU pass everywhere (not ours to judge: kube-scheduler checks the rest)."""
     s = q.shape
@@ -87,6 +111,18 @@ def check_node(f: NodeFacts, q: Query, dra: DraEvaluator) -> Verdict:
                        f"({', '.join(sorted(q.claim_nodes))})")
     if not s.wants_gpu:
         return OK
+    if memo is not None and f.sig_id >= 0 and memo.label_keys is not None:
+        # Nodes alike in everything the core's fit reads share one verdict (idle nodes of one
+        # type are the common case): check one of them, rename the message for the others.
+        labels = f.node.labels
+        key = (f.sig_id, tuple(map(labels.get, memo.label_keys)))
+        hit = memo.by_class.get(key)
+        if hit is not None:
+            return hit[1] if hit[1].reason is None else _renamed(hit[1], hit[0], name)
+        raw = core_fit.capacity(f.node, s, dra=dra)
+        v = OK if raw.count > 0 else _refused(raw, q, f)
+        memo.by_class[key] = (name, v)
+        return v
     raw = core_fit.capacity(f.node, s, dra=dra)
     if raw.count == 0:
         return _refused(raw, q, f)

@@ -18,7 +18,7 @@ import orjson
 
 from extender.config import ExtenderConfig
 from extender.facts import NodeFacts
-from extender.nodefit import Query, Verdict, check_node, room_for
+from extender.nodefit import Query, QueryMemo, Verdict, check_node, room_for
 from placement import dra as core_dra
 from placement.gpuarrays import GpuArrays, PodDemand
 from placement.frag import TargetWorkload, TypicalPod
@@ -79,7 +79,7 @@ class ShapeVerdict:
 
     __slots__ = ("snap", "query", "memo", "done", "ok", "unresolvable", "codes", "verdicts", "frags")
 
-    def __init__(self, snap: Snapshot, query: Query, memo: dict[str, tuple[NodeFacts, Verdict]]) -> None:
+    def __init__(self, snap: Snapshot, query: Query, memo: QueryMemo) -> None:
         n = len(snap.facts)
         self.snap = snap
         self.query = query
@@ -112,15 +112,16 @@ class ShapeVerdict:
         if not len(todo):
             return
         facts, memo, q, ev = self.snap.facts, self.memo, self.query, self.snap.evaluator
+        by_node = memo.by_node
         nj = self.snap.name_json
         for i in set(todo.tolist()):
             f = facts[i]
-            hit = memo.get(f.name)
+            hit = by_node.get(f.name)
             if hit is not None and hit[0] is f:
                 v = hit[1]
             else:
-                v = check_node(f, q, ev)
-                memo[f.name] = (f, v)
+                v = check_node(f, q, ev, memo)
+                by_node[f.name] = (f, v)
             self.verdicts[i] = v
             if v.reason is None:
                 self.ok[i] = True
@@ -158,7 +159,7 @@ class Snapshot:
 
     def __init__(
         self, version: int, names: list[str], facts: list[NodeFacts], classes: Mapping[str, tuple[str, ...]],
-        memo: OrderedDict[Query, dict[str, tuple[NodeFacts, Verdict]]], evaluator: core_dra.DraEvaluator,
+        memo: OrderedDict[Query, QueryMemo], evaluator: core_dra.DraEvaluator,
         config: ExtenderConfig, previous: Snapshot | None = None, changed: list[int] | None = None,
     ) -> None:
         self.version = version
@@ -227,7 +228,7 @@ class Snapshot:
         else:
             memo = self._memo.get(q)
             if memo is None:
-                memo = self._memo[q] = {}
+                memo = self._memo[q] = QueryMemo(q)
                 if len(self._memo) > _MEMO_LIMIT:
                     self._memo.popitem(last=False)
             sv = ShapeVerdict(self, q, memo)

@@ -36,3 +36,48 @@ def test_filter_partitions_the_request(names: list[str], gpus: int, cpu: str) ->
     assert [e["Host"] for e in scores] == names
     assert all(0 <= e["Score"] <= 10 for e in scores)
     assert all(e["Score"] == 0 for e in scores if e["Host"] not in passed or gpus == 0)
+
+
+def _replicated_inventory():  # type: ignore[no-untyped-def]
+    from tests.extender.extender_builders import node
+
+    extra = []
+    for base in ("h100-r1-n2", "h100-r2-n1", "t4-1", "a100-mig-1", "gb200-r5-n2", "h100-notready"):
+        for c in range(3):
+            extra.append(node(base, name=f"{base}-copy{c}", labels={"network.example.com/rack": f"rk{c}"}))
+    return make_inventory(extra)
+
+
+REPL = _replicated_inventory()
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    gpus=st.integers(0, 9),
+    cpu=st.sampled_from(["1", "8", "150"]),
+    model=st.sampled_from([None, "NVIDIA-H100-80GB-HBM3", "Tesla-T4"]),
+    rack=st.sampled_from([None, "rk1", "r2"]),
+    mig=st.sampled_from([None, "nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb"]),
+)
+def test_equivalence_classes_give_the_same_verdicts_as_checking_each_node(
+    gpus: int, cpu: str, model: str | None, rack: str | None, mig: str | None
+) -> None:
+    from extender.decide import query_for
+    from extender.nodefit import QueryMemo, check_node
+
+    sel = {}
+    if model:
+        sel["nvidia.com/gpu.product"] = model
+    if rack:
+        sel["network.example.com/rack"] = rack
+    p = pod("p", gpus=0 if mig else gpus, cpu=cpu, memory="1Gi", node_selector=sel or None,
+            extra={mig: "2"} if mig else None)
+    snap = REPL.snapshot()
+    q = query_for(p, REPL)
+    memo = QueryMemo(q)
+    for f in snap.facts:
+        assert check_node(f, q, snap.evaluator, memo) == check_node(f, q, snap.evaluator), f.name
+    classed = [f for f in snap.facts if f.sig_id >= 0]
+    assert classed
+    if q.shape.wants_gpu and rack is None:  # copies differ only in name and rack: they share
+        assert len(memo.by_class) < len(classed)
