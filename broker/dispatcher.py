@@ -70,6 +70,8 @@ class Dispatcher:
         self.broker_id = uuid.uuid4().hex[:12]
         self.sessions: dict[str, Session] = {}
         self._deliver_locks: dict[str, asyncio.Lock] = {}
+        self._kicked: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
 
     # ------------------------------------------------------------------ sessions
@@ -98,7 +100,7 @@ class Dispatcher:
             self.cfg.agent_listener.max_message_bytes, sorted(known - wanted), sorted(known & wanted))
         session.send(self.clock, welcome=welcome)
         session.send(self.clock, resync=cs.ResyncRequest(inventory=True, workloads=True, reason="new session"))
-        asyncio.get_running_loop().create_task(self.deliver(hello.cluster_name))
+        self.kick(hello.cluster_name)
         return session
 
     def close_session(self, session: Session) -> None:
@@ -153,7 +155,7 @@ class Dispatcher:
                 self.metrics.started(job)
             clusters = {o.cluster for o in t.orders}
             for cluster in clusters:  # only transitions that wrote orders need a delivery
-                asyncio.get_running_loop().create_task(self.deliver(cluster))
+                self.kick(cluster)
         return job
 
     async def deliver_for(self, job: JobRecord) -> None:
@@ -218,6 +220,23 @@ class Dispatcher:
             session.send(self.clock, cancel=serde_agent.cancel_message(job.job_id, attempt, why, self.cfg.grace_period_s, message))
 
     # ------------------------------------------------------------------ broker -> agent
+
+    def kick(self, cluster: str) -> None:
+        """Schedule one delivery pass for the cluster; kicks while one is pending coalesce into it."""
+        if cluster in self._kicked:
+            return
+        self._kicked.add(cluster)
+
+        async def run() -> None:
+            self._kicked.discard(cluster)
+            try:
+                await self.deliver(cluster)
+            except Exception:  # noqa: BLE001 - orders stay in the outbox; the next kick retries
+                _log.exception("delivery failed", extra={"cluster": cluster})
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def deliver(self, cluster: str) -> None:
         """Send the cluster's undelivered outbox orders on its live stream, in order, then mark them delivered."""
@@ -284,6 +303,8 @@ class Dispatcher:
         gangs past their start deadline and unacknowledged dispatches are torn down and re-planned."""
         now = self.clock()
         self.catalog.sweep(now)
+        for cluster in list(self.sessions):
+            self.kick(cluster)  # anything left in the outbox (e.g. a failed delivery) goes out now
         stale = {name: e.silent_for(now) for name, e in self.catalog.clusters.items()
                  if e.silent_for(now) > self.cfg.cluster_stale_after_s}
         if self.metrics is not None:

@@ -70,7 +70,7 @@ class Hub:
         ]
 
     def _reserved(self, cluster: str) -> None:
-        asyncio.get_running_loop().create_task(self.dispatcher.deliver(cluster))
+        self.dispatcher.kick(cluster)
 
     async def _gauges(self, every_s: float = 5.0) -> None:
         """Queue, demand, reservation and staleness gauges, and new group-commit batch sizes."""
