@@ -10,11 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.v1 import cluster_service_pb2 as cs
-from tandem.v1 import job_pb2
-
 from broker import catalog as cat
-from broker import errors, lifecycle, serde, serde_agent
+from broker import errors, lifecycle, link, serde
 from broker.auth import Caller
 from broker.config import BrokerConfig
 from broker.placer import Placer
@@ -30,23 +27,19 @@ S = JobState
 
 @dataclass
 class Session:
-    """One live agent stream. Outgoing messages go through `out`; `None` closes the stream."""
+    """One live agent stream. Outgoing domain messages go through `out` (the servicer serialises and numbers
+    them); `None` closes the stream."""
 
     cluster: str
     session_id: str
-    out: asyncio.Queue[cs.BrokerMessage | None] = field(default_factory=asyncio.Queue)
-    sequence: int = 0
+    out: asyncio.Queue[link.Outbound | None] = field(default_factory=asyncio.Queue)
     last_agent_sequence: int = 0
     closed: bool = False
     inventory_sequence: int = 0
 
-    def send(self, clock: Callable[[], float], **body: Any) -> None:
-        if self.closed:
-            return
-        self.sequence += 1
-        msg = cs.BrokerMessage(sequence=self.sequence, **body)
-        msg.send_time.FromNanoseconds(int(clock() * 1e9))
-        self.out.put_nowait(msg)
+    def send(self, body: link.Outbound) -> None:
+        if not self.closed:
+            self.out.put_nowait(body)
 
     def close(self) -> None:
         if not self.closed:
@@ -76,31 +69,29 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ sessions
 
-    async def open_session(self, caller: Caller, hello: cs.Hello) -> Session:
+    async def open_session(self, caller: Caller, hello: link.Hello) -> Session:
         """Validate the Hello, reconcile the attempts the cluster holds, send Welcome and pending orders."""
-        if hello.cluster_name != caller.name:
-            raise errors.PermissionDenied(
-                f"agent certificate names cluster {caller.name}, Hello names {hello.cluster_name}")
+        name = hello.meta.name
+        if name != caller.name:
+            raise errors.PermissionDenied(f"agent certificate names cluster {caller.name}, Hello names {name}")
         if hello.protocol_version not in (0, 1):
             raise errors.FailedPrecondition("protocol version unsupported",
                                             details=errors.ErrorDetails(reason="PROTOCOL_VERSION_UNSUPPORTED",
                                                                         metadata=(("min", "1"), ("max", "1"))))
-        old = self.sessions.get(hello.cluster_name)
+        old = self.sessions.get(name)
         if old is not None and not old.closed:
             old.close()  # the newer stream wins; the old one's reader ends on close
         now = self.clock()
-        meta = serde_agent.hello_meta(hello)
-        self.catalog.connect(meta, now)
-        session = Session(hello.cluster_name, uuid.uuid4().hex[:12])
-        self.sessions[hello.cluster_name] = session
-        wanted = {(a.job_id, a.number) for a in await self.store.active_attempts() if a.cluster == hello.cluster_name}
-        known = {(j, n) for j, n, _ in serde_agent.known_attempts(hello)}
-        welcome = serde_agent.welcome_message(
+        self.catalog.connect(hello.meta, now)
+        session = Session(name, uuid.uuid4().hex[:12])
+        self.sessions[name] = session
+        wanted = {(a.job_id, a.number) for a in await self.store.active_attempts() if a.cluster == name}
+        known = set(hello.known)
+        session.send(link.Welcome(
             self.broker_id, session.session_id, self.cfg.heartbeat_interval_s, self.cfg.cluster_stale_after_s,
-            self.cfg.agent_listener.max_message_bytes, sorted(known - wanted), sorted(known & wanted))
-        session.send(self.clock, welcome=welcome)
-        session.send(self.clock, resync=cs.ResyncRequest(inventory=True, workloads=True, reason="new session"))
-        self.kick(hello.cluster_name)
+            self.cfg.agent_listener.max_message_bytes, tuple(sorted(known - wanted)), tuple(sorted(known & wanted))))
+        session.send(link.ResyncOut(inventory=True, workloads=True, reason="new session"))
+        self.kick(name)
         return session
 
     def close_session(self, session: Session) -> None:
@@ -111,34 +102,31 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ agent -> broker
 
-    async def handle(self, session: Session, msg: cs.AgentMessage) -> None:
+    async def handle(self, session: Session, sequence: int, msg: link.Inbound | None) -> None:
         """Apply one agent message; acknowledge it once its effects are committed."""
         now = self.clock()
-        kind = msg.WhichOneof("body")
         self.catalog.heartbeat(session.cluster, now)
-        if kind == "inventory_snapshot" or kind == "inventory_delta":
-            await self._report(session, msg, kind, now)
-        elif kind == "dispatch_ack":
-            await self._dispatch_ack(session, msg.dispatch_ack)
-        elif kind == "workload_status":
-            await self._workload(session, serde_agent.workload_from_proto(msg.workload_status))
-        elif kind == "cancel_ack":
-            await self._cancel_ack(session, msg.cancel_ack)
-        elif kind == "hello":
+        if isinstance(msg, link.Report):
+            await self._report(session, msg.report, now)
+        elif isinstance(msg, link.DispatchReply):
+            await self._dispatch_ack(session, msg)
+        elif isinstance(msg, link.WorkloadReport):
+            await self._workload(session, msg)
+        elif isinstance(msg, link.CancelReply):
+            if msg.gone:
+                await self._apply(lifecycle.AttemptEnded(msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None,
+                                                         msg.message or "deleted"))
+        elif isinstance(msg, link.Hello):
             raise errors.FailedPrecondition("Hello may only be the first message")
-        session.last_agent_sequence = max(session.last_agent_sequence, msg.sequence)
-        if kind != "heartbeat":
-            session.send(self.clock, ack=cs.Ack(acked_agent_sequence=session.last_agent_sequence))
+        session.last_agent_sequence = max(session.last_agent_sequence, sequence)
+        if not isinstance(msg, link.Heartbeat):
+            session.send(link.AckOut(session.last_agent_sequence))
 
-    async def _report(self, session: Session, msg: cs.AgentMessage, kind: str, now: float) -> None:
-        if kind == "inventory_snapshot":
-            report = serde_agent.report_from_snapshot(session.cluster, msg.inventory_snapshot, now)
-        else:
-            report = serde_agent.report_from_delta(session.cluster, msg.inventory_delta, now)
+    async def _report(self, session: Session, report: cat.InventoryReport, now: float) -> None:
         try:
             self.catalog.apply_report(report, now)
         except cat.DeltaGap as exc:
-            session.send(self.clock, resync=cs.ResyncRequest(inventory=True, reason=str(exc)))
+            session.send(link.ResyncOut(inventory=True, workloads=False, reason=str(exc)))
             return
         session.inventory_sequence = report.sequence
         self.placer.capacity_changed()
@@ -164,23 +152,18 @@ class Dispatcher:
         for cluster in clusters:
             await self.deliver(cluster)
 
-    async def _dispatch_ack(self, session: Session, ack: cs.DispatchAck) -> None:
-        job_id, attempt = ack.attempt.job_id, ack.attempt.attempt
+    async def _dispatch_ack(self, session: Session, ack: link.DispatchReply) -> None:
         if ack.accepted:
-            await self._apply(lifecycle.DispatchAccepted(job_id, attempt, ack.namespace))
+            await self._apply(lifecycle.DispatchAccepted(ack.job_id, ack.attempt, ack.namespace))
             return
-        rej = ack.rejection
-        nodes = tuple(rej.nodes) + tuple(r.node for r in rej.node_results if r.node not in rej.nodes)
-        self.catalog.exclude_nodes(session.cluster, nodes)
+        self.catalog.exclude_nodes(session.cluster, ack.nodes)
         if self.metrics is not None:
             self.metrics.rejected(session.cluster)
-        reason = job_pb2.DispatchRejectReason.Name(rej.reason).removeprefix("DISPATCH_REJECT_REASON_") \
-            if rej.reason in job_pb2.DispatchRejectReason.values() else "UNSPECIFIED"
-        job = await self._apply(lifecycle.DispatchRejected(job_id, attempt, reason, rej.message, nodes))
+        job = await self._apply(lifecycle.DispatchRejected(ack.job_id, ack.attempt, ack.reason, ack.message, ack.nodes))
         if job is not None:
             self.placer.capacity_changed()  # re-plan at once, without the named nodes
 
-    async def _workload(self, session: Session, w: serde_agent.WorkloadReport) -> None:
+    async def _workload(self, session: Session, w: link.WorkloadReport) -> None:
         try:
             job = await self.store.get_job(w.job_id)
         except errors.JobNotFound:
@@ -206,18 +189,13 @@ class Dispatcher:
         elif phase == "DELETED":
             await self._apply(lifecycle.AttemptEnded(w.job_id, w.attempt, AttemptOutcome.CANCELLED, None, w.message))
 
-    async def _cancel_ack(self, session: Session, ack: cs.CancelAck) -> None:
-        if ack.result in (cs.CANCEL_RESULT_DELETED, cs.CANCEL_RESULT_NOT_FOUND):
-            await self._apply(lifecycle.AttemptEnded(ack.attempt.job_id, ack.attempt.attempt,
-                                                     AttemptOutcome.CANCELLED, None, ack.message or "deleted"))
-
     async def _teardown(self, job: JobRecord, cluster: str, outcome: AttemptOutcome, message: str, why: str) -> None:
         """End the attempt (the lifecycle re-queues it as the next attempt) and order its workload deleted."""
         attempt = job.attempt
         await self._apply(lifecycle.AttemptEnded(job.job_id, attempt, outcome, None, message))
         session = self.sessions.get(cluster)
         if session is not None:
-            session.send(self.clock, cancel=serde_agent.cancel_message(job.job_id, attempt, why, self.cfg.grace_period_s, message))
+            session.send(link.CancelOut(job.job_id, attempt, why, self.cfg.grace_period_s, message))
 
     # ------------------------------------------------------------------ broker -> agent
 
@@ -256,7 +234,7 @@ class Dispatcher:
                 if session.closed:
                     break
                 if body is not None:
-                    session.send(self.clock, **body)
+                    session.send(body)
                     if order.kind is OrderKind.DISPATCH:
                         sent.append(order)
                 done.append(order.order_id)
@@ -264,7 +242,7 @@ class Dispatcher:
             if done:
                 await self.store.ack_orders(cluster, done)
 
-    async def _build_order(self, session: Session, order: DispatchOrder) -> dict[str, Any] | None:
+    async def _build_order(self, session: Session, order: DispatchOrder) -> link.Outbound | None:
         """The message body for one outbox order, or None when the order was superseded."""
         try:
             job = await self.store.get_job(order.job_id)
@@ -278,17 +256,16 @@ class Dispatcher:
                 return None
             deadline = self.clock() + serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
             entry = self.catalog.clusters.get(session.cluster)
-            msg = serde_agent.dispatch_message(order, job.spec, job.tenant, attempt.domain, attempt.assignments,
-                                               deadline, entry.sequence if entry else 0)
-            return {"dispatch": msg}
+            return link.DispatchOut(job.job_id, order.attempt, job.spec, job.tenant, attempt.domain,
+                                    attempt.assignments, deadline, entry.sequence if entry else 0)
         if order.kind is OrderKind.START:
             # Start only for the live attempt, and only on a live stream (fencing).
             if job.attempt == order.attempt and job.state is S.STARTING:
-                return {"start": serde_agent.start_message(job.job_id, order.attempt)}
+                return link.StartOut(job.job_id, order.attempt)
             return None
         reason = "PREEMPTED" if order.kind is OrderKind.PREEMPT else (
             "USER_REQUEST" if job.state in (S.CANCELLING, S.CANCELLED) else "SUPERSEDED")
-        return {"cancel": serde_agent.cancel_message(job.job_id, order.attempt, reason, order.grace_s)}
+        return link.CancelOut(job.job_id, order.attempt, reason, order.grace_s)
 
     async def _attempt(self, job_id: str, number: int) -> AttemptRecord | None:
         for a in await self.store.list_attempts(job_id):

@@ -13,8 +13,9 @@ from tandem.v1 import common_pb2
 from tandem.v1 import inventory_pb2 as inv
 from tandem.v1 import job_pb2
 
+from broker import link
 from broker.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level
-from broker.records import DispatchOrder, ReplicaPlacement
+from broker.records import ReplicaPlacement
 from broker.serde import spec_from_bytes, ts
 from broker.states import AttemptOutcome
 
@@ -111,30 +112,14 @@ def report_from_delta(cluster: str, d: inv.InventoryDelta, now: float) -> Invent
     )
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadReport:
-    """A WorkloadStatus reduced to what the broker's lifecycle reacts to."""
-
-    job_id: str
-    attempt: int
-    phase: str
-    """CREATING, GATED, STARTING, RUNNING, SUCCEEDED, FAILED, DELETED, UNSPECIFIED."""
-    outcome: AttemptOutcome | None
-    exit_code: int | None
-    message: str
-    namespace: str
-    running_replicas: int
-    total_replicas: int
-
-
 _RUNNING = {common_pb2.REPLICA_PHASE_RUNNING, common_pb2.REPLICA_PHASE_SUCCEEDED}
 
 
-def workload_from_proto(w: cs.WorkloadStatus) -> WorkloadReport:
+def workload_from_proto(w: cs.WorkloadStatus) -> link.WorkloadReport:
     name = cs.WorkloadPhase.Name(w.phase) if w.phase in cs.WorkloadPhase.values() else "WORKLOAD_PHASE_UNSPECIFIED"
     oname = (job_pb2.AttemptOutcome.Name(w.outcome) if w.outcome in job_pb2.AttemptOutcome.values()
              else "ATTEMPT_OUTCOME_UNSPECIFIED").removeprefix("ATTEMPT_OUTCOME_")
-    return WorkloadReport(
+    return link.WorkloadReport(
         job_id=w.attempt.job_id, attempt=w.attempt.attempt, phase=name.removeprefix("WORKLOAD_PHASE_"),
         outcome=None if oname == "UNSPECIFIED" else AttemptOutcome(oname),
         exit_code=w.exit_code if w.HasField("exit_code") else None, message=w.message,
@@ -152,17 +137,15 @@ def _dur(seconds: float) -> duration_pb2.Duration:
 _DEFAULT_PORTS = {job_pb2.FRAMEWORK_TORCHRUN: 29500, job_pb2.FRAMEWORK_RAY: 6379, job_pb2.FRAMEWORK_MPI: 2222}
 
 
-def dispatch_message(
-    order: DispatchOrder, spec_bytes: bytes, tenant: str, domain: Sequence[str],
-    assignments: Sequence[ReplicaPlacement], start_deadline: float, inventory_sequence: int,
-) -> cs.Dispatch:
+def dispatch_message(d: link.DispatchOut) -> cs.Dispatch:
     """The Dispatch for an attempt: per pod set the nodes in index order, contiguous per node."""
-    spec = spec_from_bytes(spec_bytes)
-    msg = cs.Dispatch(tenant=tenant, job_set_id=spec.job_set_id, queue=spec.queue,
-                      priority_band=spec.priority_band or "default", inventory_sequence=inventory_sequence)
-    msg.attempt.job_id = order.job_id
-    msg.attempt.attempt = order.attempt
-    for seg in domain:
+    spec = spec_from_bytes(d.spec)
+    msg = cs.Dispatch(tenant=d.tenant, job_set_id=spec.job_set_id, queue=spec.queue,
+                      priority_band=spec.priority_band or "default", inventory_sequence=d.inventory_sequence)
+    msg.attempt.job_id = d.job_id
+    msg.attempt.attempt = d.attempt
+    assignments = d.assignments
+    for seg in d.domain:
         msg.domain.segments.add(value=seg)
     by_set: dict[str, list[ReplicaPlacement]] = {}
     for r in assignments:
@@ -180,8 +163,8 @@ def dispatch_message(
     framework = spec.framework or job_pb2.FRAMEWORK_PLAIN
     msg.rendezvous.framework = framework
     msg.rendezvous.port = spec.rendezvous_port or _DEFAULT_PORTS.get(framework, 29400)
-    msg.rendezvous.service_name = f"{order.job_id}-{order.attempt}"
-    msg.start_deadline.CopyFrom(ts(start_deadline))
+    msg.rendezvous.service_name = f"{d.job_id}-{d.attempt}"
+    msg.start_deadline.CopyFrom(ts(d.start_deadline))
     if spec.HasField("max_runtime"):
         msg.max_runtime.CopyFrom(spec.max_runtime)
     if spec.HasField("termination_grace_period"):
@@ -214,22 +197,68 @@ def cancel_message(job_id: str, attempt: int, reason: str, grace_s: float, messa
     return out
 
 
-def welcome_message(
-    broker_id: str, session_id: str, heartbeat_s: float, timeout_s: float, max_bytes: int,
-    obsolete: Sequence[tuple[str, int]], current: Sequence[tuple[str, int]],
-) -> cs.Welcome:
-    out = cs.Welcome(protocol_version=1, broker_id=broker_id, session_id=session_id, max_message_bytes=max_bytes)
-    out.heartbeat_interval.CopyFrom(_dur(heartbeat_s))
-    out.heartbeat_timeout.CopyFrom(_dur(timeout_s))
-    for job, attempt in obsolete:
+def welcome_message(w: link.Welcome) -> cs.Welcome:
+    out = cs.Welcome(protocol_version=1, broker_id=w.broker_id, session_id=w.session_id,
+                     max_message_bytes=w.max_message_bytes)
+    out.heartbeat_interval.CopyFrom(_dur(w.heartbeat_s))
+    out.heartbeat_timeout.CopyFrom(_dur(w.timeout_s))
+    for job, attempt in w.obsolete:
         out.obsolete_attempts.add(job_id=job, attempt=attempt)
-    for job, attempt in current:
+    for job, attempt in w.current:
         out.current_attempts.add(job_id=job, attempt=attempt)
     return out
 
 
-def known_attempts(h: cs.Hello) -> list[tuple[str, int, str]]:
-    return [(k.attempt.job_id, k.attempt.attempt, cs.WorkloadPhase.Name(k.phase)) for k in h.known_attempts]
+def hello_from_proto(h: cs.Hello) -> link.Hello:
+    known = tuple((k.attempt.job_id, k.attempt.attempt) for k in h.known_attempts)
+    return link.Hello(hello_meta(h), h.protocol_version, known)
+
+
+def agent_message(msg: cs.AgentMessage, cluster: str, now: float) -> link.Inbound | None:
+    """One agent message as a domain value (None for an empty or unknown body)."""
+    kind = msg.WhichOneof("body")
+    if kind == "inventory_snapshot":
+        return link.Report(report_from_snapshot(cluster, msg.inventory_snapshot, now))
+    if kind == "inventory_delta":
+        return link.Report(report_from_delta(cluster, msg.inventory_delta, now))
+    if kind == "dispatch_ack":
+        ack = msg.dispatch_ack
+        rej = ack.rejection
+        nodes = tuple(rej.nodes) + tuple(r.node for r in rej.node_results if r.node not in rej.nodes)
+        known = rej.reason in job_pb2.DispatchRejectReason.values()
+        reason = job_pb2.DispatchRejectReason.Name(rej.reason) if known else "UNSPECIFIED"
+        return link.DispatchReply(ack.attempt.job_id, ack.attempt.attempt, ack.accepted, ack.namespace,
+                                  reason.removeprefix("DISPATCH_REJECT_REASON_"), rej.message, nodes)
+    if kind == "workload_status":
+        return workload_from_proto(msg.workload_status)
+    if kind == "cancel_ack":
+        c = msg.cancel_ack
+        gone = c.result in (cs.CANCEL_RESULT_DELETED, cs.CANCEL_RESULT_NOT_FOUND)
+        return link.CancelReply(c.attempt.job_id, c.attempt.attempt, gone, c.message)
+    if kind == "heartbeat":
+        return link.Heartbeat(msg.heartbeat.inventory_sequence)
+    if kind == "hello":
+        return hello_from_proto(msg.hello)
+    return None
+
+
+def broker_message(sequence: int, now: float, out: link.Outbound) -> cs.BrokerMessage:
+    """The BrokerMessage for one outbound domain message."""
+    msg = cs.BrokerMessage(sequence=sequence)
+    msg.send_time.CopyFrom(ts(now))
+    if isinstance(out, link.Welcome):
+        msg.welcome.CopyFrom(welcome_message(out))
+    elif isinstance(out, link.DispatchOut):
+        msg.dispatch.CopyFrom(dispatch_message(out))
+    elif isinstance(out, link.StartOut):
+        msg.start.CopyFrom(start_message(out.job_id, out.attempt))
+    elif isinstance(out, link.CancelOut):
+        msg.cancel.CopyFrom(cancel_message(out.job_id, out.attempt, out.reason, out.grace_s, out.message))
+    elif isinstance(out, link.AckOut):
+        msg.ack.acked_agent_sequence = out.acked_agent_sequence
+    else:
+        msg.resync.CopyFrom(cs.ResyncRequest(inventory=out.inventory, workloads=out.workloads, reason=out.reason))
+    return msg
 
 
 def cluster_summary(

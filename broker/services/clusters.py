@@ -40,14 +40,16 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
             first = await anext(aiter(request_iterator), None)
             if first is None or first.WhichOneof("body") != "hello":
                 raise errors.FailedPrecondition("the first message must be a Hello")
-            session = await self.hub.dispatcher.open_session(caller, first.hello)
+            session = await self.hub.dispatcher.open_session(caller, serde_agent.hello_from_proto(first.hello))
             self.hub.audit.record(caller, Method.CONNECT, "ok", session=session.session_id)
             reader = asyncio.get_running_loop().create_task(self._read(session, request_iterator))
+            sequence = 0
             while True:
-                msg = await session.out.get()
-                if msg is None:
+                out = await session.out.get()
+                if out is None:
                     break
-                yield msg
+                sequence += 1
+                yield serde_agent.broker_message(sequence, self.hub.clock(), out)
         except Exception as exc:  # noqa: BLE001
             if session is None:
                 await self.edge.fail(context, exc, Method.CONNECT, caller)
@@ -64,7 +66,8 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
         try:
             async for msg in it:
                 try:
-                    await self.hub.dispatcher.handle(session, msg)
+                    body = serde_agent.agent_message(msg, session.cluster, self.hub.clock())
+                    await self.hub.dispatcher.handle(session, msg.sequence, body)
                 except Exception:  # noqa: BLE001 - one bad message must not drop the cluster
                     _log.exception("agent message failed", extra={"cluster": session.cluster})
         except Exception as exc:  # noqa: BLE001 - a broken stream closes the session

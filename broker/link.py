@@ -1,0 +1,144 @@
+"""The agent link's messages as plain domain types (both directions), so protobuf stays in the servicer and serde."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.catalog import ClusterMeta, InventoryReport
+from broker.records import ReplicaPlacement
+from broker.states import AttemptOutcome
+
+__all__ = [
+    "Hello",
+    "Report",
+    "DispatchReply",
+    "WorkloadReport",
+    "CancelReply",
+    "Heartbeat",
+    "Inbound",
+    "Welcome",
+    "DispatchOut",
+    "StartOut",
+    "CancelOut",
+    "AckOut",
+    "ResyncOut",
+    "Outbound",
+]
+
+# ----------------------------------------------------------------------------- agent -> broker
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    meta: ClusterMeta
+    protocol_version: int
+    known: tuple[tuple[str, int], ...] = ()
+    """(job, attempt) of every workload the cluster holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    report: InventoryReport
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchReply:
+    job_id: str
+    attempt: int
+    accepted: bool
+    namespace: str = ""
+    reason: str = ""
+    """DispatchRejectReason name without its prefix, e.g. DOES_NOT_FIT."""
+    message: str = ""
+    nodes: tuple[str, ...] = ()
+    """Nodes the rejection names (excluded until the cluster's next report)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadReport:
+    """A WorkloadStatus reduced to what the broker's lifecycle reacts to."""
+
+    job_id: str
+    attempt: int
+    phase: str
+    """CREATING, GATED, STARTING, RUNNING, SUCCEEDED, FAILED, DELETED, UNSPECIFIED."""
+    outcome: AttemptOutcome | None
+    exit_code: int | None
+    message: str
+    namespace: str
+    running_replicas: int
+    total_replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelReply:
+    job_id: str
+    attempt: int
+    gone: bool
+    """The workload is deleted (or never existed): the cancel is confirmed."""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    inventory_sequence: int = 0
+
+
+Inbound = Hello | Report | DispatchReply | WorkloadReport | CancelReply | Heartbeat
+
+# ----------------------------------------------------------------------------- broker -> agent
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    broker_id: str
+    session_id: str
+    heartbeat_s: float
+    timeout_s: float
+    max_message_bytes: int
+    obsolete: tuple[tuple[str, int], ...]
+    current: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchOut:
+    job_id: str
+    attempt: int
+    spec: bytes
+    """The stored JobSpec (serialized); serde turns it into the Dispatch's pod sets."""
+    tenant: str
+    domain: tuple[str, ...]
+    assignments: tuple[ReplicaPlacement, ...]
+    start_deadline: float
+    inventory_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartOut:
+    job_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOut:
+    job_id: str
+    attempt: int
+    reason: str
+    """USER_REQUEST, PREEMPTED, GANG_TIMEOUT, SUPERSEDED or GANG_FAILED."""
+    grace_s: float
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AckOut:
+    acked_agent_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncOut:
+    inventory: bool
+    workloads: bool
+    reason: str
+
+
+Outbound = Welcome | DispatchOut | StartOut | CancelOut | AckOut | ResyncOut
