@@ -213,7 +213,11 @@ class Placer:
         order = [self.queued[e.job_id] for e in snap.order() if e.job_id in self._todo and e.job_id in self.queued]
         placed = 0
         pending: list[tuple[JobRecord, lifecycle.Reserve]] = []
-        for job in order[: self.batch]:
+        for i, job in enumerate(order[: self.batch]):
+            if i and i % 16 == 0:
+                await asyncio.sleep(0)  # let RPCs in between decisions; every hold is already in the overlay
+            if job.job_id not in self.queued:
+                continue  # cancelled (or otherwise moved) while we yielded
             self._todo.discard(job.job_id)
             t0 = time.perf_counter()
             d = self.decide_one(job, now, snap, usage)
