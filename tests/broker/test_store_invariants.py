@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import lifecycle as lc
 from broker.records import ReplicaPlacement
 from broker.states import HOLDS_CAPACITY, AttemptOutcome, JobState
 from broker.store.base import StoreOptions
+from broker.store.base import Store
 from broker.store.sqlite import SqliteStore
-from tests.broker.store_builders import FakeClock, id_gen, new_job
+from tests.broker.store_builders import FakeClock, fresh_pg_database, id_gen, new_job, pg_server  # noqa: F401
 
 O = AttemptOutcome
 KINDS = ("reserve", "sent", "accepted", "rejected", "ready", "running", "ended", "cancel", "preempt", "silent",
@@ -39,10 +40,15 @@ def _event(kind: str, job_id: str, n: int, outcome: AttemptOutcome) -> lc.Event:
     }[kind]()
 
 
-async def _scenario(steps: list[tuple[int, str, int, AttemptOutcome]]) -> None:
+async def _scenario(steps: list[tuple[int, str, int, AttemptOutcome]], pg_server: str | None = None) -> None:
     clock = FakeClock()
     opts = StoreOptions(retry=lc.RetryPolicy(max_infra_retries=2, max_attempts=6))
-    async with SqliteStore(clock=clock, id_gen=id_gen(), options=opts) as s:
+    store: Store = SqliteStore(clock=clock, id_gen=id_gen(), options=opts)
+    if pg_server is not None:
+        from broker.store.postgres import PostgresStore
+
+        store = PostgresStore(await fresh_pg_database(pg_server), clock=clock, id_gen=id_gen(), options=opts)
+    async with store as s:
         ids = [(await s.submit(new_job(preemptible=i == 1))).job.job_id for i in range(3)]
         for which, kind, offset, outcome in steps:
             job = await s.get_job(ids[which])
@@ -76,3 +82,11 @@ async def _scenario(steps: list[tuple[int, str, int, AttemptOutcome]]) -> None:
 @given(st.lists(STEP, min_size=1, max_size=60))
 def test_store_stays_consistent_under_random_lifecycle_traffic(steps: list[tuple[int, str, int, AttemptOutcome]]) -> None:
     asyncio.run(_scenario(steps))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(STEP, min_size=1, max_size=60))
+def test_postgres_store_stays_consistent_too(
+    pg_server: str, steps: list[tuple[int, str, int, AttemptOutcome]]  # noqa: F811
+) -> None:
+    asyncio.run(_scenario(steps, pg_server))
