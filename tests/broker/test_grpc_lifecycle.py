@@ -155,6 +155,28 @@ async def test_job_start_timeout_overrides_the_default(tmp_path: Path) -> None:
         await b.close()
 
 
+async def test_unanswered_dispatch_expires_and_is_replanned(tmp_path: Path) -> None:
+    clock = FakeClock()
+    b = await start_broker(tmp_path, clock=clock, dispatch_ack_timeout_s=30, cluster_stale_after_s=5000,
+                           lost_after_s=5000)
+    try:
+        a = b.agent("c1")
+        await a.connect([node("n1")])
+        [j] = await b.client("alpha").submit("s", [SubmitItem("k", spec(gpus=8))])
+        d1 = await a.expect("dispatch")
+        await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_DISPATCHED))
+        clock.advance(31)
+        a.heartbeat()
+        await b.hub.dispatcher.sweep()
+        cancel = await a.expect("cancel")
+        assert (cancel.attempt.attempt, cancel.reason) == (d1.attempt.attempt, cs.CANCEL_REASON_SUPERSEDED)
+        d2 = await a.expect("dispatch")
+        assert d2.attempt.attempt == 2
+        await a.close()
+    finally:
+        await b.close()
+
+
 async def test_gang_below_min_available_is_restarted(tmp_path: Path) -> None:
     b = await start_broker(tmp_path)
     try:
