@@ -121,6 +121,7 @@ def test_tandem_sends_cpu_only_pods_to_nodes_whose_gpus_are_used_up() -> None:
     d = PodDemand(16000)
     policy = TandemFragPolicy(TargetWorkload((TypicalPod(1000, 1000, 1, frozenset(), 1.0),)))
     assert choose_node(policy, a, d, a.feasible(d)) == 1
+    assert choose_node(FgdPolicy(policy.frag.workload), a, d, a.feasible(d)) == 0
     # FGD sees no fragmentation change on either node and takes the first.
     assert choose_node(FgdPolicy(policy.frag.workload), a, d, a.feasible(d)) == 0
 
@@ -162,3 +163,20 @@ def test_make_policy_rejects_unknown_and_needs_workload() -> None:
         make_policy("nope")
     with pytest.raises(ValueError):
         make_policy("fgd")
+
+
+def test_extender_scores_without_feasible_nodes_are_zero() -> None:
+    a = nodes((64000, [100, 0]))
+    d = share(500)
+    scores = extender_scores(a, d, a.feasible(d), make_policy(DEFAULT_POLICY, workload=WORKLOAD))
+    assert list(scores) == [0]
+
+
+def test_tandem_sends_gpu_heavy_pods_to_gpu_rich_nodes() -> None:
+    # Both nodes stay fully usable after either choice, so only alignment decides:
+    # 8 GPUs with 16 cores wants the 1-core-per-GPU pod, keeping the CPU-rich node's CPU.
+    a = nodes((104000, [1000, 1000]), (16000, [1000] * 8))
+    d = whole(1, cpu=1000)
+    policy = TandemFragPolicy(TargetWorkload((TypicalPod(500, 1000, 1, frozenset(), 1.0),)))
+    assert choose_node(policy, a, d, a.feasible(d)) == 1
+    assert choose_node(FgdPolicy(policy.frag.workload), a, d, a.feasible(d)) == 0
