@@ -35,7 +35,7 @@ Contract (every backend, checked by the shared test suite):
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -203,6 +203,23 @@ class Store(abc.ABC):
     ) -> WatchPage:
         """Like ``watch_events``, plus the revision the read covered, so a filtered watcher can advance past
         other tenants' events (resume with ``page.revision``; wait with ``wait_for_revision(page.revision)``)."""
+
+    async def watch(
+        self, from_revision: int, *, tenant: str | None = None, job_set: str | None = None,
+        bookmark_s: float = 30.0,
+    ) -> AsyncIterator[WatchPage]:
+        """Follow the event log from ``from_revision``: pages of matching events as they commit, and an empty
+        page (a bookmark carrying the covered revision) after ``bookmark_s`` without any. Never spins on other
+        tenants' commits: it resumes from the covered revision, not from the last matching event."""
+        rev = from_revision
+        while True:
+            page = await self.watch_page(rev, tenant=tenant, job_set=job_set)
+            rev = page.revision
+            if page.events:
+                yield page
+                continue
+            if await self.wait_for_revision(rev, bookmark_s) <= rev:
+                yield page  # nothing new for anyone: a bookmark
 
     @abc.abstractmethod
     async def wait_for_revision(self, after: int, timeout_s: float) -> int:

@@ -18,6 +18,7 @@ from broker.records import (
     OrderSpec,
     ReplicaPlacement,
     Transition,
+    WatchPage,
 )
 from broker.states import AttemptOutcome, JobState
 from broker.store.sqlite import SqliteStore
@@ -472,6 +473,46 @@ async def test_filtered_watch_page_advances_past_other_tenants(store: SqliteStor
     assert (empty.events, empty.revision) == ((), page.revision)
     full = await store.watch_page(0, limit=2)
     assert len(full.events) == 2 and full.revision == full.events[-1].revision  # a full page resumes at its end
+
+
+async def test_watch_follows_own_events_and_skips_others_without_spinning(store: SqliteStore) -> None:
+    start = await store.current_revision()
+    pages: list[WatchPage] = []
+    calls = 0
+    real_page = store.watch_page
+
+    async def counting_page(*a: Any, **kw: Any) -> WatchPage:
+        nonlocal calls
+        calls += 1
+        return await real_page(*a, **kw)
+
+    store.watch_page = counting_page  # type: ignore[method-assign]
+
+    async def follow() -> None:
+        async for page in store.watch(start, tenant="t1", bookmark_s=30):
+            pages.append(page)
+            if len(pages) == 2:
+                return
+
+    task = asyncio.ensure_future(follow())
+    await asyncio.sleep(0)
+    for _ in range(5):
+        await store.submit(new_job("t2"))  # another tenant's commits wake the watcher but yield nothing
+    mine = (await store.submit(new_job("t1"))).job
+    await store.cancel_job(mine.job_id, tenant="t1", actor="tenant/a")
+    await asyncio.wait_for(task, 10)
+    events = [e for p in pages for e in p.events]
+    assert [(e.job_id, e.to_state) for e in events][:1] == [(mine.job_id, S.QUEUED)]
+    assert all(e.tenant == "t1" for e in events)
+    assert calls <= 2 * 7 + 2  # at most a read or two per commit (7 commits), never a busy loop
+
+
+async def test_watch_yields_bookmarks_when_idle(store: SqliteStore) -> None:
+    rev = await store.current_revision()
+    agen = store.watch(rev, bookmark_s=0.05)
+    page = await asyncio.wait_for(agen.__anext__(), 10)
+    assert (page.events, page.revision) == ((), rev)
+    await agen.aclose()
 
 
 async def test_waiting_does_not_spin_on_its_own_reads(store: SqliteStore) -> None:
