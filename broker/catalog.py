@@ -7,6 +7,8 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from placement.errors import CapacityError
+from placement.fit import allocate
 from placement.model import Node, PodShape
 
 from broker.fleet import ClusterArrays, Fleet
@@ -282,8 +284,17 @@ class Catalog:
         entry = self.clusters.get(res.cluster)
         if entry is None:
             return
-        for r in res.replicas:
-            entry.overlaid.pop(r.node, None)
+        for res_, r in self._unbound(res):
+            cached = entry.overlaid.get(r.node)
+            if cached is None:
+                continue
+            if sign < 0:
+                del entry.overlaid[r.node]
+                continue
+            try:  # a new hold: take it from the memoised overlaid node, as the overlay itself would
+                entry.overlaid[r.node], _ = allocate(cached, res_.shapes[r.pod_set], 1)
+            except CapacityError:
+                del entry.overlaid[r.node]
         if entry.arrays is None:
             return
         entry.arrays.add_pending(self._unbound(res), sign)

@@ -106,7 +106,7 @@ class BrokerConfig(_Strict):
     """Finished jobs are kept this long before they may be purged, in seconds."""
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     """Heartbeat interval the broker asks agents for, in seconds."""
-    placement_interval_s: float = Field(default=0.02, gt=0)
+    placement_interval_s: float = Field(default=0.05, gt=0)
     """The placer gathers wake-ups (submissions, reports) this long before a step, in seconds; it rescans
     every waiting job at least every 20 intervals."""
     placement_batch: int = Field(default=256, ge=1)

@@ -34,6 +34,8 @@ class Session:
     session_id: str
     out: asyncio.Queue[link.Outbound | None] = field(default_factory=asyncio.Queue)
     last_agent_sequence: int = 0
+    acked_sequence: int = 0
+    ack_scheduled: bool = False
     closed: bool = False
     inventory_sequence: int = 0
 
@@ -61,6 +63,7 @@ class Dispatcher:
         self.clock = clock
         self.metrics = metrics
         self.broker_id = uuid.uuid4().hex[:12]
+        self.ack_delay_s = 0.005
         self.sessions: dict[str, Session] = {}
         self._deliver_locks: dict[str, asyncio.Lock] = {}
         self._kicked: set[str] = set()
@@ -119,7 +122,15 @@ class Dispatcher:
         elif isinstance(msg, link.Hello):
             raise errors.FailedPrecondition("Hello may only be the first message")
         session.last_agent_sequence = max(session.last_agent_sequence, sequence)
-        if not isinstance(msg, link.Heartbeat):
+        if not isinstance(msg, link.Heartbeat) and not session.ack_scheduled:
+            # Acks are cumulative: one per burst of agent messages, not one each.
+            session.ack_scheduled = True
+            asyncio.get_running_loop().call_later(self.ack_delay_s, self._flush_ack, session)
+
+    def _flush_ack(self, session: Session) -> None:
+        session.ack_scheduled = False
+        if session.last_agent_sequence > session.acked_sequence:
+            session.acked_sequence = session.last_agent_sequence
             session.send(link.AckOut(session.last_agent_sequence))
 
     async def _report(self, session: Session, report: cat.InventoryReport, now: float) -> None:

@@ -142,3 +142,20 @@ def test_numpy_capacity_equals_core_fit_for_whole_gpu_shapes(frees: list[int], w
     arrays = ClusterArrays.build(nodes, ("z", "r", "h"), ModelTable())
     assert list(arrays.capacity(shape)) == [min(capacity(n, shape).count, 110) for n in nodes]
     assert int(np.sum(arrays.eff_free_gpu())) == sum(frees)
+
+
+def test_memoised_overlay_matches_a_fresh_one(catalog: Catalog) -> None:
+    from broker.decide import overlaid_nodes
+
+    catalog.apply_report(report("c1", 1, [mk("n1"), mk("n2", rack="r2")]), now=100.0)
+    entry = catalog.clusters["c1"]
+    rows = [0, 1]
+    overlaid_nodes(catalog, entry, rows)  # warm the memo
+    for i in range(5):
+        catalog.add_reservation(Reservation(f"j{i}", 1, "c1", (ReservedReplica("w", 0, "n1"),), {"w": PodShape(gpus=2)}))
+        overlaid_nodes(catalog, entry, rows)
+    catalog.drop_reservation(("j1", 1))
+    memo = [n.free_whole_gpus for n in overlaid_nodes(catalog, entry, rows)]
+    entry.overlaid.clear()
+    fresh = [n.free_whole_gpus for n in overlaid_nodes(catalog, entry, rows)]
+    assert memo == fresh == [0, 8]  # after dropping j1, four holds of 2 GPUs fill n1
