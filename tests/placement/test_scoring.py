@@ -179,3 +179,10 @@ def test_tandem_sends_gpu_heavy_pods_to_gpu_rich_nodes() -> None:
     policy = TandemFragPolicy(TargetWorkload((TypicalPod(500, 1000, 1, frozenset(), 1.0),)))
     assert choose_node(policy, a, d, a.feasible(d)) == 1
     assert choose_node(FgdPolicy(policy.frag.workload), a, d, a.feasible(d)) == 0
+
+
+def test_score_for_extender_uses_the_default_policy_and_filter() -> None:
+    from placement.scoring import score_for_extender
+
+    a = nodes((64000, [1000, 1000]), (64000, [500, 1000]), (64000, [300, 0]))
+    assert list(score_for_extender(a, share(500), WORKLOAD)) == [0, 10, 0]
