@@ -12,6 +12,7 @@ from placement.gpuarrays import GpuArrays, PodDemand
 from placement.scoring import (
     DEFAULT_POLICY, POLICY_NAMES, BestFitPolicy, ClusteringPolicy, DotProductPolicy, FgdPolicy,
     PackingPolicy, RandomPolicy, TandemFragPolicy, choose_node, extender_scores, make_policy,
+    score_for_extender,
 )
 
 
@@ -182,7 +183,5 @@ def test_tandem_sends_gpu_heavy_pods_to_gpu_rich_nodes() -> None:
 
 
 def test_score_for_extender_uses_the_default_policy_and_filter() -> None:
-    from placement.scoring import score_for_extender
-
     a = nodes((64000, [1000, 1000]), (64000, [500, 1000]), (64000, [300, 0]))
     assert list(score_for_extender(a, share(500), WORKLOAD)) == [0, 10, 0]
