@@ -28,6 +28,7 @@ __all__ = ["Snapshot", "ShapeVerdict", "SCORE_MAX"]
 
 SCORE_MAX = 10
 _MEMO_LIMIT = 64
+_VECTOR_MIN = 32  # rows to fill before classes are worth numpy's fixed costs
 _SUFFIX = [f"{v}}}".encode() for v in range(SCORE_MAX + 1)]
 _CODES: dict[str, int] = {"Fit": 0}
 _CODE_NAMES: list[str] = ["Fit"]
@@ -112,9 +113,15 @@ class ShapeVerdict:
         if not len(todo):
             return
         facts, memo, q, ev = self.snap.facts, self.memo, self.query, self.snap.evaluator
+        todo = np.unique(todo)
+        if (len(todo) >= _VECTOR_MIN and memo.label_keys is not None and q.pinned is None
+                and q.claim_nodes is None and q.shape.wants_gpu):
+            classed = self.snap.sig_arr()[todo] >= 0
+            if classed.any() and self._ensure_classes(todo[classed]):
+                todo = todo[~classed]
         by_node = memo.by_node
         nj = self.snap.name_json
-        for i in set(todo.tolist()):
+        for i in todo.tolist():
             f = facts[i]
             hit = by_node.get(f.name)
             if hit is not None and hit[0] is f:
@@ -130,6 +137,53 @@ class ShapeVerdict:
                 self.codes[i] = _code(v)
                 self.frags[i] = nj[i] + b":" + orjson.dumps(v.message)
         self.done[todo] = True
+
+    def _ensure_classes(self, rows: Rows) -> bool:
+        """Fill `rows` (nodes with a fit signature) one equivalence class at a time: one check per
+        class, then numpy scatters the verdict and builds each row's refusal text from its own
+        name and the class's message. Verdict objects are not kept for these rows (only pinned
+        gang queries read them, and those never come here). False: too many classes to encode."""
+        snap, memo, q, ev = self.snap, self.memo, self.query, self.snap.evaluator
+        assert memo.label_keys is not None
+        combined = snap.sig_arr()[rows].astype(np.int64)
+        for key in memo.label_keys:
+            codes, n_codes = snap.label_codes(key)
+            if int(combined.max(initial=0)) > (1 << 62) // (n_codes + 1):
+                return False
+            combined = combined * (n_codes + 1) + codes[rows]
+        uniq, first, inv = np.unique(combined, return_index=True, return_inverse=True)
+        k = len(uniq)
+        ok_u = np.zeros(k, np.bool_)
+        unres_u = np.zeros(k, np.bool_)
+        codes_u = np.zeros(k, np.intp)
+        own_name = np.zeros(k, np.bool_)
+        suffix_u = _objects([b""] * k)
+        facts = snap.facts
+        for j, r in enumerate(rows[first].tolist()):
+            f = facts[r]
+            v = check_node(f, q, ev, memo)
+            if v.reason is None:
+                ok_u[j] = True
+                continue
+            unres_u[j] = v.unresolvable
+            codes_u[j] = _code(v)
+            head = f"node {f.name}"
+            if v.message.startswith(head):  # the usual core message: "node <name> ..."
+                own_name[j] = True
+                suffix_u[j] = orjson.dumps(v.message[len(head):])[1:]
+            else:
+                suffix_u[j] = orjson.dumps(v.message)
+        inv = inv.reshape(-1)
+        self.ok[rows] = ok_u[inv]
+        self.unresolvable[rows] = unres_u[inv]
+        self.codes[rows] = codes_u[inv]
+        bad = ~ok_u[inv]
+        if bad.any():
+            brows, binv = rows[bad], inv[bad]
+            named, bare = snap.message_heads()
+            self.frags[brows] = np.where(own_name[binv], named[brows], bare[brows]) + suffix_u[binv]
+        self.done[rows] = True
+        return True
 
     def ensure_all(self) -> None:
         self.ensure(np.arange(len(self.done), dtype=np.intp))
@@ -193,6 +247,9 @@ class Snapshot:
         self._verdicts: OrderedDict[Query, ShapeVerdict] = OrderedDict()
         self._arrays: GpuArrays | None = None
         self._entry_table: npt.NDArray[np.object_] | None = None
+        self._sig_arr: npt.NDArray[np.int64] | None = None
+        self._label_codes: dict[str, tuple[npt.NDArray[np.int64], int]] = {}
+        self._heads: tuple[npt.NDArray[np.object_], npt.NDArray[np.object_]] | None = None
         self.last_passed: tuple[Query, bytes, Rows] | None = None
         """(query, `"NodeNames":[...]` bytes, rows) of the last names-mode filter reply: kube-scheduler
         sends prioritize the list its filter passed, so prioritize can skip the name lookups."""
@@ -236,6 +293,32 @@ class Snapshot:
         if len(self._verdicts) > self.config.verdict_cache_size:
             self._verdicts.popitem(last=False)
         return sv
+
+    def sig_arr(self) -> npt.NDArray[np.int64]:
+        """Fit-signature id of every row (-1: checked on its own)."""
+        if self._sig_arr is None:
+            self._sig_arr = np.fromiter((f.sig_id for f in self.facts), np.int64, len(self.facts))
+        return self._sig_arr
+
+    def label_codes(self, key: str) -> tuple[npt.NDArray[np.int64], int]:
+        """Each row's value of one label as a small integer (0 = missing), and how many codes."""
+        hit = self._label_codes.get(key)
+        if hit is None:
+            seen: dict[str | None, int] = {None: 0}
+            codes = np.fromiter((seen.setdefault(f.node.labels.get(key), len(seen)) for f in self.facts),
+                                np.int64, len(self.facts))
+            hit = self._label_codes[key] = (codes, len(seen))
+        return hit
+
+    def message_heads(self) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.object_]]:
+        """Per row, `"name":"node name` and `"name":` (refusal texts are these plus a class suffix)."""
+        if self._heads is None:
+            if self._prev is not None and self._prev._heads is not None:
+                self._heads = self._prev._heads
+            else:
+                nj = self.name_json
+                self._heads = (_objects([j + b':"node ' + j[1:-1] for j in nj]), _objects([j + b":" for j in nj]))
+        return self._heads
 
     def check_one(self, f: NodeFacts, q: Query) -> Verdict:
         """An uncached verdict for ad-hoc facts (preemption what-ifs)."""

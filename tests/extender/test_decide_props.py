@@ -81,3 +81,50 @@ def test_equivalence_classes_give_the_same_verdicts_as_checking_each_node(
     assert classed
     if q.shape.wants_gpu and rack is None:  # copies differ only in name and rack: they share
         assert len(memo.by_class) < len(classed)
+
+
+def _many_copies():  # type: ignore[no-untyped-def]
+    from tests.extender.extender_builders import node
+
+    extra = [node(base, name=f"{base}-x{c}", labels={"network.example.com/rack": f"rk{c % 3}"})
+             for base in ("h100-r1-n2", "h100-r2-n1", "t4-1", "a100-mig-1", "gb200-r5-n2", "h100-notready", "cpu-1")
+             for c in range(8)]
+    return make_inventory(extra)
+
+
+MANY = _many_copies()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    gpus=st.integers(0, 9),
+    cpu=st.sampled_from(["1", "8", "150"]),
+    model=st.sampled_from([None, "NVIDIA-H100-80GB-HBM3", "Tesla-T4"]),
+    rack=st.sampled_from([None, "rk1", "r2"]),
+    mig=st.sampled_from([None, "nvidia.com/mig-3g.40gb"]),
+    share=st.sampled_from([None, "300"]),
+)
+def test_class_scatter_matches_per_node_verdicts(
+    gpus: int, cpu: str, model: str | None, rack: str | None, mig: str | None, share: str | None
+) -> None:
+    import numpy as np
+
+    from extender.decide import _query_for
+    from extender.nodefit import check_node
+    from extender.snapshot import code_name
+
+    sel = {k: v for k, v in (("nvidia.com/gpu.product", model), ("network.example.com/rack", rack)) if v}
+    extra = {mig: "1"} if mig else ({"tandem.dev/gpu-milli": share} if share else None)
+    p = pod("p", gpus=0 if (mig or share) else gpus, cpu=cpu, memory="1Gi", node_selector=sel or None, extra=extra)
+    snap = MANY.snapshot()
+    q = _query_for(p, MANY)
+    sv = snap.verdict(q)
+    sv.ensure(np.arange(len(snap.facts), dtype=np.intp))
+    for i, f in enumerate(snap.facts):
+        v = check_node(f, q, snap.evaluator)
+        assert bool(sv.ok[i]) == v.ok, f.name
+        if not v.ok:
+            assert v.reason is not None
+            assert bool(sv.unresolvable[i]) == v.unresolvable
+            assert code_name(int(sv.codes[i])) == v.reason.code
+            assert sv.frags[i] == snap.name_json[i] + b":" + orjson.dumps(v.message)
