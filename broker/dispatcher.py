@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -33,11 +34,23 @@ class Session:
     cluster: str
     session_id: str
     out: asyncio.Queue[link.Outbound | None] = field(default_factory=asyncio.Queue)
-    last_agent_sequence: int = 0
+    done_upto: int = 0
+    """Every agent message with a sequence up to this one is processed (what Ack may claim)."""
     acked_sequence: int = 0
     ack_scheduled: bool = False
     closed: bool = False
     inventory_sequence: int = 0
+    _done: set[int] = field(default_factory=set)
+    chains: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """Per job, the last message being processed: messages about one job apply in order, others concurrently."""
+
+    def complete(self, sequence: int) -> None:
+        if sequence <= self.done_upto:
+            return
+        self._done.add(sequence)
+        while self.done_upto + 1 in self._done:
+            self.done_upto += 1
+            self._done.discard(self.done_upto)
 
     def send(self, body: link.Outbound) -> None:
         if not self.closed:
@@ -72,7 +85,7 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ sessions
 
-    async def open_session(self, caller: Caller, hello: link.Hello) -> Session:
+    async def open_session(self, caller: Caller, hello: link.Hello, hello_sequence: int = 1) -> Session:
         """Validate the Hello, reconcile the attempts the cluster holds, send Welcome and pending orders."""
         name = hello.meta.name
         if name != caller.name:
@@ -86,7 +99,7 @@ class Dispatcher:
             old.close()  # the newer stream wins; the old one's reader ends on close
         now = self.clock()
         self.catalog.connect(hello.meta, now)
-        session = Session(name, uuid.uuid4().hex[:12])
+        session = Session(name, uuid.uuid4().hex[:12], done_upto=hello_sequence)
         self.sessions[name] = session
         wanted = {(a.job_id, a.number) for a in await self.store.active_attempts() if a.cluster == name}
         known = set(hello.known)
@@ -105,8 +118,44 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ agent -> broker
 
-    async def handle(self, session: Session, sequence: int, msg: link.Inbound | None) -> None:
-        """Apply one agent message; acknowledge it once its effects are committed."""
+    async def receive(self, session: Session, sequence: int, msg: link.Inbound | None) -> None:
+        """Take one agent message off the stream. Messages about a job are applied in order, but concurrently
+        with other jobs' (so their commits share group-commit batches); inventory is applied inline."""
+        job_id = getattr(msg, "job_id", None)
+        if job_id is None:
+            await self._handled(session, sequence, msg)
+            return
+        prev = session.chains.get(job_id)
+        task = asyncio.get_running_loop().create_task(self._chained(prev, session, sequence, msg))
+        session.chains[job_id] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if session.chains.get(job_id) is t:
+                del session.chains[job_id]
+
+        task.add_done_callback(done)
+
+    async def _chained(self, prev: asyncio.Task[None] | None, session: Session, sequence: int,
+                       msg: link.Inbound | None) -> None:
+        if prev is not None:
+            with contextlib.suppress(Exception):
+                await prev
+        await self._handled(session, sequence, msg)
+
+    async def _handled(self, session: Session, sequence: int, msg: link.Inbound | None) -> None:
+        try:
+            await self.handle(session, msg)
+        except Exception:  # noqa: BLE001 - one bad message must not drop the cluster
+            _log.exception("agent message failed", extra={"cluster": session.cluster})
+        finally:
+            session.complete(sequence)
+            if not isinstance(msg, link.Heartbeat) and not session.ack_scheduled:
+                # Acks are cumulative: one per burst of agent messages, not one each.
+                session.ack_scheduled = True
+                asyncio.get_running_loop().call_later(self.ack_delay_s, self._flush_ack, session)
+
+    async def handle(self, session: Session, msg: link.Inbound | None) -> None:
+        """Apply one agent message (its effects are committed when this returns)."""
         now = self.clock()
         self.catalog.heartbeat(session.cluster, now)
         if isinstance(msg, link.Report):
@@ -121,17 +170,12 @@ class Dispatcher:
                                                          msg.message or "deleted"))
         elif isinstance(msg, link.Hello):
             raise errors.FailedPrecondition("Hello may only be the first message")
-        session.last_agent_sequence = max(session.last_agent_sequence, sequence)
-        if not isinstance(msg, link.Heartbeat) and not session.ack_scheduled:
-            # Acks are cumulative: one per burst of agent messages, not one each.
-            session.ack_scheduled = True
-            asyncio.get_running_loop().call_later(self.ack_delay_s, self._flush_ack, session)
 
     def _flush_ack(self, session: Session) -> None:
         session.ack_scheduled = False
-        if session.last_agent_sequence > session.acked_sequence:
-            session.acked_sequence = session.last_agent_sequence
-            session.send(link.AckOut(session.last_agent_sequence))
+        if session.done_upto > session.acked_sequence:
+            session.acked_sequence = session.done_upto
+            session.send(link.AckOut(session.done_upto))
 
     async def _report(self, session: Session, report: cat.InventoryReport, now: float) -> None:
         try:

@@ -40,7 +40,8 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
             first = await anext(aiter(request_iterator), None)
             if first is None or first.WhichOneof("body") != "hello":
                 raise errors.FailedPrecondition("the first message must be a Hello")
-            session = await self.hub.dispatcher.open_session(caller, serde_agent.hello_from_proto(first.hello))
+            session = await self.hub.dispatcher.open_session(caller, serde_agent.hello_from_proto(first.hello),
+                                                             first.sequence)
             self.hub.audit.record(caller, Method.CONNECT, "ok", session=session.session_id)
             reader = asyncio.get_running_loop().create_task(self._read(session, request_iterator))
             sequence = 0
@@ -67,7 +68,7 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
             async for msg in it:
                 try:
                     body = serde_agent.agent_message(msg, session.cluster, self.hub.clock())
-                    await self.hub.dispatcher.handle(session, msg.sequence, body)
+                    await self.hub.dispatcher.receive(session, msg.sequence, body)
                 except Exception:  # noqa: BLE001 - one bad message must not drop the cluster
                     _log.exception("agent message failed", extra={"cluster": session.cluster})
         except Exception as exc:  # noqa: BLE001 - a broken stream closes the session

@@ -259,3 +259,26 @@ async def test_health_and_reflection(broker: Broker) -> None:
             names = {s.name for s in answer.list_services_response.service}
             assert {"tandem.v1.JobService", "tandem.v1.ClusterService", "grpc.health.v1.Health"} <= names
             break
+
+
+async def test_agent_messages_are_acknowledged_cumulatively_once_processed(broker: Broker) -> None:
+    a = broker.agent("ca")
+    await a.connect([node("a1"), node("a2", rack="r2")])
+    c = broker.client("alpha")
+    jobs = await c.submit("acks", [SubmitItem(f"k{i}", spec(gpus=8)) for i in range(2)])
+    for _ in range(2):
+        a.accept(await a.expect("dispatch"))
+    last = a.seq
+
+    async def acked() -> bool:
+        while True:
+            ack = await a.expect("ack")
+            if ack.acked_agent_sequence == last:
+                return True
+            assert ack.acked_agent_sequence < last
+
+    assert await acked()
+    # Acknowledged means committed: both accepts are in the store.
+    for r in jobs:
+        assert await _state(broker, r.job_id) == job_pb2.JOB_STATE_ACCEPTED
+    await a.close()
