@@ -285,17 +285,24 @@ def make_policy(
 def extender_scores(
     arrays: GpuArrays, demand: PodDemand, feasible: BOOL, policy: Policy
 ) -> npt.NDArray[np.int64]:
-    """Scores 0..10 (kube-scheduler extender range): feasible nodes rescaled min-max, others 0."""
+    """Scores 0..10 (kube-scheduler extender range); infeasible nodes get 0.
+
+    The node the policy itself would choose (first row among the best) gets 10 and
+    every other feasible node 0..9 by min-max rescaling, so a scheduler that follows
+    the extender lands on the policy's own pick instead of a random near-tie.
+    """
     out = np.zeros(len(arrays), dtype=np.int64)
     rows = np.flatnonzero(feasible)
     if len(rows) == 0:
         return out
     raw = policy.score(arrays, demand, feasible)[rows]
     lo, hi = float(raw.min()), float(raw.max())
-    if hi - lo <= 0.0:
-        out[rows] = EXTENDER_MAX_SCORE
+    if hi > lo:
+        scaled = np.floor((raw - lo) / (hi - lo) * (EXTENDER_MAX_SCORE - 1))
+        out[rows] = np.clip(scaled, 0, EXTENDER_MAX_SCORE - 1).astype(np.int64)
     else:
-        out[rows] = np.rint((raw - lo) / (hi - lo) * EXTENDER_MAX_SCORE).astype(np.int64)
+        out[rows] = EXTENDER_MAX_SCORE - 1
+    out[rows[int(np.argmax(raw))]] = EXTENDER_MAX_SCORE
     return out
 
 

@@ -185,3 +185,12 @@ def test_tandem_sends_gpu_heavy_pods_to_gpu_rich_nodes() -> None:
 def test_score_for_extender_uses_the_default_policy_and_filter() -> None:
     a = nodes((64000, [1000, 1000]), (64000, [500, 1000]), (64000, [300, 0]))
     assert list(score_for_extender(a, share(500), WORKLOAD)) == [0, 10, 0]
+
+
+def test_extender_gives_ten_only_to_the_policys_own_pick() -> None:
+    a = nodes((64000, [1000, 1000]), (64000, [1000, 1000]), (64000, [1000, 1000]))
+    d = whole(1)
+    policy = BestFitPolicy()
+    scores = extender_scores(a, d, a.feasible(d), policy)
+    assert list(scores) == [10, 9, 9]
+    assert int(np.argmax(scores)) == choose_node(policy, a, d, a.feasible(d))
