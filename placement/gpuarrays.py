@@ -25,7 +25,8 @@ BOOL = npt.NDArray[np.bool_]
 _NEXT_VERSION = [1]
 
 
-def _fresh_versions(n: int) -> I64:
+def fresh_versions(n: int) -> I64:
+    """n row versions never handed out before in this process (for callers passing `version=`)."""
     start = _NEXT_VERSION[0]
     _NEXT_VERSION[0] += n
     return np.arange(start, start + n, dtype=np.int64)
@@ -112,7 +113,7 @@ class GpuArrays:
             np.zeros(n, np.int32) if pod_tags is None else np.array(pod_tags, np.int32).reshape(n)
         )
         self.version: I64 = (
-            _fresh_versions(n) if version is None else np.array(version, np.int64).reshape(n)
+            fresh_versions(n) if version is None else np.array(version, np.int64).reshape(n)
         )
         width = self.gpu_left.shape[1]
         self.present: BOOL = np.arange(width)[None, :] < self.gpu_count[:, None]
@@ -195,7 +196,7 @@ class GpuArrays:
             self.gpu_left[row, i] -= demand.gpu_milli
         self.pod_count[row] += 1
         self.pod_tags[row] |= demand.tag_bit
-        self.version[row] = _fresh_versions(1)[0]
+        self.version[row] = fresh_versions(1)[0]
 
     def placed(self, row: int, demand: PodDemand, gpus: Sequence[int]) -> GpuArrays:
         """A new view with the placement applied; this one is left unchanged."""
