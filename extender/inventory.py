@@ -299,6 +299,7 @@ class Inventory:
         if snap is not None and snap.version == self._version:
             return snap
         with self._lock:
+            same_nodes = self._sorted_names is not None and snap is not None
             if self._sorted_names is None:
                 self._sorted_names = sorted(n for _, n in self._objs["Node"])
             if self._all_dirty:
@@ -320,15 +321,23 @@ class Inventory:
                     facts.pop(n, None)
                 else:
                     facts[n] = f
-            names = [n for n in self._sorted_names if n in facts]
-            if len(facts) > len(names):
-                for n in set(facts) - set(names):
-                    del facts[n]
             changed: list[int] | None = None
-            if snap is not None and snap.names == names:
-                index = snap.index
-                changed = sorted(index[n] for n in dirty if n in index)
-            snap = Snapshot.build(self._version, names, [facts[n] for n in names], self.device_classes(),
+            if same_nodes and snap is not None and all((n in facts) == (n in snap.index) for n in dirty):
+                # The usual event (a pod bound, a node updated): same rows, a few replaced.
+                names = snap.names
+                rows = snap.facts.copy()
+                changed = sorted(snap.index[n] for n in dirty if n in snap.index)
+                for i in changed:
+                    rows[i] = facts[names[i]]
+            else:
+                names = [n for n in self._sorted_names if n in facts]
+                if len(facts) > len(names):
+                    for n in set(facts) - set(names):
+                        del facts[n]
+                rows = [facts[n] for n in names]
+                if snap is not None and snap.names == names:
+                    changed = sorted(snap.index[n] for n in dirty if n in snap.index)
+            snap = Snapshot.build(self._version, names, rows, self.device_classes(),
                                   previous=snap, changed=changed, config=self.config)
             self._snapshot = snap
             return snap
