@@ -89,14 +89,14 @@ _QUERY_CACHE_LIMIT = 1024
 
 
 def query_for(pod: dict[str, Any], inv: Inventory) -> Query:
-    """The question a pod asks, cached per (uid, resourceVersion, inventory version): filter and
-    prioritize of one cycle, and retries, parse the pod once."""
+    """The question a pod asks, cached per (uid, resourceVersion) and, for pods with claims, the
+    claims' version: filter and prioritize of one cycle, and retries, parse the pod once."""
     meta = pod["metadata"]
     uid, rv = meta.get("uid"), meta.get("resourceVersion")
     if not isinstance(uid, str) or not isinstance(rv, str) or not uid or not rv:
         return _query_for(pod, inv)
     cache = inv.query_cache
-    key = (uid, rv, inv.version)
+    key = (uid, rv, inv.claims_version if pod["spec"].get("resourceClaims") else -1)
     q = cache.get(key)
     if q is None:
         q = _query_for(pod, inv)

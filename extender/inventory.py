@@ -79,7 +79,9 @@ class Inventory:
         self.last_change = clock()
         self.errors: list[str] = []
         self.query_cache: dict[tuple[str, str, int], Any] = {}
-        """Parsed pod questions by (uid, resourceVersion, version); owned by extender.decide."""
+        """Parsed pod questions by (uid, resourceVersion, claims_version); owned by extender.decide."""
+        self.claims_version = 0
+        """Bumped by every ResourceClaim or DeviceClass event (a pod's question depends on its claims)."""
 
     # ------------------------------------------------------------------ readiness
 
@@ -194,6 +196,7 @@ class Inventory:
         elif kind in ("ResourceClaim", "DeviceClass"):
             self._allocated = None
             self._relevant = True
+            self.claims_version += 1
             self._all_dra_dirty()
         self._objs[kind][key] = obj
 
@@ -221,6 +224,7 @@ class Inventory:
         elif kind in ("ResourceClaim", "DeviceClass"):
             self._allocated = None
             self._relevant = True
+            self.claims_version += 1
             self._all_dra_dirty()
 
     def _all_dra_dirty(self) -> None:
