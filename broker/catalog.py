@@ -269,6 +269,9 @@ class Catalog:
     def reservations_on(self, cluster: str) -> list[Reservation]:
         return list(self._by_cluster.get(cluster, {}).values())
 
+    def reservation_count(self, cluster: str) -> int:
+        return len(self._by_cluster.get(cluster, ()))
+
     def reservations_touching(self, cluster: str, nodes: Iterable[str]) -> list[Reservation]:
         keys: set[AttemptKey] = set()
         for n in nodes:

@@ -248,7 +248,7 @@ def decide(
         found[entry.name] = choice
         options.append(ClusterOption(entry.name, entry.meta.region, entry.meta.role, feasible=True,
                                      fragmentation_cost=float(choice.leftover_gpus),
-                                     queue_length=len(catalog.reservations_on(entry.name)),
+                                     queue_length=catalog.reservation_count(entry.name),
                                      report_age_s=max(0.0, now - entry.last_report)))
         # Big gangs cost a lot to exact-fit (one allocation per node): take the first feasible cluster.
         if len(options) >= (max_feasible if req.total_replicas <= 16 else 1):

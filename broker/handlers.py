@@ -240,7 +240,7 @@ class ClusterView:
 
 def _view(hub: Hub, entry: ClusterEntry, now: float) -> ClusterView:
     use = entry.usability(now, hub.catalog.stale_after_s)
-    active = len(hub.catalog.reservations_on(entry.name))
+    active = hub.catalog.reservation_count(entry.name)
     return ClusterView(entry, use in (Usability.STALE, Usability.DISCONNECTED), active,
                        hub.cordon_reasons.get(entry.name, ""))
 
