@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
-    runs = [(32, 1, 1000)] if args.quick else [(64, 1, 6000), (32, 10, 12000), (8, 100, 16000)]
+    runs = [(32, 1, 1000)] if args.quick else [(64, 1, 5000), (8, 100, 12000)]
     subs = [asyncio.run(_submissions(total, conc, batch)) for conc, batch, total in runs]
     dec = _decisions(20 if args.quick else 100, 1000, 20 if args.quick else 100)
     result = {"submissions": subs, "decisions": dec}
