@@ -94,10 +94,14 @@ class Dispatcher:
             raise errors.FailedPrecondition("protocol version unsupported",
                                             details=errors.ErrorDetails(reason="PROTOCOL_VERSION_UNSUPPORTED",
                                                                         metadata=(("min", "1"), ("max", "1"))))
+        now = self.clock()
         old = self.sessions.get(name)
         if old is not None and not old.closed:
-            old.close()  # the newer stream wins; the old one's reader ends on close
-        now = self.clock()
+            entry = self.catalog.clusters.get(name)
+            if entry is not None and entry.silent_for(now) <= self.cfg.cluster_stale_after_s:
+                raise errors.AlreadyExists(f"cluster {name} already has a live stream",
+                                           details=errors.ErrorDetails(reason="STREAM_ALREADY_LIVE"))
+            old.close()  # the old stream went silent past the heartbeat timeout: the newer one wins
         self.catalog.connect(hello.meta, now)
         session = Session(name, uuid.uuid4().hex[:12], done_upto=hello_sequence)
         self.sessions[name] = session

@@ -280,3 +280,27 @@ async def test_metrics_follow_the_flow(tmp_path: Path) -> None:
         await a.close()
     finally:
         await b.close()
+
+
+async def test_second_stream_of_a_live_cluster_is_refused_until_the_first_goes_silent(tmp_path: Path) -> None:
+    import grpc
+
+    clock = FakeClock()
+    b = await start_broker(tmp_path, clock=clock, cluster_stale_after_s=30, lost_after_s=60)
+    try:
+        first = b.agent("c1")
+        await first.connect([node("n1")])
+        second = b.agent("c1")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await second.connect([node("n1")])
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        await second.close()
+        clock.advance(31)
+        third = b.agent("c1")
+        await third.connect([node("n1")])  # the first one is silent past the timeout: the newer one wins
+        await eventually(lambda: b.hub.dispatcher.sessions["c1"].closed is False
+                         and b.hub.catalog.clusters["c1"].has_snapshot)
+        await first.close()
+        await third.close()
+    finally:
+        await b.close()
