@@ -115,9 +115,14 @@ async def file_store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[SqliteSt
 
 
 def _pg_binaries() -> tuple[str, str] | None:
+    import os
     import shutil
 
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    import glob
+
+    # Debian keeps the server binaries off PATH, under /usr/lib/postgresql/<version>/bin.
+    path = ":".join([os.environ.get("PATH", ""), *sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)])
+    initdb, pg_ctl = shutil.which("initdb", path=path), shutil.which("pg_ctl", path=path)
     if not initdb or not pg_ctl:
         return None
     try:
