@@ -85,6 +85,8 @@ class Caller:
     name: str
     tenant: TenantPolicy | None = None
     peer: str = ""
+    aliases: tuple[str, ...] = ()
+    """Every name the certificate carries (CN, then SAN DNS names): an agent may speak for any one of them."""
 
     @property
     def is_admin(self) -> bool:
@@ -159,10 +161,10 @@ class Authorizer:
             names = (creds.cluster_header,)
         if not names:
             raise errors.Unauthenticated("agents must present a client certificate naming their cluster")
-        cluster = names[0]
-        if not policy.cluster_known(cluster):
-            raise errors.PermissionDenied(f"cluster {cluster} is not admitted by the policy")
-        return Caller(CallerKind.AGENT, cluster, peer=creds.peer)
+        admitted = tuple(n for n in names if policy.cluster_known(n))
+        if not admitted:
+            raise errors.PermissionDenied(f"cluster {names[0]} is not admitted by the policy")
+        return Caller(CallerKind.AGENT, admitted[0], peer=creds.peer, aliases=admitted)
 
     def authorize(self, caller: Caller, method: Method) -> None:
         """Raise PermissionDenied when this kind of caller may not call the method, or it is over its rate."""
@@ -181,7 +183,7 @@ class Authorizer:
 
     def check_agent_speaks_for(self, caller: Caller, cluster: str) -> None:
         """An agent may only speak for the cluster its certificate names."""
-        if caller.kind is not CallerKind.AGENT or caller.name != cluster:
+        if caller.kind is not CallerKind.AGENT or cluster not in (caller.name, *caller.aliases):
             raise errors.PermissionDenied(f"caller {caller.name} may not speak for cluster {cluster}")
 
     def _bucket(self, tenant: TenantPolicy) -> TokenBucket:

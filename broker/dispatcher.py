@@ -88,7 +88,7 @@ class Dispatcher:
     async def open_session(self, caller: Caller, hello: link.Hello, hello_sequence: int = 1) -> Session:
         """Validate the Hello, reconcile the attempts the cluster holds, send Welcome and pending orders."""
         name = hello.meta.name
-        if name != caller.name:
+        if name != caller.name and name not in caller.aliases:
             raise errors.PermissionDenied(f"agent certificate names cluster {caller.name}, Hello names {name}")
         if hello.protocol_version not in (0, 1):
             raise errors.FailedPrecondition("protocol version unsupported",

@@ -163,3 +163,11 @@ def test_audit_log_writes_json_lines(tmp_path: Path) -> None:
     [entry] = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
     assert entry == {"ts": 5.0, "method": "CancelJob", "caller_kind": "tenant", "caller": "alpha", "peer": "",
                      "outcome": "ok", "job_id": "j1"}
+
+
+def test_agent_may_speak_for_a_san_name(authz: tuple[Authorizer, Clock]) -> None:
+    caller = authz[0].authenticate(Credentials(cert_names=("agent-7", "c1")), Listener.AGENT)
+    assert caller.name == "c1" and caller.aliases == ("c1",)
+    authz[0].check_agent_speaks_for(caller, "c1")
+    with pytest.raises(errors.PermissionDenied):
+        authz[0].check_agent_speaks_for(caller, "agent-7")
