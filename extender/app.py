@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -10,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -19,7 +21,8 @@ from extender.config import ExtenderConfig
 from extender.errors import ExtenderError, UndecodableBody
 from extender.inventory import Inventory
 
-__all__ = ["make_app", "Metrics", "JsonFormatter", "ssl_context", "INVENTORY_KEY", "METRICS_KEY"]
+__all__ = ["make_app", "Metrics", "RecentDecisions", "JsonFormatter", "ssl_context", "INVENTORY_KEY", "METRICS_KEY",
+           "DECISIONS_KEY"]
 
 log = logging.getLogger("tandem.extender")
 
@@ -79,7 +82,30 @@ class Metrics:
 
 METRICS_KEY = web.AppKey("metrics", Metrics)
 
+
+class RecentDecisions:
+    """The last decisions per verb, newest first: what the agent streams to the broker and what
+    `GET /debug/decisions?pod=ns/name` shows when a pod does not schedule."""
+
+    def __init__(self, clock: Callable[[], float], maxlen: int = 1000) -> None:
+        self._clock = clock
+        self._items: collections.deque[dict[str, Any]] = collections.deque(maxlen=maxlen)
+
+    def record(self, verb: str, pod: str | None, decision: decide.Decision) -> None:
+        self._items.appendleft({"time": self._clock(), "verb": verb, "pod": pod, "passed": decision.passed,
+                                "reasons": dict(decision.reasons)})
+
+    def recent(self, pod: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        return [d for d in self._items if pod is None or d["pod"] == pod][:limit]
+
+
+DECISIONS_KEY = web.AppKey("decisions", RecentDecisions)
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
 
 
 def _json(body: bytes, status: int = 200) -> web.Response:
@@ -107,6 +133,8 @@ def make_app(
     app[INVENTORY_KEY] = inventory
     app[CONFIG_KEY] = cfg
     app[METRICS_KEY] = metrics
+    decisions = RecentDecisions(time.time)
+    app[DECISIONS_KEY] = decisions
     ids = itertools.count(1)
 
     def verb_handler(
@@ -129,6 +157,7 @@ def make_app(
                 args = parse(body)
                 pod = _pod_name(getattr(args, "pod", None))
                 d = run(inventory, args)
+                decisions.record(verb, pod, d)
                 out = d.body
                 if d.reasons:
                     for reason, n in d.reasons.items():
@@ -185,6 +214,14 @@ def make_app(
     async def metrics_view(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def recent_decisions(request: web.Request) -> web.Response:
+        try:
+            limit = min(int(request.query.get("limit", "50")), 1000)
+        except ValueError:
+            return web.Response(status=400, text="limit must be an integer")
+        return web.json_response(decisions.recent(request.query.get("pod"), limit), dumps=_dumps)
+
+    app.router.add_get("/debug/decisions", recent_decisions)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_view)

@@ -174,3 +174,19 @@ async def test_refusal_is_logged_with_fields(client: Client, caplog: pytest.LogC
         await client.post("filter", {"Pod": None, "NodeNames": []})
     rec = next(r for r in caplog.records if r.getMessage() == "request refused")
     assert rec.__dict__["verb"] == "filter" and "Pod is missing" in rec.__dict__["error"]
+
+
+async def test_recent_decisions_endpoint(client: Client) -> None:
+    import json
+
+    await client.post("filter", fixture_bytes("args-want-8-allnodes.json"))
+    await client.post("filter", fixture_bytes("args-want-mig-3g-names.json"))
+    status, text = await client.get("/debug/decisions?pod=team-a/want-8")
+    assert status == 200
+    items = json.loads(text)
+    assert len(items) == 1 and items[0]["verb"] == "filter" and items[0]["passed"] == 1
+    assert items[0]["reasons"]["InsufficientGpus"] == 3 and items[0]["reasons"]["NotReady"] == 1
+    status, text = await client.get("/debug/decisions")
+    assert [d["pod"] for d in json.loads(text)] == ["inference/want-mig-3g", "team-a/want-8"]
+    status, _ = await client.get("/debug/decisions?limit=x")
+    assert status == 400
