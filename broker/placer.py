@@ -68,6 +68,8 @@ class Placer:
         self.metrics = metrics
         self.book = q.QueueBook(q.policy_from_tenancy(policy.current()))
         self._policy_seen = policy.current()
+        self._version = 0
+        self._snap: tuple[int, float, q.QueueSnapshot] | None = None
         self.queued: dict[str, JobRecord] = {}
         self.requests: dict[str, JobRequest] = {}
         self.held: dict[str, Held] = {}
@@ -117,6 +119,7 @@ class Placer:
         self.catalog.add_reservation(cat.Reservation(job.job_id, attempt, cluster, replicas, shapes, gpu_model))
 
     def _entry(self, job: JobRecord) -> None:
+        self._version += 1
         held = self.held.get(job.job_id) if job.state in HOLDS_CAPACITY else None
         self.book.upsert(q.QueueEntry(
             job_id=job.job_id, tenant=job.tenant, queue=job.queue, band=job.priority_band, priority=job.priority,
@@ -157,11 +160,19 @@ class Placer:
     # ------------------------------------------------------------------ ordering (the queue's)
 
     def snapshot(self, now: float | None = None) -> q.QueueSnapshot:
+        """The queue's view; reused for a quarter second while no job changed (reads call this per job)."""
         pol = self.policy.current()
         if pol is not self._policy_seen:
             self._policy_seen = pol
             self.book.set_policy(q.policy_from_tenancy(pol))
-        return self.book.snapshot(self.clock() if now is None else now)
+            self._version += 1
+        t = self.clock() if now is None else now
+        cached = self._snap
+        if cached is not None and cached[0] == self._version and 0 <= t - cached[1] < 0.25:
+            return cached[2]
+        snap = self.book.snapshot(t)
+        self._snap = (self._version, t, snap)
+        return snap
 
     def usage(self, tenant: str, model: str | None = None) -> float:
         return sum(h.gpus for h in self.held.values() if h.tenant == tenant and (model is None or h.gpu_model == model))
