@@ -181,10 +181,12 @@ async def watch_jobs(
     if rev == 0:
         rev = await hub.store.current_revision()
         yield rev, None, None
-    while True:
-        events = await hub.store.watch_events(rev, tenant=scope, job_set=job_set or None)
-        for ev in events:
-            rev = ev.revision
+    # The store follows the log from the covered revision, so other tenants' commits never make this spin.
+    async for page in hub.store.watch(rev, tenant=scope, job_set=job_set or None, bookmark_s=bookmark_s):
+        if not page.events:
+            yield page.revision, None, None
+            continue
+        for ev in page.events:
             if job_ids and ev.job_id not in job_ids:
                 continue
             try:
@@ -194,10 +196,6 @@ async def watch_jobs(
             if queue and (job is None or job.queue != queue):
                 continue
             yield ev.revision, ev, job
-        if not events:
-            newer = await hub.store.wait_for_revision(rev, bookmark_s)
-            if newer <= rev:
-                yield rev, None, None
 
 
 async def cancel_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[JobState, bool]:
