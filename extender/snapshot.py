@@ -22,7 +22,7 @@ from extender.nodefit import Query, QueryMemo, Verdict, check_node, room_for
 from placement import dra as core_dra
 from placement.gpuarrays import GpuArrays, PodDemand
 from placement.frag import TargetWorkload, TypicalPod
-from placement.scoring import Policy, make_policy
+from placement.scoring import Policy, extender_scores, make_policy
 
 __all__ = ["Snapshot", "ShapeVerdict", "SCORE_MAX"]
 
@@ -189,21 +189,9 @@ class ShapeVerdict:
         self.ensure(np.arange(len(self.done), dtype=np.intp))
 
     def raw_scores(self, rows: Rows) -> npt.NDArray[np.float64]:
-        """Policy scores (higher = better) of `rows`; rows must be ensured and fit."""
+        """MIG / DRA scores of `rows` (ensured, fitting): the tighter the node (the fewer further
+        replicas it could take), the better, so larger free sets stay whole."""
         q = self.query
-        s = q.shape
-        if s.gpus and not s.dra and s.mig_profile is None:
-            # The core's scoring policy, vectorised over the GPU columns; it memoises per row
-            # version, and rows keep their version while their node does not change.
-            snap = self.snap
-            demand = PodDemand(cpu_milli=s.cpu_milli, mem_mib=s.memory >> 20, gpu_count=s.gpus,
-                               gpu_milli=s.gpu_milli, models=s.gpu_models)
-            arrays = snap.gpu_arrays()
-            feasible = np.zeros(len(arrays), np.bool_)
-            feasible[rows] = True
-            raw: npt.NDArray[np.float64] = snap.policy.score(arrays, demand, feasible)[rows]
-            return raw
-        # MIG / DRA: the tighter the node (fewest further replicas it could take), the better
         facts, ev = self.snap.facts, self.snap.evaluator
         return -np.array([room_for(facts[i], q, ev) for i in rows.tolist()], np.float64)
 
@@ -375,8 +363,8 @@ class Snapshot:
         return GpuArrays(old.names, cpu, mem, left, count, code, old.model_names, version=version)
 
     def scores(self, q: Query, rows: Rows) -> npt.NDArray[np.int64]:
-        """Extender scores 0..10 of `rows` (valid rows): 0 where the pod does not fit; among the
-        rows that fit, the policy's scores rescaled so the best gets 10 and the worst 0."""
+        """Extender scores 0..10 of `rows` (valid rows): 0 where the pod does not fit; whole-GPU and
+        shared-GPU pods are scored by the core's policy, MIG and DRA pods by tightness."""
         sv = self.verdict(q)
         sv.ensure(rows)
         fit = sv.ok[rows]
@@ -386,6 +374,17 @@ class Snapshot:
         if q.pinned is not None:  # a gang replica passes only its assigned node
             out[fit] = SCORE_MAX
             return out
+        s = q.shape
+        if s.gpus and not s.dra and s.mig_profile is None:
+            # The core's own extender scoring (its pick gets 10, the other candidates that fit
+            # 0..9), with the snapshot's policy so scores stay memoised per row version.
+            arrays = self.gpu_arrays()
+            feasible = np.zeros(len(arrays), np.bool_)
+            feasible[rows[fit]] = True
+            demand = PodDemand(cpu_milli=s.cpu_milli, mem_mib=s.memory >> 20, gpu_count=s.gpus,
+                               gpu_milli=s.gpu_milli, models=s.gpu_models)
+            scored: npt.NDArray[np.int64] = extender_scores(arrays, demand, feasible, self.policy)[rows]
+            return scored
         raw = sv.raw_scores(rows[fit])
         lo, hi = float(raw.min()), float(raw.max())
         if hi - lo <= 0.0:
