@@ -182,12 +182,17 @@ class Broker:
 
 
 async def start_broker(tmp: Path, *, policy: dict[str, Any] | None = None, clock: Callable[[], float] | None = None,
-                       **cfg_fields: Any) -> Broker:
+                       tenant_tls: bool = False, tenant_client_certs: bool = False, **cfg_fields: Any) -> Broker:
     pki = Pki.create(tmp)
     scert, skey = pki.issue("broker", server=True)
     write_policy(tmp / "policy.yaml", policy or policy_doc())
+    tenant_tls_cfg = TlsConfig()
+    if tenant_tls or tenant_client_certs:
+        tenant_tls_cfg = TlsConfig(cert_file=str(scert), key_file=str(skey),
+                                   client_ca_file=str(pki.dir / "test-root-ca.pem") if tenant_client_certs else None,
+                                   require_client_cert=tenant_client_certs)
     cfg = BrokerConfig(
-        tenant_listener=ListenerConfig(address="127.0.0.1:0"),
+        tenant_listener=ListenerConfig(address="127.0.0.1:0", tls=tenant_tls_cfg),
         agent_listener=ListenerConfig(address="127.0.0.1:0", max_message_bytes=64 << 20, tls=TlsConfig(
             cert_file=str(scert), key_file=str(skey), client_ca_file=str(pki.dir / "test-root-ca.pem"),
             require_client_cert=True)),

@@ -257,3 +257,44 @@ async def test_audit_log_records_every_mutating_call(broker: Broker) -> None:
     assert ("Cordon", "beta", "denied") in seen
     assert ("Connect", "c1", "ok") in seen
     await a.close()
+
+
+async def test_tenant_listener_over_tls_with_bearer_token(tmp_path: Path) -> None:
+    from broker.client import BrokerClient
+
+    b = await start_broker(tmp_path, tenant_tls=True)
+    try:
+        tls = BrokerClient(b.tenant_addr, token="token-beta", ca_pem=b.pki.ca_pem, server_name="localhost")
+        plain = BrokerClient(b.tenant_addr, token="token-beta", timeout_s=3)
+        b.clients += [tls, plain]
+        [res] = await tls.submit("s", [SubmitItem("k", spec(gpus=1))])
+        assert res.job_id
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await plain.list()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await b.close()
+
+
+async def test_launcher_authenticated_by_client_certificate(tmp_path: Path) -> None:
+    from broker.client import BrokerClient
+
+    doc = policy_doc(alpha={"cert_subjects": ["launcher-alpha"]})
+    b = await start_broker(tmp_path, policy=doc, tenant_client_certs=True)
+    try:
+        cert, key = b.pki.issue("launcher-alpha")
+        c = BrokerClient(b.tenant_addr, ca_pem=b.pki.ca_pem, client_cert_pem=cert.read_bytes(),
+                         client_key_pem=key.read_bytes(), server_name="localhost")
+        stranger_cert, stranger_key = b.pki.issue("someone-else")
+        s = BrokerClient(b.tenant_addr, ca_pem=b.pki.ca_pem, client_cert_pem=stranger_cert.read_bytes(),
+                         client_key_pem=stranger_key.read_bytes(), server_name="localhost")
+        b.clients += [c, s]
+        [res] = await c.submit("s", [SubmitItem("k", spec(gpus=1))])
+        assert res.job_id
+        assert [j.job_id for j in (await c.list()).jobs] == [res.job_id]
+        assert (await c.get(res.job_id)).spec.tenant == "alpha"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await s.list()
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await b.close()
