@@ -145,7 +145,8 @@ async def _agent(port: int, nodes: int, stop: asyncio.Event, accepted_box: list[
     return accepted
 
 
-async def _submissions(total: int, concurrency: int, batch: int) -> dict[str, Any]:
+async def _submissions(total: int, concurrency: int, batch: int, cluster: bool = True) -> dict[str, Any]:
+    """`cluster=False`: no agent connects, so the placer decides every job (NO_FRESH_INVENTORY) but places none."""
     from broker.client import BrokerClient, SubmitItem
 
     tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
@@ -164,7 +165,13 @@ async def _submissions(total: int, concurrency: int, batch: int) -> dict[str, An
     ports = json.loads(await asyncio.to_thread(proc.stdout.readline))
     stop = asyncio.Event()
     box = [0]
-    agent = asyncio.get_running_loop().create_task(_agent(ports["agent_port"], 2048, stop, box))
+
+    async def idle(stop: asyncio.Event) -> int:
+        await stop.wait()
+        return 0
+
+    agent = asyncio.get_running_loop().create_task(
+        _agent(ports["agent_port"], 2048, stop, box) if cluster else idle(stop))
     lat: list[float] = []
     done = [0]
     errors = [0]
@@ -193,7 +200,7 @@ async def _submissions(total: int, concurrency: int, batch: int) -> dict[str, An
             broker_cpu = _cpu_s(proc.pid) - cpu0
             meanwhile = box[0]
             # End to end: until every submitted job was placed, dispatched and accepted by the agent.
-            deadline = time.perf_counter() + 120
+            deadline = time.perf_counter() + (120 if cluster else 0)
             while box[0] < done[0] and time.perf_counter() < deadline:
                 await asyncio.sleep(0.05)
             all_wall = time.perf_counter() - t0
@@ -208,7 +215,8 @@ async def _submissions(total: int, concurrency: int, batch: int) -> dict[str, An
         await agent
     except (asyncio.CancelledError, Exception):
         pass
-    return {"submissions": done[0], "refused": errors[0], "concurrency": concurrency, "items_per_call": batch,
+    return {"cluster": cluster, "submissions": done[0], "refused": errors[0], "concurrency": concurrency,
+            "items_per_call": batch,
             "seconds": round(wall, 3), "per_s": round(done[0] / wall, 1),
             "call_p50_ms": round(_pct(lat, 50) * 1000, 2), "call_p99_ms": round(_pct(lat, 99) * 1000, 2),
             "dispatches_accepted_meanwhile": meanwhile, "broker_cpu_s": round(broker_cpu, 2),
@@ -309,14 +317,17 @@ def _write(result: dict[str, Any]) -> None:
              "a Dispatch for every submitted job (reserve committed, Dispatch sent, DispatchSent and accept committed).",
              "Broker CPU covers everything the broker process did (gRPC, TLS, validation, commits, placer,",
              "dispatches); the clients and the scripted agent run in the benchmark process on the same 2 cores.", "",
-             "| concurrent calls | items per call | submissions | durable per s | call p50 ms | call p99 ms | "
+             "Rows without a cluster: no agent is connected, the placer still decides every job (it waits for",
+             "fresh inventory) but nothing is reserved or dispatched: the submission path alone.", "",
+             "| cluster | concurrent calls | items per call | submissions | durable per s | call p50 ms | call p99 ms | "
              "broker CPU ms / submission | accepted meanwhile | end-to-end jobs/s | broker CPU ms / job end to end |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["submissions"]:
-        lines.append(f"| {r['concurrency']} | {r['items_per_call']} | {r['submissions']} | {r['per_s']} | "
+        e2e = (r["end_to_end_per_s"], r["broker_cpu_ms_per_job_end_to_end"]) if r["cluster"] else ("-", "-")
+        lines.append(f"| {'2,048 nodes' if r['cluster'] else 'none'} | {r['concurrency']} | {r['items_per_call']} | "
+                     f"{r['submissions']} | {r['per_s']} | "
                      f"{r['call_p50_ms']} | {r['call_p99_ms']} | {r['broker_cpu_ms_per_submission']} | "
-                     f"{r['dispatches_accepted_meanwhile']} | {r['end_to_end_per_s']} | "
-                     f"{r['broker_cpu_ms_per_job_end_to_end']} |")
+                     f"{r['dispatches_accepted_meanwhile'] if r['cluster'] else '-'} | {e2e[0]} | {e2e[1]} |")
     d = result["decisions"]
     lines += ["", f"## Placement decision latency: {d['clusters']} clusters x {d['nodes_per_cluster']} nodes "
               f"({d['repetitions']} decisions per job; catalog built in {d['catalog_build_s']} s)", "",
@@ -334,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
-    runs = [(32, 1, 1000)] if args.quick else [(64, 1, 5000), (8, 100, 12000)]
-    subs = [asyncio.run(_submissions(total, conc, batch)) for conc, batch, total in runs]
+    runs = [(32, 1, 1000, True)] if args.quick else [
+        (64, 1, 5000, True), (8, 100, 12000, True), (64, 1, 5000, False), (8, 100, 12000, False)]
+    subs = [asyncio.run(_submissions(total, conc, batch, cl)) for conc, batch, total, cl in runs]
     dec = _decisions(20 if args.quick else 100, 1000, 20 if args.quick else 100)
     result = {"submissions": subs, "decisions": dec}
     _write(result)
