@@ -84,6 +84,7 @@ class ClusterArrays:
         self._caps: dict[PodShape, I64] = {}
         self._usable: BOOL | None = None
         self._eff: I64 | None = None
+        self._by_model: dict[int, I64] | None = None
         self.fits_cache: dict[tuple[object, ...], bool] = {}
         """Memo for callers keyed on demands; cleared on every change like the other caches."""
         # Domain ids per level: nodes sharing a path prefix down to that level share an id.
@@ -129,6 +130,7 @@ class ClusterArrays:
             i = self.row[node.name]
             self.nodes[i] = node
             self._fill(i, node)
+        self._by_model = None
         self._changed()
         return True
 
@@ -242,9 +244,16 @@ class ClusterArrays:
         mx = np.zeros(n_models, np.int64)
         tot = np.zeros(n_models, np.int64)
         if len(free):
-            np.maximum.at(mx, self.model, free)
-            np.add.at(tot, self.model, free)
+            tot[: max(n_models, 0)] = np.bincount(self.model, weights=free, minlength=n_models)[:n_models]
+            for code, rows in self._model_rows().items():  # a cluster has few models: one masked max each
+                if code < n_models:
+                    mx[code] = free[rows].max()
         return mx, tot
+
+    def _model_rows(self) -> dict[int, I64]:
+        if self._by_model is None:
+            self._by_model = {int(c): np.flatnonzero(self.model == c) for c in np.unique(self.model)}
+        return self._by_model
 
     def candidate_domains(
         self, demands: Sequence[tuple[PodShape, int]], level: int | None, limit: int
