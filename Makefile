@@ -28,8 +28,9 @@ protos-check: setup
 lint: setup
 	$(VENV)/bin/lint-imports
 
+## mypy --strict on the core and every shell.
 typecheck: setup
-	$(VENV)/bin/mypy placement
+	$(VENV)/bin/mypy placement broker extender sim scripts
 
 test: setup protos-check lint typecheck
 	$(PY) -m pytest -q
