@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import threading
 import time
@@ -11,6 +10,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+import orjson
 
 from broker import errors
 from broker.policy import Policy, PolicyFile, TenantPolicy, TokenBucket
@@ -214,7 +215,7 @@ class AuditLog:
             "outcome": outcome,
         }
         entry.update(fields)
-        line = json.dumps(entry, separators=(",", ":"), sort_keys=True, default=str)
+        line = orjson.dumps(entry, option=orjson.OPT_SORT_KEYS, default=str).decode()
         if self.path is None:
             _log.info("audit", extra={"audit": entry})
             return

@@ -110,7 +110,7 @@ class BrokerConfig(_Strict):
     """The placer gathers wake-ups (submissions, reports) this long before a step, in seconds; it rescans
     every waiting job at least every 20 intervals."""
     placement_batch: int = Field(default=256, ge=1)
-    """Most jobs the placer decides per loop step (count)."""
+    """Most jobs the placer decides per loop step (count); their reservations commit in chunks as it goes."""
     candidate_domains: int = Field(default=8, ge=1)
     """Most candidate domains per cluster the exact gang fit is run on (count)."""
     grace_period_s: float = Field(default=30.0, ge=0)

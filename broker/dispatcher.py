@@ -18,7 +18,7 @@ from broker.config import BrokerConfig
 from broker.placer import Placer
 from broker.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
 from broker.states import PRE_START, AttemptOutcome, JobState
-from broker.store.base import Store
+from broker.store.base import Delivery, Store
 
 __all__ = ["Session", "Dispatcher"]
 
@@ -282,37 +282,33 @@ class Dispatcher:
             return
         lock = self._deliver_locks.setdefault(cluster, asyncio.Lock())
         async with lock:
-            orders = await self.store.pending_orders(cluster)
-            if not orders:
+            deliveries = await self.store.pending_deliveries(cluster)
+            if not deliveries:
                 return
-            # Reads for every order at once, then send strictly in outbox order, then commit together.
-            built = await asyncio.gather(*(self._build_order(session, o) for o in orders))
+            # One read for every order, then send strictly in outbox order, then commit together.
             done: list[int] = []
             sent: list[DispatchOrder] = []
-            for order, body in zip(orders, built):
+            for d in deliveries:
                 if session.closed:
                     break
+                body = self._build_order(session, d)
                 if body is not None:
                     session.send(body)
-                    if order.kind is OrderKind.DISPATCH:
-                        sent.append(order)
-                done.append(order.order_id)
+                    if d.order.kind is OrderKind.DISPATCH:
+                        sent.append(d.order)
+                done.append(d.order.order_id)
             await asyncio.gather(*(self._apply(lifecycle.DispatchSent(o.job_id, o.attempt)) for o in sent))
             if done:
                 await self.store.ack_orders(cluster, done)
 
-    async def _build_order(self, session: Session, order: DispatchOrder) -> link.Outbound | None:
+    def _build_order(self, session: Session, d: Delivery) -> link.Outbound | None:
         """The message body for one outbox order, or None when the order was superseded."""
-        try:
-            job = await self.store.get_job(order.job_id)
-        except errors.JobNotFound:
+        order, job, attempt = d.order, d.job, d.attempt
+        if job is None:
             return None
         if order.kind is OrderKind.DISPATCH:
-            if job.attempt != order.attempt or job.state not in (S.RESERVED, S.DISPATCHED):
+            if job.attempt != order.attempt or job.state not in (S.RESERVED, S.DISPATCHED) or attempt is None:
                 return None  # superseded before it went out
-            attempt = await self._attempt(job.job_id, order.attempt)
-            if attempt is None:
-                return None
             deadline = self.clock() + serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
             entry = self.catalog.clusters.get(session.cluster)
             return link.DispatchOut(job.job_id, order.attempt, job.spec, job.tenant, attempt.domain,
@@ -325,12 +321,6 @@ class Dispatcher:
         reason = "PREEMPTED" if order.kind is OrderKind.PREEMPT else (
             "USER_REQUEST" if job.state in (S.CANCELLING, S.CANCELLED) else "SUPERSEDED")
         return link.CancelOut(job.job_id, order.attempt, reason, order.grace_s)
-
-    async def _attempt(self, job_id: str, number: int) -> AttemptRecord | None:
-        for a in await self.store.list_attempts(job_id):
-            if a.number == number:
-                return a
-        return None
 
     # ------------------------------------------------------------------ watchdog
 

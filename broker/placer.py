@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -221,11 +222,18 @@ class Placer:
         self.catalog.sweep(now)
         snap = self.snapshot(now)
         usage = snap.usage
-        order = [self.queued[e.job_id] for e in snap.order() if e.job_id in self._todo and e.job_id in self.queued]
-        placed = 0
+        # Only the first `batch` waiting jobs are materialised (the order itself is the snapshot's).
+        order = list(itertools.islice((self.queued[e.job_id] for e in snap.order()
+                                       if e.job_id in self._todo and e.job_id in self.queued), self.batch))
         pending: list[tuple[JobRecord, lifecycle.Reserve]] = []
-        for i, job in enumerate(order[: self.batch]):
+        commits: list[asyncio.Task[int]] = []
+        loop = asyncio.get_running_loop()
+        for i, job in enumerate(order):
             if i and i % 16 == 0:
+                if len(pending) >= 32:
+                    # Commit what this step decided so far while it decides the rest (one group commit each).
+                    commits.append(loop.create_task(self._commit(pending)))
+                    pending = []
                 await asyncio.sleep(0)  # let RPCs in between decisions; every hold is already in the overlay
             if job.job_id not in self.queued:
                 continue  # cancelled (or otherwise moved) while we yielded
@@ -250,6 +258,15 @@ class Placer:
             pending.append((job, ev))
         if self._todo:
             self._wake.set()
+        placed = await self._commit(pending, now)
+        for n in await asyncio.gather(*commits):
+            placed += n
+        return placed
+
+    async def _commit(self, pending: list[tuple[JobRecord, lifecycle.Reserve]], now: float | None = None) -> int:
+        """Persist reservations (one group commit); only committed ones are dispatched, the rest are given back."""
+        now = self.clock() if now is None else now
+        placed = 0
         results = await asyncio.gather(*(self.store.apply_event(ev) for _, ev in pending), return_exceptions=True)
         for (job, ev), res in zip(pending, results):
             key = (job.job_id, job.attempt + 1)
@@ -260,6 +277,7 @@ class Placer:
                 if isinstance(res, errors.TandemError) and res.retryable:
                     self.queued[job.job_id] = job
                     self._todo.add(job.job_id)
+                    self._wake.set()
                 elif not isinstance(res, BaseException):
                     self.observe(res[0])
                 else:

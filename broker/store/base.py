@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
+from broker.errors import JobNotFound
 from broker.lifecycle import Event, Reaction, RetryPolicy
 from broker.records import (
     AttemptRecord,
@@ -55,7 +56,7 @@ from broker.records import (
     WatchPage,
 )
 
-__all__ = ["Store", "StoreOptions", "Clock", "IdGen", "Decide"]
+__all__ = ["Store", "StoreOptions", "Clock", "IdGen", "Decide", "Delivery"]
 
 Clock = Callable[[], float]
 """Seconds since the epoch."""
@@ -63,6 +64,17 @@ IdGen = Callable[[], str]
 """New job id: a DNS-1035 label of at most 40 characters."""
 Decide = Callable[[JobRecord, AttemptRecord | None], Transition | None]
 """Read-decide-write callback run inside the write transaction (must be pure and fast)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One outbox order with what its message needs, read together (the dispatcher's batch)."""
+
+    order: DispatchOrder
+    job: JobRecord | None
+    """None when the job is gone (compacted)."""
+    attempt: AttemptRecord | None
+    """The order's attempt, None when it does not exist."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +196,22 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def ack_orders(self, cluster: str, order_ids: Sequence[int]) -> int:
         """Mark orders delivered; returns how many changed."""
+
+    async def pending_deliveries(self, cluster: str, *, limit: int = 1000) -> list[Delivery]:
+        """Undelivered orders with their job and attempt as of one read (None when gone), in order.
+
+        Backends override this with a single read; this default composes the calls above."""
+        out: list[Delivery] = []
+        for o in await self.pending_orders(cluster, limit=limit):
+            try:
+                job: JobRecord | None = await self.get_job(o.job_id)
+            except JobNotFound:
+                job = None
+            attempt = None
+            if job is not None:
+                attempt = next((a for a in await self.list_attempts(o.job_id) if a.number == o.attempt), None)
+            out.append(Delivery(o, job, attempt))
+        return out
 
     # -- watch & retention -------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from broker.records import (
 )
 from broker.states import JobState
 from broker.store import codec, sql
-from broker.store.base import Clock, Decide, IdGen, Store, StoreOptions
+from broker.store.base import Clock, Decide, Delivery, IdGen, Store, StoreOptions
 from broker.store.commit import GroupCommitter
 
 __all__ = ["SqliteStore"]
@@ -313,6 +313,27 @@ class SqliteStore(Store):
                 " ORDER BY order_id LIMIT ?", (cluster, after, limit),
             ).fetchall()
             return [codec.order_from_row(r) for r in rows]
+
+        return await self._read(op)
+
+    async def pending_deliveries(self, cluster: str, *, limit: int = 1000) -> list[Delivery]:
+        def op(c: sqlite3.Connection) -> list[Delivery]:
+            orders = [codec.order_from_row(r) for r in c.execute(
+                "SELECT * FROM orders WHERE cluster=? AND delivered_at IS NULL ORDER BY order_id LIMIT ?",
+                (cluster, limit)).fetchall()]
+            if not orders:
+                return []
+            ids = sorted({o.job_id for o in orders})
+            jobs: dict[str, JobRecord] = {}
+            attempts: dict[tuple[str, int], AttemptRecord] = {}
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                for r in c.execute(f"SELECT * FROM jobs WHERE job_id IN ({marks})", chunk):
+                    jobs[r["job_id"]] = codec.job_from_row(r)
+                for r in c.execute(f"SELECT * FROM attempts WHERE job_id IN ({marks})", chunk):
+                    attempts[(r["job_id"], r["number"])] = codec.attempt_from_row(r)
+            return [Delivery(o, jobs.get(o.job_id), attempts.get((o.job_id, o.attempt))) for o in orders]
 
         return await self._read(op)
 
