@@ -23,6 +23,7 @@ from extender.protocol import (
     encode_filter_result,
     encode_preemption_result,
     host_prefix,
+    names_span,
 )
 from extender.snapshot import Snapshot, code_name
 from placement import dra as core_dra
@@ -165,14 +166,24 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     passed_names = passed_nodes = None
     if args.nodes is None:
         passed_rows = pos[passed_at]
-        passed_names = b",".join(snap.name_json_arr[passed_rows].tolist())
+        span = names_span(args.raw, len(names)) if len(passed_at) == len(names) else None
+        if span is not None:  # every candidate passed: the request's own list is the answer
+            passed_names = args.raw[span[0]:span[1]]
+        else:
+            passed_names = b",".join(snap.name_json_arr[passed_rows].tolist())
         snap.last_passed = (q, b'"NodeNames":[' + passed_names + b"]", passed_rows)
     else:
         nodes = args.nodes
         passed_nodes = [nodes[j] for j in passed_at.tolist()]
     failed = unres = b""
     reasons: Counter[str] = Counter()
-    if len(passed_at) < len(names):
+    if len(passed_at) < len(names) and all_known and q.pinned is None and _names_every_row(snap, pos):
+        # The usual ignoredByScheduler call: every node a candidate. Its refusals are the same
+        # for every such request of this (version, query), joined once (map entries in row order).
+        ref = sv.refusals_of_all()
+        failed, unres = ref.failed, ref.unresolvable
+        reasons.update(ref.reasons)
+    elif len(passed_at) < len(names):
         rows = pos[~ok if all_known else ~ok & known]
         u = sv.unresolvable[rows]
         frags = sv.frags
@@ -198,6 +209,16 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     body = encode_filter_result(passed_names=passed_names, passed_nodes=passed_nodes, failed=failed,
                                 unresolvable=unres)
     return Decision(body, len(passed_at), reasons)
+
+
+def _names_every_row(snap: Snapshot, pos: np.ndarray) -> bool:
+    """True when the (all known) candidates are each node of the snapshot exactly once."""
+    n = len(snap)
+    if len(pos) != n:
+        return False
+    seen = np.zeros(n, np.bool_)
+    seen[pos] = True
+    return bool(seen.all())
 
 
 def _gang_domain_note(inv: Inventory, snap: Snapshot, q: Query) -> str:
@@ -250,7 +271,7 @@ def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
     except PlacementError as e:
         raise BadRequest(str(e)) from e
     if len(rows) == len(pos):
-        return Decision(b"[" + b",".join(snap.entries(rows, scores)) + b"]", len(names))
+        return Decision(snap.priorities_body(rows, scores), len(names))
     by_row = dict(zip(rows.tolist(), snap.entries(rows, scores)))
     parts = [by_row[i] if i >= 0 else host_prefix(n) + b"0}" for i, n in zip(pos.tolist(), names)]
     return Decision(b"[" + b",".join(parts) + b"]", int(known.sum()))

@@ -34,6 +34,7 @@ __all__ = [
     "encode_preemption_result",
     "encode_preemption_error",
     "SCORE_MAX",
+    "names_span",
 ]
 
 SCORE_MAX = 10
@@ -127,6 +128,29 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
             raise BadRequest(f"Nodes.items[{i}].metadata.name is missing")
         out_names.append(name)
     return ExtenderArgs(pod, out_names, items, body)
+
+
+_NAMES_KEY = b'"NodeNames":['
+
+
+def names_span(raw: bytes, count: int) -> tuple[int, int] | None:
+    """Where the inside of the top-level NodeNames array sits in `raw`, when it is what Go writes
+    for `count` plain names: the body's last member, compact, no escapes (`"a","b",...`). Then that
+    slice is byte for byte what joining the names' JSON encodings gives, so a reply can echo it.
+    None when the body is shaped otherwise (callers then encode the names one by one)."""
+    at = raw.rfind(_NAMES_KEY)
+    if count < 1 or at < 0 or (at > 0 and raw[at - 1] == 0x5C):
+        return None
+    start = at + len(_NAMES_KEY)
+    end = raw.rfind(b"]")
+    # `]` then `}` closes the document: the array is the top-level object's last member (a key
+    # found inside a string or a nested object would be followed by more). Without backslashes,
+    # 2*count quotes and count-1 `","` separators leave room for nothing but count plain strings.
+    if (end <= start or raw[end + 1:].strip() != b"}" or raw[start] != 0x22 or raw[end - 1] != 0x22
+            or raw.find(b"\\", start, end) >= 0 or raw.count(b'"', start, end) != 2 * count
+            or raw.count(b'","', start, end) != count - 1):
+        return None
+    return start, end
 
 
 class MetaPod(BaseModel):

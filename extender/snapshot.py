@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -24,12 +25,13 @@ from placement.gpuarrays import GpuArrays, PodDemand
 from placement.frag import TargetWorkload, TypicalPod
 from placement.scoring import Policy, extender_scores, make_policy
 
-__all__ = ["Snapshot", "ShapeVerdict", "SCORE_MAX"]
+__all__ = ["Snapshot", "ShapeVerdict", "Refusals", "SCORE_MAX"]
 
 SCORE_MAX = 10
 _MEMO_LIMIT = 64
 _VECTOR_MIN = 32  # rows to fill before classes are worth numpy's fixed costs
 _SUFFIX = [f"{v}}}".encode() for v in range(SCORE_MAX + 1)]
+_SUFFIX_S = np.array(_SUFFIX, dtype="S3")
 _CODES: dict[str, int] = {"Fit": 0}
 _CODE_NAMES: list[str] = ["Fit"]
 
@@ -74,11 +76,20 @@ def _objects(items: Sequence[bytes]) -> npt.NDArray[np.object_]:
     return arr
 
 
+@dataclass(frozen=True, slots=True)
+class Refusals:
+    """Pre-joined refusal entries of every node for one query (see ShapeVerdict.refusals_of_all)."""
+
+    failed: bytes
+    unresolvable: bytes
+    reasons: dict[str, int]
+
+
 class ShapeVerdict:
     """Verdicts of one query over the nodes of a snapshot (row i = snapshot node i), filled in
     for the rows requests name. For each refused row, `"name":"reason"` is kept pre-serialised."""
 
-    __slots__ = ("snap", "query", "memo", "done", "ok", "unresolvable", "codes", "verdicts", "frags")
+    __slots__ = ("snap", "query", "memo", "done", "ok", "unresolvable", "codes", "verdicts", "frags", "_refusals")
 
     def __init__(self, snap: Snapshot, query: Query, memo: QueryMemo) -> None:
         n = len(snap.facts)
@@ -91,6 +102,7 @@ class ShapeVerdict:
         self.codes = np.zeros(n, np.intp)
         self.verdicts: list[Verdict | None] = [None] * n
         self.frags = _objects([b""] * n)
+        self._refusals: Refusals | None = None
 
     def carry(self, snap: Snapshot, changed: Rows) -> ShapeVerdict:
         """This query's verdicts moved to the next version of the same node list: rows whose
@@ -100,6 +112,7 @@ class ShapeVerdict:
         sv.done, sv.ok = self.done.copy(), self.ok.copy()
         sv.unresolvable, sv.codes = self.unresolvable.copy(), self.codes.copy()
         sv.verdicts, sv.frags = list(self.verdicts), self.frags.copy()
+        sv._refusals = None  # rows changed: the refusals of every node are joined again when asked
         if len(changed):
             sv.done[changed] = False
             sv.ok[changed] = False
@@ -188,6 +201,22 @@ class ShapeVerdict:
     def ensure_all(self) -> None:
         self.ensure(np.arange(len(self.done), dtype=np.intp))
 
+    def refusals_of_all(self) -> Refusals:
+        """The refusals of a request naming every node of the snapshot: the FailedNodes and
+        FailedAndUnresolvableNodes insides (entries in row order) and the count per reason code,
+        joined once per (version, query) since every such request gets the same ones."""
+        if self._refusals is None:
+            self.ensure_all()
+            bad = ~self.ok
+            u = self.unresolvable
+            counts = np.bincount(self.codes[bad], minlength=1)
+            self._refusals = Refusals(
+                b",".join(self.frags[bad & ~u].tolist()),
+                b",".join(self.frags[bad & u].tolist()),
+                {code_name(c): int(counts[c]) for c in np.flatnonzero(counts).tolist()},
+            )
+        return self._refusals
+
     def raw_scores(self, rows: Rows) -> npt.NDArray[np.float64]:
         """MIG / DRA scores of `rows` (ensured, fitting): the tighter the node (the fewer further
         replicas it could take), the better, so larger free sets stay whole."""
@@ -238,6 +267,7 @@ class Snapshot:
         self._sig_arr: npt.NDArray[np.int64] | None = None
         self._label_codes: dict[str, tuple[npt.NDArray[np.int64], int]] = {}
         self._heads: tuple[npt.NDArray[np.object_], npt.NDArray[np.object_]] | None = None
+        self._host_s: npt.NDArray[np.bytes_] | None = None
         self.last_passed: tuple[Query, bytes, Rows] | None = None
         """(query, `"NodeNames":[...]` bytes, rows) of the last names-mode filter reply: kube-scheduler
         sends prioritize the list its filter passed, so prioritize can skip the name lookups."""
@@ -407,11 +437,34 @@ class Snapshot:
         out: list[bytes] = self._entry_table[rows, scores].tolist()
         return out
 
+    def priorities_body(self, rows: Rows, scores: npt.NDArray[np.int64]) -> bytes:
+        """The HostPriorityList of `rows` (valid rows) in their order: one numpy gather of fixed-width
+        `,{"Host":"name","Score":` and `s}` cells, then the NUL padding dropped in one pass (JSON
+        output holds no raw NUL). Per-node Python objects are never touched."""
+        if not len(rows):
+            return b"[]"
+        heads = self._host_cells()
+        out = np.empty(len(rows), dtype=[("h", heads.dtype), ("s", _SUFFIX_S.dtype)])
+        out["h"] = heads[rows]
+        out["s"] = _SUFFIX_S[scores]
+        return b"[" + out.tobytes().replace(b"\0", b"")[1:] + b"]"
+
+    def _host_cells(self) -> npt.NDArray[np.bytes_]:
+        if self._host_s is None:
+            if self._prev is not None and self._prev._host_s is not None:
+                self._host_s = self._prev._host_s
+            else:
+                self._host_s = np.array([b"," + p for p in self.host_prefix] or [b","], dtype=np.bytes_)
+        return self._host_s
+
     # ------------------------------------------------------------------ lookups
 
     def positions(self, names: Sequence[str]) -> Rows:
         """Snapshot row of each name, -1 for names the inventory does not know."""
-        return np.array(list(map(self.index.get, names, itertools.repeat(-1))), np.intp)
+        try:  # the usual case, every name known: no intermediate list
+            return np.fromiter(map(self.index.__getitem__, names), np.intp, len(names))
+        except KeyError:
+            return np.array(list(map(self.index.get, names, itertools.repeat(-1))), np.intp)
 
     def facts_by_name(self, name: str) -> NodeFacts | None:
         i = self.index.get(name)
