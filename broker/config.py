@@ -85,7 +85,10 @@ class BrokerConfig(_Strict):
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     """Prometheus metrics HTTP port on the tenant host; 0 = metrics server disabled."""
     db_path: str = "tandem-broker.db"
-    """SQLite database file path."""
+    """SQLite database file path (used when `store_url` is not set)."""
+    store_url: str | None = None
+    """PostgreSQL DSN (``postgresql://user@host:5432/tandem``) selecting the PostgreSQL store (several brokers,
+    one leader); None = the SQLite file at `db_path`. ``--db`` takes either a path or such a URL."""
     policy_path: str | None = None
     """Tenancy policy YAML path (reloaded when its mtime changes); None = no tenants, admins only via agents."""
     policy_check_interval_s: float = Field(default=1.0, ge=0)
@@ -131,7 +134,7 @@ def build_arg_parser(prog: str = "tandem-broker") -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML config file (BrokerConfig fields)")
     p.add_argument("--listen", help="tenant API HOST:PORT (JobService)")
     p.add_argument("--agent-listen", help="agent API HOST:PORT (ClusterService)")
-    p.add_argument("--db", help="SQLite database path")
+    p.add_argument("--db", help="SQLite database path, or a postgresql:// URL for the PostgreSQL store")
     p.add_argument("--policy", help="tenancy policy YAML path")
     p.add_argument("--metrics-port", type=int, help="Prometheus port (0 = off)")
     p.add_argument("--audit-log", help="audit log (JSON lines) path")
@@ -167,6 +170,10 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
 }
 
 
+PG_SCHEMES = ("postgresql://", "postgres://")
+"""URL schemes that select the PostgreSQL store."""
+
+
 def load_config(argv: Sequence[str] | None = None) -> BrokerConfig:
     """Parse flags, read the YAML file they name, overlay the flags, validate."""
     args = build_arg_parser().parse_args(argv)
@@ -180,6 +187,9 @@ def load_config(argv: Sequence[str] | None = None) -> BrokerConfig:
         value = getattr(args, flag)
         if value is not None:
             _set(tree, path, value)
+    db = tree.get("db_path")
+    if isinstance(db, str) and db.startswith(PG_SCHEMES):
+        tree["store_url"] = tree.pop("db_path")
     agent = tree.get("agent_listener")
     if isinstance(agent, dict) and "max_message_bytes" not in agent:
         agent["max_message_bytes"] = BrokerConfig().agent_listener.max_message_bytes

@@ -261,11 +261,13 @@ def get_cluster(hub: Hub, caller: Caller, name: str) -> ClusterView:
     raise errors.NotFound(f"cluster {name} not found", cluster=name)
 
 
-def cordon(hub: Hub, caller: Caller, name: str, cordoned: bool, reason: str) -> ClusterView:
+async def cordon(hub: Hub, caller: Caller, name: str, cordoned: bool, reason: str) -> ClusterView:
+    """Durable first (a cordon survives a restart), then in effect for the placer."""
     if not reason:
         raise errors.InvalidArgument.fields(errors.FieldViolation("reason", "required (audit log)"))
     if name not in hub.catalog.clusters:
         raise errors.NotFound(f"cluster {name} not found", cluster=name)
+    await hub.store.set_cordon(name, reason if cordoned else None, actor=caller.name)
     hub.catalog.set_cordoned(name, cordoned)
     if cordoned:
         hub.cordon_reasons[name] = reason

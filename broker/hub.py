@@ -31,7 +31,8 @@ class Hub:
         self.metrics = metrics or Metrics()
         self.policy = PolicyFile(cfg.policy_path, check_interval_s=cfg.policy_check_interval_s)
         self.authz = auth.Authorizer(self.policy, agent_insecure=cfg.agent_insecure)
-        audit_path = cfg.audit_log_path or (None if cfg.db_path == ":memory:" else cfg.db_path + ".audit.jsonl")
+        local = cfg.store_url is None and cfg.db_path != ":memory:"
+        audit_path = cfg.audit_log_path or (cfg.db_path + ".audit.jsonl" if local else None)
         self.audit = auth.AuditLog(audit_path, clock=clock)
         self.catalog = Catalog(stale_after_s=cfg.cluster_stale_after_s)
         self.cordon_reasons: dict[str, str] = {}
@@ -46,7 +47,7 @@ class Hub:
 
     @classmethod
     def store_for(cls, cfg: BrokerConfig, clock: Callable[[], float] = time.time) -> Store:
-        from broker.store.sqlite import SqliteStore
+        """The configured backend: PostgreSQL when `store_url` is set, else SQLite at `db_path`."""
 
         retry = RetryPolicy(
             max_infra_retries=max(cfg.retry.max_attempts - 1, 0),
@@ -54,11 +55,21 @@ class Hub:
             backoff_factor=cfg.retry.backoff_factor,
             backoff_max_s=cfg.retry.backoff_max_s,
         )
-        return SqliteStore(cfg.db_path, clock=clock, options=StoreOptions(retry=retry))
+        options = StoreOptions(retry=retry)
+        if cfg.store_url is not None:
+            from broker.store.postgres import PostgresStore
+
+            return PostgresStore(cfg.store_url, clock=clock, options=options)
+        from broker.store.sqlite import SqliteStore
+
+        return SqliteStore(cfg.db_path, clock=clock, options=options)
 
     async def start(self) -> None:
         """Open the store, reload the queue and reservations, start the placer and watchdog loops."""
         await self.store.open()
+        for cluster, reason in (await self.store.cordons()).items():
+            self.catalog.set_cordoned(cluster, True)
+            self.cordon_reasons[cluster] = reason
         await self.placer.load()
         loop = asyncio.get_running_loop()
         self._tasks = [

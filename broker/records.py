@@ -15,6 +15,7 @@ from broker.states import AttemptOutcome, JobState
 
 __all__ = [
     "ReplicaPlacement",
+    "ReplicaRecord",
     "NewJob",
     "JobRecord",
     "SubmitResult",
@@ -50,6 +51,21 @@ class ReplicaPlacement:
     pod_set: str
     index: int
     node: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """One replica of an attempt as the cluster observed it (pod, node, phase, exit)."""
+
+    pod_set: str
+    index: int
+    pod: str = ""
+    node: str = ""
+    phase: str = "PENDING"
+    """ReplicaPhase without its prefix: PENDING, GATED, SCHEDULED, RUNNING, SUCCEEDED, FAILED, UNKNOWN..."""
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +200,13 @@ class AttemptRecord:
     namespace: str = ""
     rejection_reason: str = ""
     rejection_nodes: tuple[str, ...] = ()
+    rendezvous: str = ""
+    """``<host>:<port>`` of replica 0 of the first pod set, as the agent reported it."""
+    feedback: str = ""
+    """The extender's last filter verdict for a pod of this attempt that did not fit (one line)."""
+    feedback_time: float | None = None
+    replicas: tuple["ReplicaRecord", ...] = ()
+    """Observed replicas (the agent's last WorkloadStatus), by pod set and index."""
 
     @property
     def active(self) -> bool:

@@ -109,7 +109,7 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, method)
-            view = handlers.cordon(self.hub, caller, name, on, reason)
+            view = await handlers.cordon(self.hub, caller, name, on, reason)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, method, caller, cluster=name)
         self.hub.audit.record(caller, method, "ok", cluster=name, reason=reason)

@@ -49,6 +49,7 @@ from broker.records import (
     JobPage,
     JobRecord,
     NewJob,
+    ReplicaRecord,
     Reservation,
     SubmitResult,
     Transition,
@@ -212,6 +213,27 @@ class Store(abc.ABC):
                 attempt = next((a for a in await self.list_attempts(o.job_id) if a.number == o.attempt), None)
             out.append(Delivery(o, job, attempt))
         return out
+
+    # -- observed status and cluster state ---------------------------------------------------
+
+    @abc.abstractmethod
+    async def record_workload(
+        self, job_id: str, attempt: int, replicas: Sequence[ReplicaRecord], rendezvous: str = ""
+    ) -> bool:
+        """Replace the attempt's observed replicas with these (and set its rendezvous address when non-empty);
+        False (nothing written) when the attempt does not exist."""
+
+    @abc.abstractmethod
+    async def record_feedback(self, job_id: str, attempt: int, feedback: str, at: float) -> bool:
+        """Keep the extender's last filter verdict for the attempt; False when the attempt does not exist."""
+
+    @abc.abstractmethod
+    async def set_cordon(self, cluster: str, reason: str | None, *, actor: str) -> None:
+        """Cordon a cluster with a reason (``None`` lifts the cordon); durable before it returns."""
+
+    @abc.abstractmethod
+    async def cordons(self) -> dict[str, str]:
+        """Cordoned clusters and their reasons."""
 
     # -- watch & retention -------------------------------------------------------------------
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import hmac
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
@@ -23,6 +24,7 @@ from broker.records import (
     NewJob,
     OrderKind,
     ReplicaPlacement,
+    ReplicaRecord,
     WatchEvent,
 )
 from broker.states import AttemptOutcome, JobState
@@ -33,6 +35,8 @@ __all__ = [
     "new_job_id",
     "job_from_row",
     "attempt_from_row",
+    "replica_from_row",
+    "with_replicas",
     "event_from_row",
     "order_from_row",
     "assignments_json",
@@ -119,7 +123,23 @@ def attempt_from_row(r: Row) -> AttemptRecord:
         outcome=None if outcome is None else AttemptOutcome(outcome), exit_code=None if ec is None else int(ec),
         message=r["message"], spent_retry=bool(r["spent_retry"]), namespace=r["namespace"],
         rejection_reason=r["rejection_reason"], rejection_nodes=tuple(orjson.loads(r["rejection_nodes"])),
+        rendezvous=r["rendezvous"], feedback=r["feedback"], feedback_time=_opt_float(r["feedback_time"]),
     )
+
+
+def replica_from_row(r: Row) -> ReplicaRecord:
+    ec = r["exit_code"]
+    return ReplicaRecord(pod_set=r["pod_set"], index=int(r["idx"]), pod=r["pod"], node=r["node"], phase=r["phase"],
+                         exit_code=None if ec is None else int(ec), reason=r["reason"], message=r["message"])
+
+
+def with_replicas(attempts: list[AttemptRecord], rows: Iterable[Row]) -> list[AttemptRecord]:
+    """Attach replica rows (any order) to their attempts, ordered by pod set and index."""
+    by: dict[int, list[ReplicaRecord]] = {}
+    for r in rows:
+        by.setdefault(int(r["attempt"]), []).append(replica_from_row(r))
+    return [dataclasses.replace(a, replicas=tuple(sorted(by[a.number], key=lambda x: (x.pod_set, x.index))))
+            if a.number in by else a for a in attempts]
 
 
 def event_from_row(r: Row) -> WatchEvent:

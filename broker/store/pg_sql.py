@@ -215,7 +215,7 @@ async def compact_jobs(c: Conn, finished_before: float, limit: int) -> Compactio
         compacted = max(compacted, int(top or 0))
         status = await c.execute("DELETE FROM events WHERE job_id = ANY($1::text[])", ids)
         events = int(status.split()[-1])
-        for table in ("orders", "attempts", "jobs"):
+        for table in ("orders", "replicas", "attempts", "jobs"):
             await c.execute(f"DELETE FROM {table} WHERE job_id = ANY($1::text[])", ids)
     await c.execute(
         "INSERT INTO meta (key, value) VALUES ('compacted_revision', $1)"

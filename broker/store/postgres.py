@@ -26,6 +26,7 @@ from broker.records import (
     JobPage,
     JobRecord,
     NewJob,
+    ReplicaRecord,
     Reservation,
     SubmitResult,
     Transition,
@@ -257,7 +258,8 @@ class PostgresStore(Store):
     async def list_attempts(self, job_id: str) -> list[AttemptRecord]:
         async def op(c: Conn) -> list[AttemptRecord]:
             rows = await c.fetch("SELECT * FROM attempts WHERE job_id=$1 ORDER BY number", job_id)
-            return [codec.attempt_from_row(r) for r in rows]
+            replicas = await c.fetch("SELECT * FROM replicas WHERE job_id=$1", job_id)
+            return codec.with_replicas([codec.attempt_from_row(r) for r in rows], replicas)
 
         result: list[AttemptRecord] = await self._read(op)
         return result
@@ -423,6 +425,58 @@ class PostgresStore(Store):
             return int(status.split()[-1])
 
         result: int = await self._write(op)
+        return result
+
+    # -- observed status and cluster state -------------------------------------------------------
+
+    async def record_workload(
+        self, job_id: str, attempt: int, replicas: Sequence[ReplicaRecord], rendezvous: str = ""
+    ) -> bool:
+        rows = [(job_id, attempt, r.pod_set, r.index, r.pod, r.node, r.phase, r.exit_code, r.reason, r.message)
+                for r in replicas]
+
+        async def op(c: Conn) -> bool:
+            if await c.fetchval("SELECT 1 FROM attempts WHERE job_id=$1 AND number=$2", job_id, attempt) is None:
+                return False
+            now = self._clock()
+            await c.execute("DELETE FROM replicas WHERE job_id=$1 AND attempt=$2", job_id, attempt)
+            if rows:
+                await c.executemany(
+                    "INSERT INTO replicas (job_id, attempt, pod_set, idx, pod, node, phase, exit_code, reason,"
+                    " message, update_time) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)", [r + (now,) for r in rows])
+            if rendezvous:
+                await c.execute("UPDATE attempts SET rendezvous=$1 WHERE job_id=$2 AND number=$3",
+                                rendezvous, job_id, attempt)
+            return True
+
+        result: bool = await self._write(op)
+        return result
+
+    async def record_feedback(self, job_id: str, attempt: int, feedback: str, at: float) -> bool:
+        async def op(c: Conn) -> bool:
+            status = await c.execute("UPDATE attempts SET feedback=$1, feedback_time=$2 WHERE job_id=$3 AND number=$4",
+                                     feedback, at, job_id, attempt)
+            return int(status.split()[-1]) > 0
+
+        result: bool = await self._write(op)
+        return result
+
+    async def set_cordon(self, cluster: str, reason: str | None, *, actor: str) -> None:
+        async def op(c: Conn) -> None:
+            if reason is None:
+                await c.execute("DELETE FROM cordons WHERE cluster=$1", cluster)
+            else:
+                await c.execute("INSERT INTO cordons (cluster, reason, actor, time) VALUES ($1,$2,$3,$4)"
+                                " ON CONFLICT (cluster) DO UPDATE SET reason=EXCLUDED.reason, actor=EXCLUDED.actor,"
+                                " time=EXCLUDED.time", cluster, reason, actor, self._clock())
+
+        await self._write(op)
+
+    async def cordons(self) -> dict[str, str]:
+        async def op(c: Conn) -> dict[str, str]:
+            return {r["cluster"]: r["reason"] for r in await c.fetch("SELECT * FROM cordons")}
+
+        result: dict[str, str] = await self._read(op)
         return result
 
     # -- watch & retention -----------------------------------------------------------------------

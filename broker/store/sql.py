@@ -254,6 +254,7 @@ def compact_jobs(c: sqlite3.Connection, finished_before: float, limit: int) -> C
         events += c.execute(f"DELETE FROM events WHERE job_id IN ({marks})", chunk).rowcount
         c.execute(f"DELETE FROM orders WHERE job_id IN ({marks})", chunk)
         c.execute(f"DELETE FROM attempts WHERE job_id IN ({marks})", chunk)
+        c.execute(f"DELETE FROM replicas WHERE job_id IN ({marks})", chunk)
         c.execute(f"DELETE FROM jobs WHERE job_id IN ({marks})", chunk)
     c.execute(
         "INSERT INTO meta (key, value) VALUES ('compacted_revision', ?)"

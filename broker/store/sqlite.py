@@ -21,6 +21,7 @@ from broker.records import (
     JobPage,
     JobRecord,
     NewJob,
+    ReplicaRecord,
     Reservation,
     SubmitResult,
     Transition,
@@ -170,7 +171,8 @@ class SqliteStore(Store):
     async def list_attempts(self, job_id: str) -> list[AttemptRecord]:
         def op(c: sqlite3.Connection) -> list[AttemptRecord]:
             rows = c.execute("SELECT * FROM attempts WHERE job_id=? ORDER BY number", (job_id,)).fetchall()
-            return [codec.attempt_from_row(r) for r in rows]
+            replicas = c.execute("SELECT * FROM replicas WHERE job_id=?", (job_id,)).fetchall()
+            return codec.with_replicas([codec.attempt_from_row(r) for r in rows], replicas)
 
         return await self._read(op)
 
@@ -351,6 +353,49 @@ class SqliteStore(Store):
             return n
 
         return await self._write(op)
+
+    # -- observed status and cluster state -------------------------------------------------------
+
+    async def record_workload(
+        self, job_id: str, attempt: int, replicas: Sequence[ReplicaRecord], rendezvous: str = ""
+    ) -> bool:
+        rows = [(job_id, attempt, r.pod_set, r.index, r.pod, r.node, r.phase, r.exit_code, r.reason, r.message)
+                for r in replicas]
+
+        def op(c: sqlite3.Connection) -> bool:
+            if c.execute("SELECT 1 FROM attempts WHERE job_id=? AND number=?", (job_id, attempt)).fetchone() is None:
+                return False
+            now = self._clock()
+            c.execute("DELETE FROM replicas WHERE job_id=? AND attempt=?", (job_id, attempt))
+            c.executemany(
+                "INSERT INTO replicas (job_id, attempt, pod_set, idx, pod, node, phase, exit_code, reason, message,"
+                " update_time) VALUES (?,?,?,?,?,?,?,?,?,?,?)", [row + (now,) for row in rows])
+            if rendezvous:
+                c.execute("UPDATE attempts SET rendezvous=? WHERE job_id=? AND number=?", (rendezvous, job_id, attempt))
+            return True
+
+        return await self._write(op)
+
+    async def record_feedback(self, job_id: str, attempt: int, feedback: str, at: float) -> bool:
+        def op(c: sqlite3.Connection) -> bool:
+            return c.execute("UPDATE attempts SET feedback=?, feedback_time=? WHERE job_id=? AND number=?",
+                             (feedback, at, job_id, attempt)).rowcount > 0
+
+        return await self._write(op)
+
+    async def set_cordon(self, cluster: str, reason: str | None, *, actor: str) -> None:
+        def op(c: sqlite3.Connection) -> None:
+            if reason is None:
+                c.execute("DELETE FROM cordons WHERE cluster=?", (cluster,))
+            else:
+                c.execute("INSERT INTO cordons (cluster, reason, actor, time) VALUES (?,?,?,?) ON CONFLICT(cluster)"
+                          " DO UPDATE SET reason=excluded.reason, actor=excluded.actor, time=excluded.time",
+                          (cluster, reason, actor, self._clock()))
+
+        await self._write(op)
+
+    async def cordons(self) -> dict[str, str]:
+        return await self._read(lambda c: {r["cluster"]: r["reason"] for r in c.execute("SELECT * FROM cordons")})
 
     # -- watch & retention -----------------------------------------------------------------------
 

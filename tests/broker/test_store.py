@@ -17,10 +17,12 @@ from broker.records import (
     OrderKind,
     OrderSpec,
     ReplicaPlacement,
+    ReplicaRecord,
     Transition,
     WatchPage,
 )
 from broker.states import AttemptOutcome, JobState
+from broker.store.migrations import LATEST, MIGRATIONS
 from broker.store.sqlite import SqliteStore
 from tests.broker.store_builders import (  # noqa: F401
     FakeClock,
@@ -629,12 +631,12 @@ async def test_tampered_or_foreign_page_tokens_are_invalid_argument(store: Sqlit
 async def test_schema_is_migrated_once_and_newer_schemas_refused(tmp_path, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]
     path = str(tmp_path / "s.db")
     async with SqliteStore(path, clock=clock) as s:
-        assert s.schema_version == 1
+        assert s.schema_version == LATEST
         await s.submit(new_job(key="k"))
     async with SqliteStore(path, clock=clock) as s:
         assert (await s.submit(new_job(key="k"))).created is False
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(v,) for v, _ in MIGRATIONS]
     conn.execute("INSERT INTO schema_version VALUES (99, 0)")
     conn.commit()
     conn.close()
@@ -683,23 +685,51 @@ async def test_new_migrations_apply_once_in_order_and_a_failing_one_rolls_back(
     tmp_path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
 ) -> None:
     from broker.store import sql
-    from broker.store.migrations import MIGRATIONS
-
     path = str(tmp_path / "m.db")
     async with SqliteStore(path, clock=clock) as s:
         await s.submit(new_job(key="before"))
-    v2 = (2, ("ALTER TABLE jobs ADD COLUMN note TEXT NOT NULL DEFAULT ''",))
-    broken = (3, ("CREATE TABLE extra (x INTEGER)", "THIS IS NOT SQL"))
-    monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS + (v2, broken))
-    monkeypatch.setattr(sql, "LATEST", 3)
+    nxt = LATEST + 1
+    v_next = (nxt, ("ALTER TABLE jobs ADD COLUMN note TEXT NOT NULL DEFAULT ''",))
+    broken = (nxt + 1, ("CREATE TABLE extra (x INTEGER)", "THIS IS NOT SQL"))
+    monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS + (v_next, broken))
+    monkeypatch.setattr(sql, "LATEST", nxt + 1)
     with pytest.raises(errors.StoreUnavailable):
         await SqliteStore(path, clock=clock).open()
     conn = sqlite3.connect(path)
-    assert [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
-    assert conn.execute("SELECT name FROM sqlite_master WHERE name='extra'").fetchall() == []  # v3 rolled back
+    assert [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY version")] == \
+        [v for v, _ in MIGRATIONS] + [nxt]
+    assert conn.execute("SELECT name FROM sqlite_master WHERE name='extra'").fetchall() == []  # rolled back
     conn.close()
-    monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS + (v2,))
-    monkeypatch.setattr(sql, "LATEST", 2)
+    monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS + (v_next,))
+    monkeypatch.setattr(sql, "LATEST", nxt)
     async with SqliteStore(path, clock=clock) as s:
-        assert s.schema_version == 2
+        assert s.schema_version == nxt
         assert not (await s.submit(new_job(key="before"))).created  # data kept across the migration
+
+
+# -- observed status and cluster state ---------------------------------------------------------------
+
+
+async def test_replica_status_rendezvous_and_feedback_are_kept_per_attempt(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    assert not await store.record_workload(j.job_id, 1, [ReplicaRecord("w", 0)])  # no attempt yet
+    await _reserve(store, j.job_id)
+    first = [ReplicaRecord("w", 1, "p-1", "n2", "PENDING"), ReplicaRecord("w", 0, "p-0", "n1", "RUNNING")]
+    assert await store.record_workload(j.job_id, 1, first, "j-1.ns.svc:29500")
+    later = [ReplicaRecord("w", 0, "p-0", "n1", "FAILED", 137, "OOMKilled", "out of memory"),
+             ReplicaRecord("w", 1, "p-1", "n2", "RUNNING")]
+    assert await store.record_workload(j.job_id, 1, later)  # replaces the replicas, keeps the address
+    assert await store.record_feedback(j.job_id, 1, "n3: INSUFFICIENT_GPU", 12.5)
+    assert not await store.record_feedback(j.job_id, 2, "stale", 13.0)
+    [a] = await store.list_attempts(j.job_id)
+    assert a.replicas == tuple(later)
+    assert (a.rendezvous, a.feedback, a.feedback_time) == ("j-1.ns.svc:29500", "n3: INSUFFICIENT_GPU", 12.5)
+
+
+async def test_cordons_are_durable_and_lifted(store: SqliteStore) -> None:
+    assert await store.cordons() == {}
+    await store.set_cordon("c1", "maintenance", actor="admin/a")
+    await store.set_cordon("c2", "drain", actor="admin/a")
+    await store.set_cordon("c1", "new reason", actor="admin/b")
+    await store.set_cordon("c2", None, actor="admin/a")
+    assert await store.cordons() == {"c1": "new reason"}

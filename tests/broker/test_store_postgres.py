@@ -6,6 +6,7 @@ import pytest
 
 from broker import errors, lifecycle
 from broker.records import JobFilter, OrderKind, ReplicaPlacement
+from broker.store.migrations import PG_LATEST
 from broker.store.postgres import PostgresStore
 from tests.broker.store_builders import FakeClock, fresh_pg_database, id_gen, new_job, pg_server  # noqa: F401
 
@@ -15,7 +16,7 @@ async def test_one_leader_per_database_and_state_survives_a_takeover(pg_server: 
     clock = FakeClock()
     leader = PostgresStore(dsn, clock=clock, id_gen=id_gen("a"))
     await leader.open()
-    assert leader.schema_version == 1
+    assert leader.schema_version == PG_LATEST
     standby = PostgresStore(dsn, clock=clock, id_gen=id_gen("b"))
     with pytest.raises(errors.StoreUnavailable):
         await standby.open()
