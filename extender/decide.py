@@ -14,6 +14,7 @@ import orjson
 
 from extender.errors import BadRequest, NotSynced
 from extender.inventory import Inventory
+from extender.names import RawNames, find_raw_names
 from extender.nodefit import Query
 from extender.podreq import gang_of
 from extender.protocol import (
@@ -23,7 +24,6 @@ from extender.protocol import (
     encode_filter_result,
     encode_preemption_result,
     host_prefix,
-    names_span,
 )
 from extender.snapshot import Snapshot, code_name
 from placement import dra as core_dra
@@ -134,7 +134,25 @@ def _require_ready(inv: Inventory) -> Snapshot:
     return inv.snapshot()
 
 
-def _positions(snap: Snapshot, names: list[str]) -> np.ndarray:
+def _raw_names(args: ExtenderArgs) -> RawNames | None:
+    """Where the body holds its NodeNames as Go writes them (names mode only)."""
+    if args.raw_names is not None or args.nodes is not None:
+        return args.raw_names
+    return find_raw_names(args.raw, args.count)
+
+
+def _positions(snap: Snapshot, args: ExtenderArgs, span: RawNames | None) -> np.ndarray:
+    """Snapshot row of each candidate (-1: unknown); BadRequest for a name that is no string."""
+    if span is not None:  # Go's plain array: all names at once from the body's bytes
+        got = snap.name_table().lookup(args.raw, span)
+        if got is not None:
+            rows, left = got
+            if len(left):
+                index, names = snap.index, args.node_names
+                for j in left.tolist():
+                    rows[j] = index.get(names[j], -1)
+            return rows
+    names = args.node_names
     try:
         pos = snap.positions(names)
     except TypeError as e:  # an unhashable element
@@ -149,12 +167,13 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     snap = _require_ready(inv)
     q = query_for(args.pod, inv)
     sv = snap.verdict(q)
-    names = args.node_names
-    pos = _positions(snap, names)
+    count = args.count
+    span = _raw_names(args)
+    pos = _positions(snap, args, span)
     known = pos >= 0
     all_known = bool(known.all())
-    if names and not known.any():
-        raise BadRequest(f"none of the {len(names)} candidate nodes is in the extender's inventory")
+    if count and not known.any():
+        raise BadRequest(f"none of the {count} candidate nodes is in the extender's inventory")
     try:
         sv.ensure(pos if all_known else pos[known])
     except PlacementError as e:  # e.g. a DRA selector that does not compile
@@ -166,9 +185,8 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     passed_names = passed_nodes = None
     if args.nodes is None:
         passed_rows = pos[passed_at]
-        span = names_span(args.raw, len(names)) if len(passed_at) == len(names) else None
-        if span is not None:  # every candidate passed: the request's own list is the answer
-            passed_names = args.raw[span[0]:span[1]]
+        if span is not None and len(passed_at) == count:  # all passed: the request's own list
+            passed_names = args.raw[span.start:span.end]
         else:
             passed_names = b",".join(snap.name_json_arr[passed_rows].tolist())
         snap.last_passed = (q, b'"NodeNames":[' + passed_names + b"]", passed_rows)
@@ -177,13 +195,13 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
         passed_nodes = [nodes[j] for j in passed_at.tolist()]
     failed = unres = b""
     reasons: Counter[str] = Counter()
-    if len(passed_at) < len(names) and all_known and q.pinned is None and _names_every_row(snap, pos):
+    if len(passed_at) < count and all_known and q.pinned is None and _names_every_row(snap, pos):
         # The usual ignoredByScheduler call: every node a candidate. Its refusals are the same
         # for every such request of this (version, query), joined once (map entries in row order).
         ref = sv.refusals_of_all()
         failed, unres = ref.failed, ref.unresolvable
         reasons.update(ref.reasons)
-    elif len(passed_at) < len(names):
+    elif len(passed_at) < count:
         rows = pos[~ok if all_known else ~ok & known]
         u = sv.unresolvable[rows]
         frags = sv.frags
@@ -201,6 +219,7 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
         for c in np.flatnonzero(counts).tolist():
             reasons[code_name(c)] = int(counts[c])
         if not all_known:
+            names = args.node_names
             missing = [names[j] for j in np.flatnonzero(~known).tolist()]
             unres_parts += [orjson.dumps(n) + b":" + orjson.dumps(f"node {n} is not in the extender's inventory")
                             for n in missing]
@@ -244,9 +263,12 @@ def _gang_domain_note(inv: Inventory, snap: Snapshot, q: Query) -> str:
 def _remembered_rows(snap: Snapshot, q: Query, args: ExtenderArgs) -> np.ndarray | None:
     """The rows of the list the last filter passed, when this body carries exactly that list."""
     last = snap.last_passed
-    if last is None or last[0] != q or args.nodes is not None or len(args.node_names) != len(last[2]):
+    if last is None or last[0] != q or args.nodes is not None or args.count != len(last[2]):
         return None
     rows = last[2]
+    rn = args.raw_names
+    if rn is not None:  # the body's array, checked to be the top-level one: compare it whole
+        return rows if args.raw[rn.start - len(b'"NodeNames":['):rn.end + 1] == last[1] else None
     at = args.raw.rfind(b'"NodeNames":[')  # Go writes NodeNames last: found from the end at once
     if not len(rows) or at < 0 or args.raw[at:at + len(last[1])] != last[1]:
         return None
@@ -260,10 +282,9 @@ def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
     """HostPriorityList for the candidates (0..10; 0 for nodes that do not fit or are unknown)."""
     snap = _require_ready(inv)
     q = query_for(args.pod, inv)
-    names = args.node_names
     pos = _remembered_rows(snap, q, args)
     if pos is None:
-        pos = _positions(snap, names)
+        pos = _positions(snap, args, _raw_names(args))
     known = pos >= 0
     rows = pos if known.all() else pos[known]
     try:
@@ -271,7 +292,8 @@ def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
     except PlacementError as e:
         raise BadRequest(str(e)) from e
     if len(rows) == len(pos):
-        return Decision(snap.priorities_body(rows, scores), len(names))
+        return Decision(snap.priorities_body(rows, scores), args.count)
+    names = args.node_names
     by_row = dict(zip(rows.tolist(), snap.entries(rows, scores)))
     parts = [by_row[i] if i >= 0 else host_prefix(n) + b"0}" for i, n in zip(pos.tolist(), names)]
     return Decision(b"[" + b",".join(parts) + b"]", int(known.sum()))

@@ -21,6 +21,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from extender.errors import BadRequest, UndecodableBody
+from extender.names import RawNames, find_raw_names
 
 __all__ = [
     "ExtenderArgs",
@@ -34,27 +35,49 @@ __all__ = [
     "encode_preemption_result",
     "encode_preemption_error",
     "SCORE_MAX",
-    "names_span",
 ]
 
 SCORE_MAX = 10
 """extenderv1.MaxExtenderPriority: scores are 0..10; kube-scheduler scales them by the weight."""
 
 
-@dataclass(frozen=True, slots=True)
 class ExtenderArgs:
     """A decoded ExtenderArgs body.
 
-    node_names: candidate names in request order (both modes).
-    nodes: the NodeList items when kube-scheduler sent full Nodes (nodeCacheCapable: false), else None.
+    pod: the Pod object; nodes: the NodeList items when kube-scheduler sent full Nodes
+    (nodeCacheCapable: false), else None; raw: the body as received; count: how many candidates.
+    node_names: candidate names in request order (both modes). When the body carries them as Go
+    writes them (raw_names is set), they are decoded only if something asks: the hot path reads
+    them straight from the body's bytes.
     """
 
-    pod: dict[str, Any]
-    node_names: list[str]
-    nodes: list[dict[str, Any]] | None
-    raw: bytes = b""
-    """The body as received (lets prioritize recognise the list its filter just returned)."""
+    __slots__ = ("pod", "nodes", "raw", "raw_names", "count", "_names")
 
+    def __init__(self, pod: dict[str, Any], node_names: list[str] | None, nodes: list[dict[str, Any]] | None,
+                 raw: bytes = b"", raw_names: RawNames | None = None) -> None:
+        if node_names is None and raw_names is None:
+            raise ValueError("ExtenderArgs needs node_names or raw_names")
+        self.pod = pod
+        self.nodes = nodes
+        self.raw = raw
+        self.raw_names = raw_names
+        self._names = node_names
+        self.count = len(node_names) if node_names is not None else len(raw_names.quotes) // 2  # type: ignore[union-attr]
+
+    @property
+    def node_names(self) -> list[str]:
+        if self._names is None:
+            assert self.raw_names is not None
+            rn = self.raw_names
+            names = _decode(b"[" + self.raw[rn.start:rn.end] + b"]")
+            if not isinstance(names, list):  # cannot happen for a checked slice; keeps mypy honest
+                raise BadRequest("NodeNames must be a list of strings")
+            self._names = names
+        return self._names
+
+
+_LAZY_BYTES = 16 << 10
+"""Bodies above this size get their NodeNames left undecoded (a few hundred names and up)."""
 
 _GC_PAUSE_BYTES = 1 << 20
 
@@ -101,6 +124,15 @@ def _check_pod(pod: Any) -> dict[str, Any]:
 
 def parse_extender_args(body: bytes) -> ExtenderArgs:
     """Decode a filter/prioritize body. UndecodableBody -> HTTP 400; BadRequest -> `Error` field."""
+    if len(body) > _LAZY_BYTES:
+        rn = find_raw_names(body)
+        if rn is not None:  # decode the rest only: the pod, and `"NodeNames":null` in the array's place
+            try:
+                obj = orjson.loads(body[:rn.start - 1] + b"null}")
+            except orjson.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict):
+                return ExtenderArgs(_check_pod(_field(obj, "Pod")), None, None, body, rn)
     obj = _decode(body)
     if not isinstance(obj, dict):
         raise BadRequest(f"ExtenderArgs must be an object, got {type(obj).__name__}")
@@ -128,29 +160,6 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
             raise BadRequest(f"Nodes.items[{i}].metadata.name is missing")
         out_names.append(name)
     return ExtenderArgs(pod, out_names, items, body)
-
-
-_NAMES_KEY = b'"NodeNames":['
-
-
-def names_span(raw: bytes, count: int) -> tuple[int, int] | None:
-    """Where the inside of the top-level NodeNames array sits in `raw`, when it is what Go writes
-    for `count` plain names: the body's last member, compact, no escapes (`"a","b",...`). Then that
-    slice is byte for byte what joining the names' JSON encodings gives, so a reply can echo it.
-    None when the body is shaped otherwise (callers then encode the names one by one)."""
-    at = raw.rfind(_NAMES_KEY)
-    if count < 1 or at < 0 or (at > 0 and raw[at - 1] == 0x5C):
-        return None
-    start = at + len(_NAMES_KEY)
-    end = raw.rfind(b"]")
-    # `]` then `}` closes the document: the array is the top-level object's last member (a key
-    # found inside a string or a nested object would be followed by more). Without backslashes,
-    # 2*count quotes and count-1 `","` separators leave room for nothing but count plain strings.
-    if (end <= start or raw[end + 1:].strip() != b"}" or raw[start] != 0x22 or raw[end - 1] != 0x22
-            or raw.find(b"\\", start, end) >= 0 or raw.count(b'"', start, end) != 2 * count
-            or raw.count(b'","', start, end) != count - 1):
-        return None
-    return start, end
 
 
 class MetaPod(BaseModel):

@@ -19,6 +19,7 @@ import orjson
 
 from extender.config import ExtenderConfig
 from extender.facts import NodeFacts
+from extender.names import NameTable
 from extender.nodefit import Query, QueryMemo, Verdict, check_node, room_for
 from placement import dra as core_dra
 from placement.gpuarrays import GpuArrays, PodDemand
@@ -268,6 +269,7 @@ class Snapshot:
         self._label_codes: dict[str, tuple[npt.NDArray[np.int64], int]] = {}
         self._heads: tuple[npt.NDArray[np.object_], npt.NDArray[np.object_]] | None = None
         self._host_s: npt.NDArray[np.bytes_] | None = None
+        self._name_table: NameTable | None = None
         self.last_passed: tuple[Query, bytes, Rows] | None = None
         """(query, `"NodeNames":[...]` bytes, rows) of the last names-mode filter reply: kube-scheduler
         sends prioritize the list its filter passed, so prioritize can skip the name lookups."""
@@ -465,6 +467,15 @@ class Snapshot:
             return np.fromiter(map(self.index.__getitem__, names), np.intp, len(names))
         except KeyError:
             return np.array(list(map(self.index.get, names, itertools.repeat(-1))), np.intp)
+
+    def name_table(self) -> NameTable:
+        """The vectorised name -> row lookup (built once per node list, shared by its versions)."""
+        if self._name_table is None:
+            if self._prev is not None and self._prev._name_table is not None:
+                self._name_table = self._prev._name_table
+            else:
+                self._name_table = NameTable(self.names)
+        return self._name_table
 
     def facts_by_name(self, name: str) -> NodeFacts | None:
         i = self.index.get(name)
