@@ -43,6 +43,8 @@ class ClusterMeta:
     role: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     levels: tuple[Level, ...] = ()
+    log_templates: tuple[tuple[str, str], ...] = ()
+    """(name, URL template) pairs from Hello, for GetJob's log links."""
 
 
 @dataclass(frozen=True, slots=True)

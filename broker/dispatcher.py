@@ -168,6 +168,8 @@ class Dispatcher:
             await self._dispatch_ack(session, msg)
         elif isinstance(msg, link.WorkloadReport):
             await self._workload(session, msg)
+        elif isinstance(msg, link.Feedback):
+            await self._feedback(session, msg)
         elif isinstance(msg, link.CancelReply):
             if msg.gone:
                 await self._apply(lifecycle.AttemptEnded(msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None,
@@ -229,6 +231,8 @@ class Dispatcher:
             return
         if w.attempt != job.attempt:
             return  # a stale attempt's status is ignored (fencing)
+        if w.replicas or w.rendezvous:
+            await self.store.record_workload(w.job_id, w.attempt, w.replicas, w.rendezvous)
         phase = w.phase
         if phase == "GATED":
             await self._apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
@@ -247,6 +251,19 @@ class Dispatcher:
             await self._apply(lifecycle.AttemptEnded(w.job_id, w.attempt, outcome, w.exit_code, w.message))
         elif phase == "DELETED":
             await self._apply(lifecycle.AttemptEnded(w.job_id, w.attempt, AttemptOutcome.CANCELLED, None, w.message))
+
+    async def _feedback(self, session: Session, f: link.Feedback) -> None:
+        """Keep the extender's latest verdict per attempt (the newest pod's line wins), for GetJob."""
+        latest: dict[tuple[str, int], link.PodFeedback] = {}
+        for p in f.pods:
+            key = (p.job_id, p.attempt)
+            if key not in latest or p.time >= latest[key].time:
+                latest[key] = p
+        for (job_id, attempt), p in latest.items():
+            held = self.catalog.reservations.get((job_id, attempt))
+            if held is not None and held.cluster != session.cluster:
+                continue  # only the cluster that holds the attempt speaks for its pods
+            await self.store.record_feedback(job_id, attempt, p.text, p.time)
 
     async def _teardown(self, job: JobRecord, cluster: str, outcome: AttemptOutcome, message: str, why: str) -> None:
         """End the attempt (the lifecycle re-queues it as the next attempt) and order its workload deleted."""

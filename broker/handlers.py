@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker import errors
 from broker.auth import Caller, CallerKind
@@ -142,6 +142,8 @@ class JobView:
     attempts: tuple[AttemptRecord, ...]
     history: tuple[WatchEvent, ...]
     queue_info: tuple[int | None, str, str] | None
+    templates: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    """Log URL templates of the clusters its attempts ran on (from their agents' Hello)."""
 
 
 def _scope(caller: Caller) -> str | None:
@@ -152,7 +154,9 @@ async def get_job(hub: Hub, caller: Caller, job_id: str, full: bool = True) -> J
     job = await hub.store.get_job(job_id, tenant=_scope(caller))
     attempts = tuple(await hub.store.list_attempts(job_id)) if full else ()
     history = tuple(await hub.store.job_history(job_id)) if full else ()
-    return JobView(job, attempts, history, queue_info(hub, job))
+    templates = {a.cluster: e.meta.log_templates for a in attempts
+                 if (e := hub.catalog.clusters.get(a.cluster)) is not None and e.meta.log_templates}
+    return JobView(job, attempts, history, queue_info(hub, job), templates)
 
 
 def queue_info(hub: Hub, job: JobRecord) -> tuple[int | None, str, str] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.catalog import ClusterMeta, InventoryReport
-from broker.records import ReplicaPlacement
+from broker.records import ReplicaPlacement, ReplicaRecord
 from broker.states import AttemptOutcome
 
 __all__ = [
@@ -13,6 +13,8 @@ __all__ = [
     "Report",
     "DispatchReply",
     "WorkloadReport",
+    "PodFeedback",
+    "Feedback",
     "CancelReply",
     "Heartbeat",
     "Inbound",
@@ -68,6 +70,28 @@ class WorkloadReport:
     namespace: str
     running_replicas: int
     total_replicas: int
+    replicas: tuple[ReplicaRecord, ...] = ()
+    """Every replica as observed (pod, node, phase, exit)."""
+    rendezvous: str = ""
+    """``<host>:<port>`` as the agent wired it; empty when it did not say."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodFeedback:
+    """The extender's filter verdict for one Tandem pod, as one line (``text``) for GetJob."""
+
+    job_id: str
+    attempt: int
+    pod_set: str
+    index: int
+    pod: str
+    time: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    pods: tuple[PodFeedback, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +108,7 @@ class Heartbeat:
     inventory_sequence: int = 0
 
 
-Inbound = Hello | Report | DispatchReply | WorkloadReport | CancelReply | Heartbeat
+Inbound = Hello | Report | DispatchReply | WorkloadReport | Feedback | CancelReply | Heartbeat
 
 # ----------------------------------------------------------------------------- broker -> agent
 

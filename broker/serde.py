@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -11,9 +11,9 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from placement.errors import PodSpecError
 from placement.model import WHOLE_GPU_MILLI, DraRequest, JobRequest, PodSet, PodShape
 from placement.podspec import shape_from_pod
-from tandem.v1 import job_pb2, job_service_pb2
+from tandem.v1 import common_pb2, job_pb2, job_service_pb2
 
-from broker import errors, validation
+from broker import errors, jobstatus, validation
 from broker.errors import FieldViolation, TandemError
 from broker.records import AttemptRecord, JobRecord, NewJob, WatchEvent, freeze_labels
 from broker.states import AttemptOutcome, JobState
@@ -221,10 +221,36 @@ def parse_items(request: job_service_pb2.SubmitJobsRequest, caller_tenant: str, 
 # ----------------------------------------------------------------------------- job views
 
 
-def _attempt_to_proto(a: AttemptRecord, level: str = "") -> job_pb2.Attempt:
+def _rendezvous(job_id: str, a: AttemptRecord, spec: job_pb2.JobSpec) -> str:
+    if a.rendezvous:
+        return a.rendezvous  # as the agent wired it
+    if not a.namespace or not spec.pod_sets:
+        return ""  # before accept the namespace is not known
+    framework = job_pb2.Framework.Name(spec.framework).removeprefix("FRAMEWORK_") \
+        if spec.framework in job_pb2.Framework.values() else ""
+    return jobstatus.rendezvous_address(job_id, a.number, spec.pod_sets[0].name, a.namespace, framework,
+                                       spec.rendezvous_port)
+
+
+def _attempt_to_proto(a: AttemptRecord, level: str = "", job_id: str = "", spec: job_pb2.JobSpec | None = None,
+                      templates: Sequence[tuple[str, str]] = ()) -> job_pb2.Attempt:
     out = job_pb2.Attempt(number=a.number, cluster=a.cluster, gpu_model=a.gpu_model,
                           namespace=a.namespace, outcome_message=a.message, spent_retry=a.spent_retry,
                           domain_level=level if a.domain else "")
+    for rep in a.replicas:
+        status = out.replicas.add(pod_set=rep.pod_set, index=rep.index, pod_name=rep.pod, node=rep.node,
+                                  reason=rep.reason, message=rep.message)
+        phase = f"REPLICA_PHASE_{rep.phase}"
+        status.phase = common_pb2.ReplicaPhase.Value(phase) if phase in common_pb2.ReplicaPhase.keys() \
+            else common_pb2.REPLICA_PHASE_UNSPECIFIED
+        if rep.exit_code is not None:
+            status.exit_code = rep.exit_code
+    if spec is not None:
+        out.rendezvous_address = _rendezvous(job_id, a, spec)
+    for link in jobstatus.log_links(templates, job_id, a) if job_id else ():
+        ll = out.log_links.add(name=link.name, url=link.url, pod_set=link.pod_set)
+        if link.index is not None:
+            ll.index = link.index
     for seg in a.domain:
         out.domain.segments.add(value=seg)
     for r in a.assignments:
@@ -269,8 +295,10 @@ def job_to_proto(
     history: Iterable[WatchEvent] = (),
     queue_info: tuple[int | None, str, str] | None = None,
     full: bool = True,
+    templates: Mapping[str, Sequence[tuple[str, str]]] | None = None,
 ) -> job_pb2.Job:
-    """queue_info: (position, WaitReason name without prefix, message)."""
+    """queue_info: (position, WaitReason name without prefix, message); templates: per cluster, its log URL
+    templates (name, template) from Hello."""
     job = job_pb2.Job(job_id=rec.job_id)
     job.spec.ParseFromString(rec.spec)
     st = job.status
@@ -289,7 +317,11 @@ def job_to_proto(
         st.queue_info.message = message
     if full:
         for a in attempts:
-            st.attempts.append(_attempt_to_proto(a, job.spec.topology.required_level))
+            st.attempts.append(_attempt_to_proto(a, job.spec.topology.required_level, rec.job_id, job.spec,
+                                                 (templates or {}).get(a.cluster, ())))
+        waiting = jobstatus.waiting_message(rec, attempts[-1] if attempts else None)
+        if waiting is not None:
+            st.message = waiting
         for ev in history:
             st.history.append(_transition(ev))
     return job

@@ -15,7 +15,7 @@ from tandem.v1 import job_pb2
 
 from broker import link
 from broker.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level
-from broker.records import ReplicaPlacement
+from broker.records import ReplicaPlacement, ReplicaRecord
 from broker.serde import spec_from_bytes, ts
 from broker.states import AttemptOutcome
 
@@ -85,6 +85,7 @@ def hello_meta(h: cs.Hello) -> ClusterMeta:
         role=h.role or c.role,
         labels=dict(c.labels),
         levels=tuple(Level(l.name, l.label_key) for l in h.topology_levels),
+        log_templates=tuple((t.name, t.url_template) for t in h.log_url_templates if t.url_template),
     )
 
 
@@ -124,8 +125,46 @@ def workload_from_proto(w: cs.WorkloadStatus) -> link.WorkloadReport:
         outcome=None if oname == "UNSPECIFIED" else AttemptOutcome(oname),
         exit_code=w.exit_code if w.HasField("exit_code") else None, message=w.message,
         namespace=w.namespace, running_replicas=sum(1 for r in w.replicas if r.phase in _RUNNING),
-        total_replicas=len(w.replicas),
+        total_replicas=len(w.replicas), replicas=tuple(_replica(r) for r in w.replicas),
+        rendezvous=w.rendezvous_address,
     )
+
+
+def _replica(r: common_pb2.ReplicaStatus) -> ReplicaRecord:
+    known = r.phase in common_pb2.ReplicaPhase.values()
+    phase = common_pb2.ReplicaPhase.Name(r.phase) if known else "REPLICA_PHASE_UNSPECIFIED"
+    return ReplicaRecord(pod_set=r.pod_set, index=r.index, pod=r.pod_name, node=r.node,
+                         phase=phase.removeprefix("REPLICA_PHASE_"),
+                         exit_code=r.exit_code if r.HasField("exit_code") else None,
+                         reason=r.reason, message=r.message[:1024])
+
+
+_FEEDBACK_NODES = 5
+"""Failed nodes named per pod in the feedback line; the rest are counted."""
+
+
+def _reasons(n: common_pb2.NodeFitResult) -> str:
+    names = [common_pb2.FitReason.Name(r).removeprefix("FIT_REASON_") if r in common_pb2.FitReason.values()
+             else "UNSPECIFIED" for r in n.reasons]
+    detail = f" ({n.message})" if n.message else ""
+    return f"{n.node}: {'+'.join(names) or 'UNSPECIFIED'}{detail}"
+
+
+def feedback_from_proto(f: cs.SchedulingFeedback, now: float) -> link.Feedback:
+    """Per pod, one line naming the nodes the extender refused and why (passes are left out)."""
+    out = []
+    for p in f.pods:
+        failed = [n for n in p.nodes if not n.fits]
+        parts = [_reasons(n) for n in failed[:_FEEDBACK_NODES]]
+        if len(failed) > _FEEDBACK_NODES:
+            parts.append(f"{len(failed) - _FEEDBACK_NODES} more nodes refused")
+        fits = len(p.nodes) - len(failed)
+        head = f"{p.pod_set}-{p.index}" + (f" ({p.pod_name})" if p.pod_name else "")
+        verdict = "; ".join(parts) if parts else "no node refused"
+        text = f"{head}: {verdict}" + (f"; {fits} nodes fit" if fits else "")
+        when = p.time.ToNanoseconds() / 1e9 if p.HasField("time") else now
+        out.append(link.PodFeedback(p.attempt.job_id, p.attempt.attempt, p.pod_set, p.index, p.pod_name, when, text))
+    return link.Feedback(tuple(out))
 
 
 def _dur(seconds: float) -> duration_pb2.Duration:
@@ -231,6 +270,8 @@ def agent_message(msg: cs.AgentMessage, cluster: str, now: float) -> link.Inboun
                                   reason.removeprefix("DISPATCH_REJECT_REASON_"), rej.message, nodes)
     if kind == "workload_status":
         return workload_from_proto(msg.workload_status)
+    if kind == "scheduling_feedback":
+        return feedback_from_proto(msg.scheduling_feedback, now)
     if kind == "cancel_ack":
         c = msg.cancel_ack
         gone = c.result in (cs.CANCEL_RESULT_DELETED, cs.CANCEL_RESULT_NOT_FOUND)

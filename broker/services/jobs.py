@@ -55,7 +55,8 @@ class JobServicer(svc_grpc.JobServiceServicer):
             view = await handlers.get_job(self.hub, caller, request.job_id, full)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.GET_JOB)
-        return svc.GetJobResponse(job=serde.job_to_proto(view.job, view.attempts, view.history, view.queue_info, full))
+        return svc.GetJobResponse(job=serde.job_to_proto(view.job, view.attempts, view.history, view.queue_info, full,
+                                                           view.templates))
 
     async def ListJobs(self, request: svc.ListJobsRequest, context: grpc.aio.ServicerContext) -> svc.ListJobsResponse:
         try:

@@ -239,10 +239,13 @@ class ScriptedAgent:
         self.outbox.put_nowait(cs.AgentMessage(sequence=self.seq, **body))
 
     async def connect(self, nodes: Iterable[inv.NodeInventory] = (), *, known: Iterable[tuple[str, int]] = (),
-                      region: str = "eu", hello_name: str | None = None, snapshot: bool = True) -> cs.Welcome:
+                      region: str = "eu", hello_name: str | None = None, snapshot: bool = True,
+                      log_templates: Iterable[tuple[str, str]] = ()) -> cs.Welcome:
         stub = cs_grpc.ClusterServiceStub(self.channel)
         self.call = stub.Connect(self._requests())
         hello = cs.Hello(cluster_name=hello_name or self.cluster, region=region, role="training", protocol_version=1)
+        for name, url in log_templates:
+            hello.log_url_templates.add(name=name, url_template=url)
         for name, key in LEVELS:
             hello.topology_levels.add(name=name, label_key=key)
         for job, attempt in known:
@@ -317,6 +320,28 @@ class ScriptedAgent:
         if exit_code is not None:
             w.exit_code = exit_code
         self.send(workload_status=w)
+
+    def workload(self, job_id: str, attempt: int, phase: int, replicas: Iterable[common_pb2.ReplicaStatus], *,
+                 namespace: str = "team", outcome: int = 0, exit_code: int | None = None, rendezvous: str = "") -> None:
+        """A WorkloadStatus with fully described replicas (pods, nodes, phases, exits)."""
+        w = cs.WorkloadStatus(phase=phase, outcome=outcome, namespace=namespace, rendezvous_address=rendezvous)
+        w.attempt.job_id, w.attempt.attempt = job_id, attempt
+        w.replicas.extend(replicas)
+        if exit_code is not None:
+            w.exit_code = exit_code
+        self.send(workload_status=w)
+
+    def feedback(self, job_id: str, attempt: int, pod_set: str, index: int, pod: str, time_s: float,
+                 refused: Iterable[tuple[str, Iterable[int], str]], fits: Iterable[str] = ()) -> None:
+        """The extender's filter outcome for one pod: refused = (node, FitReason values, message)."""
+        p = cs.PodSchedulingFeedback(pod_set=pod_set, index=index, pod_name=pod)
+        p.attempt.job_id, p.attempt.attempt = job_id, attempt
+        p.time.FromNanoseconds(int(time_s * 1e9))
+        for name, reasons, message in refused:
+            p.nodes.add(node=name, fits=False, reasons=list(reasons), message=message)
+        for name in fits:
+            p.nodes.add(node=name, fits=True)
+        self.send(scheduling_feedback=cs.SchedulingFeedback(pods=[p]))
 
     def cancel_ack(self, job_id: str, attempt: int) -> None:
         ack = cs.CancelAck(result=cs.CANCEL_RESULT_DELETED)
