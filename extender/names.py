@@ -49,7 +49,7 @@ def _hash(words: Words, level: int) -> npt.NDArray[np.uint64]:
 _KEY = b'"NodeNames":['
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RawNames:
     """The inside of a request's NodeNames array, raw[start:end], and its quote offsets in it."""
 

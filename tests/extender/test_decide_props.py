@@ -128,3 +128,59 @@ def test_class_scatter_matches_per_node_verdicts(
             assert bool(sv.unresolvable[i]) == v.unresolvable
             assert code_name(int(sv.codes[i])) == v.reason.code
             assert sv.frags[i] == snap.name_json[i] + b":" + orjson.dumps(v.message)
+
+
+def _spaced(obj: object) -> bytes:
+    """The same request as a non-Go client might write it: spaces, so no raw-bytes shortcut applies."""
+    import json
+
+    return json.dumps(obj, separators=(", ", ": ")).encode()
+
+
+def _replies(inv, body: bytes) -> tuple[dict, list]:  # type: ignore[no-untyped-def, type-arg]
+    f = orjson.loads(decide_filter(inv, parse_extender_args(body)).body)
+    p = orjson.loads(decide_prioritize(inv, parse_extender_args(body)).body)
+    return f, p
+
+
+@settings(max_examples=120, deadline=None)
+@given(names=st.lists(st.sampled_from(ALL_NODES + ["ghost-1"]), min_size=1, max_size=25),
+       gpus=st.integers(0, 9), big=st.booleans())
+def test_raw_bytes_path_gives_the_replies_of_the_decoded_path(names: list[str], gpus: int, big: bool) -> None:
+    # Go-shaped bodies take the table lookup, the echo and (big) the lazy decoding; spaced bodies
+    # are decoded whole and looked up name by name. The replies must be the same.
+    if all(n.startswith("ghost") for n in names):
+        names = names + [ALL_NODES[0]]
+    p = pod("p", gpus=gpus, cpu="8", memory="1Gi")
+    if big:
+        p["metadata"]["annotations"] = {"note": "x" * 20000}
+    fast_f, fast_p = _replies(INV, orjson.dumps(args(p, names)))
+    slow_f, slow_p = _replies(INV, _spaced(args(p, names)))
+    assert fast_f == slow_f and fast_p == slow_p
+
+
+def test_refusals_of_every_node_match_one_request_per_node() -> None:
+    # All-node requests take refusals joined once per (version, query); each one-node request
+    # is checked on its own. Same reason per node, same split between the two maps.
+    p = pod("p", gpus=4, cpu="8", memory="1Gi")
+    everyone, _ = _replies(REPL, orjson.dumps(args(p, list(reversed(REPL.snapshot().names)))))
+    for name in REPL.snapshot().names:
+        alone = orjson.loads(decide_filter(REPL, parse_extender_args(_spaced(args(p, [name, "ghost-1"])))).body)
+        for key in ("FailedNodes", "FailedAndUnresolvableNodes"):
+            assert everyone[key].get(name) == alone[key].get(name), (key, name)
+        assert (name in everyone["NodeNames"]) == (name in alone["NodeNames"])
+
+
+def test_refusals_of_every_node_follow_the_inventory() -> None:
+    from tests.extender.extender_builders import node
+
+    inv = make_inventory([node("h100-r1-n2", name=f"spare-{i}") for i in range(3)])
+    p = pod("p", gpus=8, cpu="8", memory="1Gi")
+    names = list(inv.snapshot().names)
+    before = orjson.loads(decide_filter(inv, parse_extender_args(orjson.dumps(args(p, names)))).body)
+    assert "spare-1" in before["NodeNames"]
+    inv.apply("Pod", "ADDED", pod("hog", gpus=8, cpu="8", memory="1Gi", node_name="spare-1", phase="Running"))
+    after = orjson.loads(decide_filter(inv, parse_extender_args(orjson.dumps(args(p, names)))).body)
+    assert "spare-1" not in after["NodeNames"] and "spare-1" in after["FailedNodes"]
+    assert {k: v for k, v in after["FailedNodes"].items() if k != "spare-1"} == before["FailedNodes"]
+    assert after["FailedAndUnresolvableNodes"] == before["FailedAndUnresolvableNodes"]
