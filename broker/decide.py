@@ -19,6 +19,9 @@ from broker.records import ReplicaPlacement
 
 __all__ = ["Wait", "Choice", "Decision", "decide", "could_ever_fit", "demands_of", "overlaid_nodes"]
 
+_PRUNE_ABOVE = 4
+"""Usable clusters above which the fleet-wide summary prune runs before the per-cluster checks."""
+
 
 class Wait(enum.Enum):
     """Why a job is not placed now (names match tandem.v1.WaitReason without the prefix)."""
@@ -221,7 +224,8 @@ def decide(
         return Decision(None, Wait.NO_FRESH_INVENTORY, "no allowed cluster is connected with a fresh report")
     fragmented = False
     demands = demands_of(req, _shrunk_counts(req))
-    pruned = set(catalog.fleet.prune(demands))
+    # The fleet summary prunes many clusters at once; for a few, the per-cluster checks below are cheaper.
+    pruned = set(catalog.fleet.prune(demands)) if len(usable) > _PRUNE_ABOVE else {e.name for e in usable}
     ordered: list[tuple[tuple[int, int, str], ClusterEntry]] = []
     for entry in usable:
         if entry.name not in pruned or entry.arrays is None:
@@ -234,7 +238,7 @@ def decide(
             fragmented |= level is not None and entry.arrays.could_hold(demands, None)
             continue
         loc = next((i for i, h in enumerate(req.locality) if h in (entry.name, entry.meta.region)), len(req.locality))
-        ordered.append(((loc, catalog.fleet.total_free(entry.name), entry.name), entry))
+        ordered.append(((loc, catalog.fleet.total_free(entry.name) if len(usable) > 1 else 0, entry.name), entry))
     # Exact fit in summary order (locality, then the fullest cluster first: packing keeps big ones free),
     # stopping after a few feasible clusters; the core ranks those.
     ordered.sort(key=lambda kv: kv[0])

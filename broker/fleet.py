@@ -304,14 +304,24 @@ class Fleet:
             self._matrix = None
 
     def refresh_summary(self, cluster: str) -> None:
-        arrays = self.clusters.get(cluster)
-        if arrays is not None:
-            self._summ[cluster] = arrays.summary(len(self.models.names))
+        """The cluster's arrays changed: its summary is recomputed when next read (a hold per decision
+        would otherwise pay for one each)."""
+        if cluster in self.clusters:
+            self._summ.pop(cluster, None)
             self._matrix = None
+
+    def _summary(self, cluster: str) -> tuple[I64, I64] | None:
+        summ = self._summ.get(cluster)
+        if summ is None:
+            arrays = self.clusters.get(cluster)
+            if arrays is None:
+                return None
+            summ = self._summ[cluster] = arrays.summary(len(self.models.names))
+        return summ
 
     def total_free(self, cluster: str) -> int:
         """Free whole GPUs of a cluster after the overlay (from its cached summary)."""
-        summ = self._summ.get(cluster)
+        summ = self._summary(cluster)
         return int(summ[1].sum()) if summ is not None else 0
 
     def _build_matrix(self) -> tuple[list[str], I64, I64, BOOL]:
@@ -321,7 +331,7 @@ class Fleet:
             mx = np.zeros((len(names), m), np.int64)
             tot = np.zeros((len(names), m), np.int64)
             for i, name in enumerate(names):
-                a, b = self._summ.get(name, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+                a, b = self._summary(name) or (np.zeros(0, np.int64), np.zeros(0, np.int64))
                 mx[i, : len(a)] = a
                 tot[i, : len(b)] = b
             usable = np.array([self._usable.get(n, False) for n in names], np.bool_)
