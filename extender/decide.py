@@ -188,7 +188,7 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
         if span is not None and len(passed_at) == count:  # all passed: the request's own list
             passed_names = args.raw[span.start:span.end]
         else:
-            passed_names = b",".join(snap.name_json_arr[passed_rows].tolist())
+            passed_names = snap.names_csv(passed_rows)
         snap.last_passed = (q, b'"NodeNames":[' + passed_names + b"]", passed_rows)
     else:
         nodes = args.nodes

@@ -101,9 +101,12 @@ class NameTable:
         self.usable = longest <= MAX_WIDTH and len(enc) > 0
         self.levels: list[tuple[int, npt.NDArray[np.int32]]] = []
         self.words: Words = []
+        self.masks: Words = []
         if not self.usable:
             return
         w = self.width
+        # masks[c][n]: the bytes of word c that belong to a name of n bytes
+        self.masks = [_BYTE_MASKS[np.clip(np.arange(w + 1) - 8 * c, 0, 8)] for c in range(w // 8)]
         mat = np.frombuffer(b"".join(e.ljust(w, b"\0") for e in enc), _LE).reshape(len(enc), w // 8)
         self.words = [np.ascontiguousarray(mat[:, c], dtype=np.uint64) for c in range(w // 8)]
         # Names that share a slot move on to the next level (another hash, a roomier table); a few
@@ -137,7 +140,8 @@ class NameTable:
         # Every byte offset as the start of an (unaligned) 8-byte word: a name's k-th word is one
         # gather, and its bytes past the name's end are masked off.
         at = np.ndarray((len(seg) + w,), _LE, pad.data, 0, (1,))
-        words = [at[starts + 8 * c] & _BYTE_MASKS[np.clip(lens - 8 * c, 0, 8)] for c in range(w // 8)]
+        short = np.minimum(lens, w)  # longer names are never looked up; keep their indexes in range
+        words = [at[starts + 8 * c] & masks[short] for c, masks in enumerate(self.masks)]
         full = words
         cand = np.full(count, -1, np.intp)
         todo = np.flatnonzero(lens <= w)

@@ -272,11 +272,12 @@ def encode_filter_result(
     array (quoted names joined by commas; names mode), passed_nodes the Node objects to echo as a
     NodeList (NodeList mode); failed / unresolvable are the insides of the two maps."""
     if passed_nodes is not None:
-        head = b'{"Nodes":' + orjson.dumps({"metadata": {}, "items": passed_nodes}) + b',"NodeNames":null'
+        head = [b'{"Nodes":', orjson.dumps({"metadata": {}, "items": passed_nodes}), b',"NodeNames":null']
     else:
-        head = b'{"Nodes":null,"NodeNames":[' + (passed_names or b"") + b"]"
-    return (head + b',"FailedNodes":{' + failed + b'},"FailedAndUnresolvableNodes":{' + unresolvable
-            + b'},"Error":""}')
+        head = [b'{"Nodes":null,"NodeNames":[', passed_names or b"", b"]"]
+    # One join: the parts can be hundreds of kilobytes, copied once rather than once per `+`.
+    return b"".join([*head, b',"FailedNodes":{', failed, b'},"FailedAndUnresolvableNodes":{', unresolvable,
+                     b'},"Error":""}'])
 
 
 def encode_filter_error(message: str) -> bytes:

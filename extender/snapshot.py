@@ -240,13 +240,12 @@ class Snapshot:
         self.index: dict[str, int]
         self.name_json: list[bytes]
         self.host_prefix: list[bytes]
-        self.name_json_arr: npt.NDArray[np.object_]
         prev = previous if previous is not None and previous.names == names else None
         self._prev = prev
         if prev is not None:  # same node list: reuse the index, carry verdicts over lazily
             prev._prev = None  # keep the chain one snapshot deep
             self.index = prev.index
-            self.name_json, self.host_prefix, self.name_json_arr = prev.name_json, prev.host_prefix, prev.name_json_arr
+            self.name_json, self.host_prefix = prev.name_json, prev.host_prefix
             if changed is None:
                 changed = [i for i, (a, b) in enumerate(zip(prev.facts, facts)) if a is not b]
             self._changed: Rows = np.array(changed, np.intp)
@@ -256,7 +255,6 @@ class Snapshot:
             self.index = dict(zip(orjson.loads(orjson.dumps(names)), range(len(names))))
             self.name_json = [f.name_json for f in facts]
             self.host_prefix = [f.host_prefix for f in facts]
-            self.name_json_arr = _objects(self.name_json)
             self._changed = np.arange(len(facts), dtype=np.intp)
         self.classes = classes
         self.evaluator = evaluator
@@ -269,6 +267,7 @@ class Snapshot:
         self._label_codes: dict[str, tuple[npt.NDArray[np.int64], int]] = {}
         self._heads: tuple[npt.NDArray[np.object_], npt.NDArray[np.object_]] | None = None
         self._host_s: npt.NDArray[np.bytes_] | None = None
+        self._name_s: npt.NDArray[np.bytes_] | None = None
         self._name_table: NameTable | None = None
         self.last_passed: tuple[Query, bytes, Rows] | None = None
         """(query, `"NodeNames":[...]` bytes, rows) of the last names-mode filter reply: kube-scheduler
@@ -449,7 +448,19 @@ class Snapshot:
         out = np.empty(len(rows), dtype=[("h", heads.dtype), ("s", _SUFFIX_S.dtype)])
         out["h"] = heads[rows]
         out["s"] = _SUFFIX_S[scores]
-        return b"[" + out.tobytes().replace(b"\0", b"")[1:] + b"]"
+        blob = out.tobytes().replace(b"\0", b"")
+        return b"".join((b"[", memoryview(blob)[1:], b"]"))
+
+    def names_csv(self, rows: Rows) -> bytes:
+        """`"a","b",...`: the JSON names of `rows` joined by commas, gathered like priorities_body."""
+        if not len(rows):
+            return b""
+        if self._name_s is None:
+            if self._prev is not None and self._prev._name_s is not None:
+                self._name_s = self._prev._name_s
+            else:
+                self._name_s = np.array([b"," + j for j in self.name_json], dtype=np.bytes_)
+        return self._name_s[rows].tobytes().replace(b"\0", b"")[1:]
 
     def _host_cells(self) -> npt.NDArray[np.bytes_]:
         if self._host_s is None:

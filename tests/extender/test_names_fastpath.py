@@ -122,3 +122,12 @@ def test_numpy_priorities_body_equals_the_joined_entries(rows: list[int], data: 
     scores = data.draw(st.lists(st.integers(0, 10), min_size=len(rows), max_size=len(rows)))
     body = snap.priorities_body(np.array(rows, np.intp), np.array(scores, np.int64))
     assert body == encode_priorities([snap.host_prefix[r] for r in rows], scores)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.integers(0, len(ALL_NODES) - 1), max_size=40))
+def test_numpy_names_csv_equals_the_joined_names(rows: list[int]) -> None:
+    import numpy as np
+
+    snap = make_inventory().snapshot()
+    assert snap.names_csv(np.array(rows, np.intp)) == b",".join(snap.name_json[r] for r in rows)
