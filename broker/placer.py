@@ -25,6 +25,9 @@ __all__ = ["Placer", "Held", "WaitInfo"]
 
 _log = logging.getLogger("tandem.broker.placer")
 
+_SNAPSHOT_SHARE = 5
+"""A step waits at least this many times its last snapshot build: rebuilds take at most ~1/(1+5) of the loop."""
+
 
 @dataclass(frozen=True, slots=True)
 class Held:
@@ -78,6 +81,8 @@ class Placer:
         self._todo: set[str] = set()
         self._wake = asyncio.Event()
         self._stopped = False
+        self.snapshot_cost_s = 0.0
+        """Seconds the last step spent building the queue snapshot."""
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -220,7 +225,9 @@ class Placer:
         """Decide the next batch of jobs that need a look; persist every reservation before it is dispatched."""
         now = self.clock()
         self.catalog.sweep(now)
+        t_snap = time.perf_counter()
         snap = self.snapshot(now)
+        self.snapshot_cost_s = time.perf_counter() - t_snap
         usage = snap.usage
         # Only the first `batch` waiting jobs are materialised (the order itself is the snapshot's).
         order = list(itertools.islice((self.queued[e.job_id] for e in snap.order()
@@ -299,7 +306,9 @@ class Placer:
         while not self._stopped:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=idle_s)
-                await asyncio.sleep(coalesce_s)
+                # Rebuilding the queue order costs O(active jobs) per step: with a long queue, gather longer
+                # so that rebuilds stay a bounded share of the loop (not a cost per submission).
+                await asyncio.sleep(max(coalesce_s, _SNAPSHOT_SHARE * self.snapshot_cost_s))
             except TimeoutError:
                 self._todo.update(j.job_id for j in self.queued.values() if j.not_before <= self.clock())
             self._wake.clear()
