@@ -182,6 +182,7 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     if not all_known:
         ok &= known
     passed_at = np.flatnonzero(ok)
+    every = all_known and count == len(snap) and _names_every_row(snap, pos)
     passed_names = passed_nodes = None
     if args.nodes is None:
         passed_rows = pos[passed_at]
@@ -189,13 +190,13 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
             passed_names = args.raw[span.start:span.end]
         else:
             passed_names = snap.names_csv(passed_rows)
-        snap.last_passed = (q, b'"NodeNames":[' + passed_names + b"]", passed_rows)
+        snap.last_passed = (q, b'"NodeNames":[' + passed_names + b"]", passed_rows, every)
     else:
         nodes = args.nodes
         passed_nodes = [nodes[j] for j in passed_at.tolist()]
     failed = unres = b""
     reasons: Counter[str] = Counter()
-    if len(passed_at) < count and all_known and q.pinned is None and _names_every_row(snap, pos):
+    if len(passed_at) < count and every and q.pinned is None:
         # The usual ignoredByScheduler call: every node a candidate. Its refusals are the same
         # for every such request of this (version, query), joined once (map entries in row order).
         ref = sv.refusals_of_all()
@@ -260,35 +261,39 @@ def _gang_domain_note(inv: Inventory, snap: Snapshot, q: Query) -> str:
     return "; ".join(notes)
 
 
-def _remembered_rows(snap: Snapshot, q: Query, args: ExtenderArgs) -> np.ndarray | None:
-    """The rows of the list the last filter passed, when this body carries exactly that list."""
+def _remembered_rows(snap: Snapshot, q: Query, args: ExtenderArgs) -> tuple[np.ndarray, bool] | None:
+    """The rows of the list the last filter passed, when this body carries exactly that list, and
+    whether they are all the nodes that fit (that filter named every node)."""
     last = snap.last_passed
     if last is None or last[0] != q or args.nodes is not None or args.count != len(last[2]):
         return None
     rows = last[2]
     rn = args.raw_names
     if rn is not None:  # the body's array, checked to be the top-level one: compare it whole
-        return rows if args.raw[rn.start - len(b'"NodeNames":['):rn.end + 1] == last[1] else None
+        same = args.raw[rn.start - len(b'"NodeNames":['):rn.end + 1] == last[1]
+        return (rows, last[3]) if same else None
     at = args.raw.rfind(b'"NodeNames":[')  # Go writes NodeNames last: found from the end at once
     if not len(rows) or at < 0 or args.raw[at:at + len(last[1])] != last[1]:
         return None
     nj = snap.name_json
     if nj[rows[0]] != orjson.dumps(args.node_names[0]) or nj[rows[-1]] != orjson.dumps(args.node_names[-1]):
         return None
-    return rows
+    return rows, last[3]
 
 
 def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
     """HostPriorityList for the candidates (0..10; 0 for nodes that do not fit or are unknown)."""
     snap = _require_ready(inv)
     q = query_for(args.pod, inv)
-    pos = _remembered_rows(snap, q, args)
-    if pos is None:
-        pos = _positions(snap, args, _raw_names(args))
+    hit = _remembered_rows(snap, q, args)
+    pos = hit[0] if hit is not None else _positions(snap, args, _raw_names(args))
     known = pos >= 0
     rows = pos if known.all() else pos[known]
     try:
-        scores = snap.scores(q, rows)
+        if hit is not None and hit[1]:  # all the nodes that fit, in some order: scored once per version
+            scores = snap.verdict(q).fitting_scores()[rows]
+        else:
+            scores = snap.scores(q, rows)
     except PlacementError as e:
         raise BadRequest(str(e)) from e
     if len(rows) == len(pos):

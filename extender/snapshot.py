@@ -90,7 +90,8 @@ class ShapeVerdict:
     """Verdicts of one query over the nodes of a snapshot (row i = snapshot node i), filled in
     for the rows requests name. For each refused row, `"name":"reason"` is kept pre-serialised."""
 
-    __slots__ = ("snap", "query", "memo", "done", "ok", "unresolvable", "codes", "verdicts", "frags", "_refusals")
+    __slots__ = ("snap", "query", "memo", "done", "ok", "unresolvable", "codes", "verdicts", "frags", "_refusals",
+                 "_fit_scores")
 
     def __init__(self, snap: Snapshot, query: Query, memo: QueryMemo) -> None:
         n = len(snap.facts)
@@ -104,6 +105,7 @@ class ShapeVerdict:
         self.verdicts: list[Verdict | None] = [None] * n
         self.frags = _objects([b""] * n)
         self._refusals: Refusals | None = None
+        self._fit_scores: npt.NDArray[np.int64] | None = None
 
     def carry(self, snap: Snapshot, changed: Rows) -> ShapeVerdict:
         """This query's verdicts moved to the next version of the same node list: rows whose
@@ -114,6 +116,7 @@ class ShapeVerdict:
         sv.unresolvable, sv.codes = self.unresolvable.copy(), self.codes.copy()
         sv.verdicts, sv.frags = list(self.verdicts), self.frags.copy()
         sv._refusals = None  # rows changed: the refusals of every node are joined again when asked
+        sv._fit_scores = None
         if len(changed):
             sv.done[changed] = False
             sv.ok[changed] = False
@@ -218,6 +221,17 @@ class ShapeVerdict:
             )
         return self._refusals
 
+    def fitting_scores(self) -> npt.NDArray[np.int64]:
+        """Scores of a prioritize naming exactly the nodes that fit (what follows an all-node
+        filter), by row, 0 elsewhere: scores depend on the candidate set, not on its order."""
+        if self._fit_scores is None:
+            self.ensure_all()
+            rows = np.flatnonzero(self.ok)
+            out = np.zeros(len(self.ok), np.int64)
+            out[rows] = self.snap.scores(self.query, rows)
+            self._fit_scores = out
+        return self._fit_scores
+
     def raw_scores(self, rows: Rows) -> npt.NDArray[np.float64]:
         """MIG / DRA scores of `rows` (ensured, fitting): the tighter the node (the fewer further
         replicas it could take), the better, so larger free sets stay whole."""
@@ -269,9 +283,10 @@ class Snapshot:
         self._host_s: npt.NDArray[np.bytes_] | None = None
         self._name_s: npt.NDArray[np.bytes_] | None = None
         self._name_table: NameTable | None = None
-        self.last_passed: tuple[Query, bytes, Rows] | None = None
-        """(query, `"NodeNames":[...]` bytes, rows) of the last names-mode filter reply: kube-scheduler
-        sends prioritize the list its filter passed, so prioritize can skip the name lookups."""
+        self.last_passed: tuple[Query, bytes, Rows, bool] | None = None
+        """(query, `"NodeNames":[...]` bytes, rows, whether those are all the nodes that fit) of the
+        last names-mode filter reply: kube-scheduler sends prioritize the list its filter passed, so
+        prioritize can skip the name lookups (and, for all the fitting nodes, reuse their scores)."""
         self.policy: Policy = previous.policy if previous is not None else make_scoring_policy(config)
 
     @classmethod

@@ -184,3 +184,50 @@ def test_refusals_of_every_node_follow_the_inventory() -> None:
     assert "spare-1" not in after["NodeNames"] and "spare-1" in after["FailedNodes"]
     assert {k: v for k, v in after["FailedNodes"].items() if k != "spare-1"} == before["FailedNodes"]
     assert after["FailedAndUnresolvableNodes"] == before["FailedAndUnresolvableNodes"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(gpus=st.integers(1, 8), cpu=st.sampled_from(["1", "8", "150"]), seed=st.integers(0, 100),
+       mig=st.booleans())
+def test_prioritize_after_an_all_node_filter_scores_as_computed_afresh(gpus: int, cpu: str, seed: int,
+                                                                      mig: bool) -> None:
+    import random
+
+    # The prioritize that follows a filter naming every node gets the fitting nodes' scores once
+    # per version; a spaced body (no shortcut) computes them for its own candidates.
+    p = pod("p", gpus=0 if mig else gpus, cpu=cpu, memory="1Gi", extra={"nvidia.com/mig-3g.40gb": "1"} if mig else None)
+    names = list(MANY.snapshot().names)
+    random.Random(seed).shuffle(names)
+    passed = orjson.loads(decide_filter(MANY, parse_extender_args(orjson.dumps(args(p, names)))).body)["NodeNames"]
+    if not passed:
+        return
+    shuffled = list(passed)
+    random.Random(seed + 1).shuffle(shuffled)  # another order than the filter's reply: not remembered
+    for order in (passed, shuffled):
+        body = args(p, order)
+        remembered = orjson.loads(decide_prioritize(MANY, parse_extender_args(orjson.dumps(body))).body)
+        fresh = orjson.loads(decide_prioritize(MANY, parse_extender_args(_spaced(body))).body)
+        assert remembered == fresh
+    from extender.decide import query_for
+
+    assert MANY.snapshot().verdict(query_for(p, MANY))._fit_scores is not None  # the shortcut was taken
+
+
+def test_fitting_scores_follow_the_inventory() -> None:
+    from tests.extender.extender_builders import node
+
+    inv = make_inventory([node("h100-r1-n2", name=f"spare-{i}") for i in range(3)])
+    p = pod("p", gpus=4, cpu="8", memory="1Gi")
+    names = list(inv.snapshot().names)
+
+    def pair() -> dict[str, int]:
+        passed = orjson.loads(decide_filter(inv, parse_extender_args(orjson.dumps(args(p, names)))).body)["NodeNames"]
+        reply = decide_prioritize(inv, parse_extender_args(orjson.dumps(args(p, passed)))).body
+        fresh = decide_prioritize(inv, parse_extender_args(_spaced(args(p, passed)))).body
+        assert orjson.loads(reply) == orjson.loads(fresh)
+        return {e["Host"]: e["Score"] for e in orjson.loads(reply)}
+
+    before = pair()
+    inv.apply("Pod", "ADDED", pod("half", gpus=4, cpu="8", memory="1Gi", node_name="spare-1", phase="Running"))
+    after = pair()
+    assert set(before) >= set(after) and after != before
