@@ -378,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         "",
         "In process, no HTTP: one pod binds before every pair (a new inventory version each time,",
-        "as in a busy cluster); the bind's event handling and the snapshot update are included.",
+        "as in a busy cluster); the bind's event handling and the snapshot update are included, the",
+        "client's decoding of the filter reply and encoding of the prioritize body are not.",
         "",
         "| nodes | first snapshot build ms | pair after a bind p50 ms | p99 ms |",
         "|---:|---:|---:|---:|",
