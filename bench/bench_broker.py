@@ -319,6 +319,10 @@ def _write(result: dict[str, Any]) -> None:
              "dispatches); the clients and the scripted agent run in the benchmark process on the same 2 cores.", "",
              "Rows without a cluster: no agent is connected, the placer still decides every job (it waits for",
              "fresh inventory) but nothing is reserved or dispatched: the submission path alone.", "",
+             "'Durable per s' counts submissions acknowledged while the placer and dispatcher share the broker's",
+             "one event loop with them ('accepted meanwhile' says how much of that work got in), so a row with more",
+             "dispatches meanwhile shows fewer submissions. On this shared 2-core machine repeated runs of one build",
+             "vary by about +-15% (see the load average above); compare CPU per submission rather than rates.", "",
              "| cluster | concurrent calls | items per call | submissions | durable per s | call p50 ms | call p99 ms | "
              "broker CPU ms / submission | accepted meanwhile | end-to-end jobs/s | broker CPU ms / job end to end |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
