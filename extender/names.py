@@ -2,8 +2,8 @@
 
 A dict lookup per name costs more than it seems on the hot path: orjson makes a fresh str per
 name, each is hashed, and each probe reads a key object somewhere in the heap (about 1 ms for
-5,000 names in a busy server). Here the names are cut out of the raw array as fixed-width byte
-rows, hashed by numpy, looked up in small open tables and verified byte for byte against the
+5,000 names in a busy server). Here the names are cut out of the raw array as 8-byte words
+hashed by numpy, looked up in small open tables and verified word for word against the
 known names; only contiguous arrays are touched. Built once per node list.
 """
 
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
 
 __all__ = ["NameTable", "RawNames", "find_raw_names", "MAX_WIDTH"]
 
