@@ -80,7 +80,8 @@ class ClusterArrays:
         self.pend_pods = np.zeros(n, np.int64)
         for i, node in enumerate(self.nodes):
             self._fill(i, node)
-        self._dcap: dict[int, I64] = {}
+        self._dsum: dict[int, I64] = {}
+        """Per level (-1 = whole cluster): for each g in DCAP_GPUS, per domain, the g-GPU replicas it could hold."""
         self._caps: dict[PodShape, I64] = {}
         self._usable: BOOL | None = None
         self._eff: I64 | None = None
@@ -142,7 +143,7 @@ class ClusterArrays:
 
     def add_pending(self, pending: Iterable[tuple[Any, Any]], sign: int) -> None:
         """Incremental overlay: add (sign=+1) or remove (-1) reserved-but-unbound replicas."""
-        self._changed()
+        touched: list[int] = []
         for res, rep in pending:
             i = self.row.get(rep.node)
             if i is None:
@@ -153,6 +154,34 @@ class ClusterArrays:
             self.pend_cpu[i] += sign * shape.cpu_milli
             self.pend_mem[i] += sign * shape.memory
             self.pend_pods[i] += sign
+            touched.append(i)
+        self._patch_rows(np.unique(np.array(touched, np.int64)))
+
+    def _patch_rows(self, rows: I64) -> None:
+        """Only the pending columns of `rows` moved: patch the derived arrays there instead of dropping them
+        (one hold per decision would otherwise rebuild every array of the cluster for the next decision)."""
+        self.fits_cache.clear()
+        if len(rows) == 0:
+            return
+        if self._eff is None:
+            self._dsum.clear()
+            self._caps.clear()
+            return
+        old = self._eff[rows]
+        eff = self._eff.copy()  # copies: an array handed out earlier never changes under its holder
+        eff[rows] = np.where(self.usable[rows], np.maximum(self.free_gpu[rows] - self.pend_gpu[rows], 0), 0)
+        self._eff = eff
+        new = eff[rows]
+        for key, sums in list(self._dsum.items()):
+            ids = self.dom[key][rows] if key >= 0 else np.zeros(len(rows), np.int64)
+            patched = sums.copy()
+            for j, g in enumerate(DCAP_GPUS):
+                np.add.at(patched[j], ids, new // g - old // g)
+            self._dsum[key] = patched
+        for shape, cap in list(self._caps.items()):
+            cap = cap.copy()
+            cap[rows] = self._capacity(shape, rows)
+            self._caps[shape] = cap
 
     def set_excluded(self, names: Iterable[str]) -> None:
         self._changed()
@@ -164,7 +193,7 @@ class ClusterArrays:
 
     def _changed(self) -> None:
         """Any column changed: drop every derived array."""
-        self._dcap.clear()
+        self._dsum.clear()
         self._caps.clear()
         self.fits_cache.clear()
         self._usable = None
@@ -189,26 +218,29 @@ class ClusterArrays:
             self._caps[shape] = got
         return got
 
-    def _capacity(self, shape: PodShape) -> I64:
-        n = len(self.nodes)
-        cap = np.where(self.usable, np.maximum(self.pods_free - self.pend_pods, 0), 0)
+    def _capacity(self, shape: PodShape, rows: I64 | None = None) -> I64:
+        """Per node (or only for `rows`), from the columns and the current overlay."""
+        at: Any = slice(None) if rows is None else rows
+        n = len(self.nodes) if rows is None else len(rows)
+        cap = np.where(self.usable[at], np.maximum(self.pods_free[at] - self.pend_pods[at], 0), 0)
         if shape.cpu_milli > 0:
-            cap = np.minimum(cap, np.maximum(self.cpu_free - self.pend_cpu, 0) // shape.cpu_milli)
+            cap = np.minimum(cap, np.maximum(self.cpu_free[at] - self.pend_cpu[at], 0) // shape.cpu_milli)
         if shape.memory > 0:
-            cap = np.minimum(cap, np.maximum(self.mem_free - self.pend_mem, 0) // shape.memory)
+            cap = np.minimum(cap, np.maximum(self.mem_free[at] - self.pend_mem[at], 0) // shape.memory)
         if shape.gpus > 0:
             if shape.gpu_milli >= WHOLE_GPU_MILLI:
-                cap = np.minimum(cap, self.eff_free_gpu() // shape.gpus)
+                cap = np.minimum(cap, self.eff_free_gpu()[at] // shape.gpus)
             else:
-                free = np.maximum(self.milli_free - self.pend_milli, 0)
+                free = np.maximum(self.milli_free[at] - self.pend_milli[at], 0)
                 cap = np.minimum(cap, free // max(shape.gpus * shape.gpu_milli, 1))
         if shape.wants_gpu:
+            model = self.model[at]
             if shape.gpu_models:
-                cap = np.where(np.isin(self.model, self.models.codes_for(shape.gpu_models)), cap, 0)
+                cap = np.where(np.isin(model, self.models.codes_for(shape.gpu_models)), cap, 0)
             elif shape.gpus > 0 or shape.mig_count > 0:
-                cap = np.where(self.model > 0, cap, 0)
+                cap = np.where(model > 0, cap, 0)
             if shape.min_gpu_memory_mib > 0:
-                cap = np.where(self.gpu_mem >= shape.min_gpu_memory_mib, cap, 0)
+                cap = np.where(self.gpu_mem[at] >= shape.min_gpu_memory_mib, cap, 0)
         return cap if len(cap) == n else np.zeros(n, np.int64)
 
     def domain_caps(self, level: int | None) -> I64:
@@ -216,16 +248,20 @@ class ClusterArrays:
 
         Ignores CPU, memory and models: an upper bound that rules clusters out before any exact fit."""
         key = -1 if level is None else level
-        got = self._dcap.get(key)
-        if got is None:
+        sums = self._dsum.get(key)
+        if sums is None:
             free = self.eff_free_gpu()
-            got = np.zeros(len(DCAP_GPUS), np.int64)
+            ndom = (int(self.dom[level].max()) + 1 if len(free) else 0) if level is not None else 1
+            sums = np.zeros((len(DCAP_GPUS), ndom), np.int64)
             if len(free):
                 for j, g in enumerate(DCAP_GPUS):
                     per = free // g
-                    got[j] = per.sum() if level is None else np.bincount(self.dom[level], weights=per).max()
-            self._dcap[key] = got
-        return got
+                    sums[j] = per.sum() if level is None else np.bincount(self.dom[level], weights=per,
+                                                                          minlength=ndom).astype(np.int64)
+            self._dsum[key] = sums
+        if sums.shape[1] == 0:
+            return np.zeros(len(DCAP_GPUS), np.int64)
+        return sums.max(axis=1)  # type: ignore[no-any-return]
 
     def could_hold(self, demands: Sequence[tuple[PodShape, int]], level: int | None) -> bool:
         """Cheap necessary condition: some domain has room for every whole-GPU pod set's count."""
