@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -18,7 +19,6 @@ I64 = npt.NDArray[np.int64]
 BOOL = npt.NDArray[np.bool_]
 DCAP_GPUS = (1, 2, 4, 8)
 """GPU counts per replica for which domain capacities are tabulated (a shape uses the largest <= its count)."""
-DCAP_ARRAY = np.array(DCAP_GPUS)
 
 
 class PendingLike(Protocol):
@@ -269,7 +269,7 @@ class ClusterArrays:
         for shape, count in demands:
             if shape.gpus <= 0 or shape.gpu_milli < WHOLE_GPU_MILLI:
                 continue
-            j = int(np.searchsorted(DCAP_ARRAY, shape.gpus, side="right")) - 1
+            j = bisect.bisect_right(DCAP_GPUS, shape.gpus) - 1
             if j < 0 or caps[j] < count:
                 return False
         return True
@@ -299,7 +299,15 @@ class ClusterArrays:
         if n == 0:
             return []
         total_gpus = sum(shape.gpus * count for shape, count in demands if shape.gpu_milli >= WHOLE_GPU_MILLI)
-        ids = self.dom[level] if level is not None else np.zeros(n, np.int64)
+        if level is None:  # one domain, the whole cluster: plain sums
+            for shape, count in demands:
+                if int(self.capacity(shape).sum()) < count:
+                    return []
+            free_all = int(self.eff_free_gpu().sum())
+            if free_all < total_gpus:
+                return []
+            return [DomainCandidate(None, (), np.arange(n), free_all - total_gpus)]
+        ids = self.dom[level]
         ndom = int(ids.max()) + 1 if level is not None else 1
         ok = np.ones(ndom, np.bool_)
         for shape, count in demands:
@@ -315,7 +323,7 @@ class ClusterArrays:
         out = []
         for d in order:
             rows = np.flatnonzero(ids == d)
-            path = self.dom_paths[level][int(d)] if level is not None else ()
+            path = self.dom_paths[level][int(d)]
             out.append(DomainCandidate(level, path, rows, int(free[d] - total_gpus)))
         return out
 
