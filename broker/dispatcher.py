@@ -352,13 +352,8 @@ class Dispatcher:
                  if e.silent_for(now) > self.cfg.cluster_stale_after_s}
         if self.metrics is not None:
             self.metrics.staleness(self.catalog, now)
-        attempts = await self.store.active_attempts()
-        for a in attempts:
+        for job, a in await self.store.active_runs():  # one read, not one per attempt
             silent = stale.get(a.cluster)
-            try:
-                job = await self.store.get_job(a.job_id)
-            except errors.JobNotFound:
-                continue
             if job.attempt != a.number:
                 continue
             if silent is not None:

@@ -152,6 +152,18 @@ class Store(abc.ABC):
     async def active_attempts(self) -> list[AttemptRecord]:
         """The current, open attempt of every non-terminal job that has one."""
 
+    async def active_runs(self) -> list[tuple[JobRecord, AttemptRecord]]:
+        """Each active attempt with its job, as of one read (the watchdog's sweep).
+
+        Backends override this with a single read; this default composes the calls above."""
+        out: list[tuple[JobRecord, AttemptRecord]] = []
+        for a in await self.active_attempts():
+            try:
+                out.append((await self.get_job(a.job_id), a))
+            except JobNotFound:
+                continue
+        return out
+
     @abc.abstractmethod
     async def active_reservations(self) -> list[Reservation]:
         """Reservations of open attempts (the overlay reloads these after a restart)."""

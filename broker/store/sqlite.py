@@ -234,6 +234,21 @@ class SqliteStore(Store):
 
         return await self._read(op)
 
+    async def active_runs(self) -> list[tuple[JobRecord, AttemptRecord]]:
+        def op(c: sqlite3.Connection) -> list[tuple[JobRecord, AttemptRecord]]:
+            attempts = [codec.attempt_from_row(r) for r in c.execute(
+                "SELECT a.* FROM attempts a JOIN jobs j ON j.job_id = a.job_id AND j.attempt = a.number"
+                f" WHERE a.outcome IS NULL AND j.state IN ({sql.ACTIVE_SQL}) ORDER BY j.seq")]
+            jobs: dict[str, JobRecord] = {}
+            ids = [a.job_id for a in attempts]
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                for r in c.execute(f"SELECT * FROM jobs WHERE job_id IN ({','.join('?' * len(chunk))})", chunk):
+                    jobs[r["job_id"]] = codec.job_from_row(r)
+            return [(jobs[a.job_id], a) for a in attempts if a.job_id in jobs]
+
+        return await self._read(op)
+
     async def active_reservations(self) -> list[Reservation]:
         def op(c: sqlite3.Connection) -> list[Reservation]:
             rows = c.execute(

@@ -733,3 +733,12 @@ async def test_cordons_are_durable_and_lifted(store: SqliteStore) -> None:
     await store.set_cordon("c1", "new reason", actor="admin/b")
     await store.set_cordon("c2", None, actor="admin/a")
     assert await store.cordons() == {"c1": "new reason"}
+
+
+async def test_active_runs_pair_each_open_attempt_with_its_job(store: SqliteStore) -> None:
+    waiting = (await store.submit(new_job())).job
+    placed = (await store.submit(new_job())).job
+    await _reserve(store, placed.job_id)
+    runs = await store.active_runs()
+    assert [(j.job_id, j.state, a.number, a.cluster) for j, a in runs] == [(placed.job_id, S.RESERVED, 1, "c1")]
+    assert waiting.job_id not in {j.job_id for j, _ in runs}
