@@ -19,6 +19,7 @@ I64 = npt.NDArray[np.int64]
 BOOL = npt.NDArray[np.bool_]
 DCAP_GPUS = (1, 2, 4, 8)
 """GPU counts per replica for which domain capacities are tabulated (a shape uses the largest <= its count)."""
+_DCAP_COL = np.array(DCAP_GPUS, np.int64)[None, :]
 
 
 class PendingLike(Protocol):
@@ -172,12 +173,16 @@ class ClusterArrays:
         eff[rows] = np.where(self.usable[rows], np.maximum(self.free_gpu[rows] - self.pend_gpu[rows], 0), 0)
         self._eff = eff
         new = eff[rows]
-        for key, sums in list(self._dsum.items()):
-            ids = self.dom[key][rows] if key >= 0 else np.zeros(len(rows), np.int64)
-            patched = sums.copy()
-            for j, g in enumerate(DCAP_GPUS):
-                np.add.at(patched[j], ids, new // g - old // g)
-            self._dsum[key] = patched
+        if self._dsum:
+            delta = new[:, None] // _DCAP_COL - old[:, None] // _DCAP_COL  # (rows, DCAP_GPUS)
+            moved = [(int(rows[k]), delta[k]) for k in np.flatnonzero(delta.any(axis=1))]
+            for key, sums in list(self._dsum.items()):
+                if not moved:
+                    break
+                patched = sums.copy()
+                for r, d in moved:  # a hold touches few rows: a loop beats ufunc.at
+                    patched[:, self.dom[key][r] if key >= 0 else 0] += d
+                self._dsum[key] = patched
         for shape, cap in list(self._caps.items()):
             cap = cap.copy()
             cap[rows] = self._capacity(shape, rows)
