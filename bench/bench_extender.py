@@ -182,7 +182,7 @@ def run_pairs(port: int, pod: dict[str, Any], nodes: list[dict[str, Any]], mode:
             items = [by_name[x] for x in names]
             fbody = go_json({"Pod": p, "Nodes": {"metadata": {}, "items": items}, "NodeNames": None})
         t0 = time.perf_counter()
-        fraw = post(conn, "/tandem/filter", fbody)
+        fraw = post(conn, "/filter", fbody)
         t1 = time.perf_counter()
         fres = json.loads(fraw)
         if mode == "names":
@@ -193,7 +193,7 @@ def run_pairs(port: int, pod: dict[str, Any], nodes: list[dict[str, Any]], mode:
             pbody = go_json({"Pod": p, "Nodes": {"metadata": {}, "items": [by_name[x] for x in ok]},
                              "NodeNames": None})
         t2 = time.perf_counter()
-        praw = post(conn, "/tandem/prioritize", pbody)
+        praw = post(conn, "/prioritize", pbody)
         t3 = time.perf_counter()
         pres = json.loads(praw)
         assert len(pres) == len(ok)

@@ -69,8 +69,9 @@ class ExtenderConfig(BaseModel):
 
     listen: str = "127.0.0.1:8888"
     """HOST:PORT the extender HTTP server binds (the scheduler sidecar talks over loopback)."""
-    url_prefix: str = "/tandem"
-    """Path prefix of the extender verbs, as `urlPrefix` in KubeSchedulerConfiguration."""
+    url_prefix: str = ""
+    """Path prefix of the extender verbs, as the path part of `urlPrefix` in KubeSchedulerConfiguration
+    (empty: the verbs are served at /filter, /prioritize, /preempt; the shipped manifests use /tandem)."""
     filter_verb: str = "filter"
     """Path (under url_prefix) of the filter verb (`filterVerb`)."""
     prioritize_verb: str = "prioritize"

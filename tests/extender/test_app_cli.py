@@ -117,7 +117,7 @@ async def test_tls(tmp_path: Path) -> None:
     try:
         client_ctx = ssl.create_default_context(cafile=str(cert))
         async with aiohttp.ClientSession() as s:
-            async with s.post(f"https://127.0.0.1:{port}/tandem/filter", data=fixture_bytes("args-want-8-names.json"),
+            async with s.post(f"https://127.0.0.1:{port}/filter", data=fixture_bytes("args-want-8-names.json"),
                               ssl=client_ctx) as r:
                 assert r.status == 200
                 assert (await r.json())["NodeNames"] == ["h100-r1-n2"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -85,7 +86,7 @@ async def test_huge_body_refused_without_crashing() -> None:
     server = TestServer(make_app(inv), host="127.0.0.1", port=0)
     await server.start_server()
     async with aiohttp.ClientSession() as session:
-        url = str(server.make_url("/tandem/filter"))
+        url = str(server.make_url("/filter"))  # no prefix configured
         async with session.post(url, data=b"[" + b"1," * 100_000 + b"1]") as r:
             assert r.status in (400, 413)
         async with session.post(url, data=fixture_bytes("args-want-8-names.json")) as r:
@@ -147,6 +148,26 @@ async def test_configurable_prefix_and_verbs() -> None:
         assert status == 404
     finally:
         await session.close()
+        await server.close()
+
+
+async def test_without_a_prefix_the_verbs_sit_at_the_root() -> None:
+    inv = Inventory(ExtenderConfig())
+    inv.load_list({"kind": "List", "items": cluster_items()})
+    server = TestServer(make_app(inv), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.make_url("/filter"), data=fixture_bytes("args-want-4-h100-names.json")) as r:
+                assert r.status == 200
+                passed = (await r.json())["NodeNames"]
+            assert sorted(passed) == ["h100-r1-n2", "h100-r2-n1", "h100-r2-n2"]
+            body = orjson.dumps({**orjson.loads(fixture_bytes("args-want-4-h100-names.json")), "NodeNames": passed})
+            async with session.post(server.make_url("/prioritize"), data=body) as r:
+                assert r.status == 200 and {h["Host"] for h in await r.json()} == set(passed)
+            async with session.post(server.make_url("/tandem/filter"), data=body) as r:
+                assert r.status == 404
+    finally:
         await server.close()
 
 
