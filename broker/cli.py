@@ -22,35 +22,49 @@ from broker.jobfile import default_key, load_job_file, to_spec
 __all__ = ["main", "build_parser"]
 
 
+def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """Where and how to reach the broker. Accepted before or after the subcommand
+    (`tandem --broker X clusters` and `tandem clusters --broker X`); the subcommand's copy
+    has no defaults, so it only overrides what it is given."""
+
+    def default(value: str | None) -> str | None:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--broker", default=default(os.environ.get("TANDEM_BROKER", "127.0.0.1:50051")),
+                        help="broker HOST:PORT (env TANDEM_BROKER)")
+    parser.add_argument("--token", default=default(os.environ.get("TANDEM_TOKEN")),
+                        help="bearer token (env TANDEM_TOKEN)")
+    parser.add_argument("--ca", default=default(os.environ.get("TANDEM_CA")), help="CA certificate (PEM) to use TLS")
+    parser.add_argument("--server-name", default=default(None), help="TLS server name override")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description="Submit and follow GPU jobs on a Tandem broker.")
-    p.add_argument("--broker", default=os.environ.get("TANDEM_BROKER", "127.0.0.1:50051"),
-                   help="broker HOST:PORT (env TANDEM_BROKER)")
-    p.add_argument("--token", default=os.environ.get("TANDEM_TOKEN"), help="bearer token (env TANDEM_TOKEN)")
-    p.add_argument("--ca", default=os.environ.get("TANDEM_CA"), help="CA certificate (PEM) to use TLS")
-    p.add_argument("--server-name", help="TLS server name override")
+    _connection_options(p, defaults=True)
+    connection = argparse.ArgumentParser(add_help=False)
+    _connection_options(connection, defaults=False)
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("submit", help="submit a job file")
+    s = sub.add_parser("submit", parents=[connection], help="submit a job file")
     s.add_argument("-f", "--file", required=True, help="YAML job file")
     s.add_argument("--dry-run", action="store_true", help="validate only (nothing is stored)")
     s.add_argument("--key", help="idempotency key (default: derived from the file)")
-    g = sub.add_parser("get", help="one job: attempts, queue position, why it waits")
+    g = sub.add_parser("get", parents=[connection], help="one job: attempts, queue position, why it waits")
     g.add_argument("job_id")
-    ls = sub.add_parser("list", help="jobs")
+    ls = sub.add_parser("list", parents=[connection], help="jobs")
     ls.add_argument("--job-set", default="")
     ls.add_argument("--state", action="append", default=[], help="e.g. QUEUED (repeatable)")
     ls.add_argument("--limit", type=int, default=100)
-    w = sub.add_parser("watch", help="follow job events")
+    w = sub.add_parser("watch", parents=[connection], help="follow job events")
     w.add_argument("--from-revision", type=int, default=0)
     w.add_argument("--job-set", default="")
     w.add_argument("--max-events", type=int, default=0, help="stop after this many job events (0 = forever)")
-    c = sub.add_parser("cancel", help="cancel a job (or a job set)")
+    c = sub.add_parser("cancel", parents=[connection], help="cancel a job (or a job set)")
     c.add_argument("job_id", nargs="?")
     c.add_argument("--job-set", default="")
     c.add_argument("--reason", default="cancelled from the command line")
-    sub.add_parser("clusters", help="catalog: GPUs by model, domains, freshness")
+    sub.add_parser("clusters", parents=[connection], help="catalog: GPUs by model, domains, freshness")
     for name in ("cordon", "uncordon"):
-        x = sub.add_parser(name, help=f"{name} a cluster (admin)")
+        x = sub.add_parser(name, parents=[connection], help=f"{name} a cluster (admin)")
         x.add_argument("cluster")
         x.add_argument("--reason", required=True)
     return p

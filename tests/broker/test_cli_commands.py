@@ -135,3 +135,18 @@ async def test_watch_prints_transitions(broker: Broker, tmp_path: Path) -> None:
     assert code == 0
     [line] = text.splitlines()
     assert job_id in line and "QUEUED -> CANCELLED" in line
+
+
+def test_connection_options_go_before_or_after_the_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.cli import build_parser
+
+    monkeypatch.delenv("TANDEM_BROKER", raising=False)
+    parser = build_parser()
+    after = parser.parse_args(["clusters", "--broker", "hub:7000", "--token", "t"])
+    before = parser.parse_args(["--broker", "hub:7000", "--token", "t", "clusters"])
+    assert (after.broker, after.token) == (before.broker, before.token) == ("hub:7000", "t")
+    neither = parser.parse_args(["get", "job-1"])
+    assert neither.broker == "127.0.0.1:50051" and neither.job_id == "job-1"
+    # the subcommand's copy overrides only what it is given
+    mixed = parser.parse_args(["--broker", "hub:7000", "cordon", "c1", "--reason", "x", "--token", "t2"])
+    assert (mixed.broker, mixed.token, mixed.cluster) == ("hub:7000", "t2", "c1")
