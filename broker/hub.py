@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -16,6 +17,8 @@ from broker.metrics import Metrics
 from broker.placer import Placer
 from broker.policy import PolicyFile
 from broker.store.base import Store, StoreOptions
+
+_log = logging.getLogger("tandem.broker.hub")
 
 __all__ = ["Hub"]
 
@@ -98,10 +101,13 @@ class Hub:
                     seen[size] = count
 
     async def _retention(self) -> None:
+        """Delete finished jobs older than the retention bound (their watch events are compacted)."""
         while True:
             await asyncio.sleep(min(3600.0, self.cfg.retention_s / 10))
-            with contextlib.suppress(Exception):
+            try:
                 await self.store.compact(finished_before=self.clock() - self.cfg.retention_s)
+            except Exception:  # a failed sweep is retried at the next one; never stop the loop
+                _log.exception("retention sweep failed")
 
     async def close(self) -> None:
         self.placer.stop()
