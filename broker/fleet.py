@@ -10,7 +10,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from placement.model import WHOLE_GPU_MILLI, Node, PodShape
+from placement.model import WHOLE_GPU_MILLI, Node, PodShape, TopologyLevels
+from placement.topology import DomainId, domain_of, node_path
 
 __all__ = ["ModelTable", "ClusterArrays", "Fleet", "DomainCandidate", "PendingLike"]
 
@@ -89,21 +90,22 @@ class ClusterArrays:
         self._by_model: dict[int, I64] | None = None
         self.fits_cache: dict[tuple[object, ...], bool] = {}
         """Memo for callers keyed on demands; cleared on every change like the other caches."""
-        # Domain ids per level: nodes sharing a path prefix down to that level share an id.
+        # Domain ids per level, by the core's rule (`topology.domain_of`), so the pruning here and
+        # the exact gang fit agree on what a domain is; dom_paths keep the reported label values.
         self.dom: list[I64] = []
         self.dom_paths: list[list[tuple[str | None, ...]]] = []
-        for depth in range(1, len(levels) + 1):
-            ids: dict[tuple[Any, ...], int] = {}
+        topology_levels = TopologyLevels(levels)
+        for depth in range(len(levels)):
+            ids: dict[DomainId, int] = {}
             col = np.zeros(n, np.int64)
+            paths: list[tuple[str | None, ...]] = []
             for i, node in enumerate(self.nodes):
-                path = tuple(node.topology[:depth])
-                # A node missing the label is a domain of its own at that level.
-                key: tuple[Any, ...] = path if path[-1:] != (None,) else path + (("__node__", node.name),)
-                col[i] = ids.setdefault(key, len(ids))
+                key = domain_of(node, topology_levels, depth)
+                idx = ids.setdefault(key, len(ids))
+                if idx == len(paths):
+                    paths.append(tuple(node_path(node, topology_levels)[: depth + 1]))
+                col[i] = idx
             self.dom.append(col)
-            paths: list[tuple[str | None, ...]] = [()] * len(ids)
-            for key, idx in ids.items():
-                paths[idx] = tuple(p for p in key if not isinstance(p, tuple))
             self.dom_paths.append(paths)
 
     @classmethod

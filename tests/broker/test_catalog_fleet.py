@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.fit import capacity
-from placement.model import Gpu, Node, PodShape
+from placement.model import Gpu, Node, PodShape, TopologyLevels
+from placement.topology import group_by_level
 
 from broker.catalog import Catalog, ClusterMeta, DeltaGap, InventoryReport, Level, Reservation, ReservedReplica, Usability
 from broker.fleet import ClusterArrays, ModelTable
@@ -124,6 +127,24 @@ def test_candidate_domains_need_the_whole_gang_in_one_domain() -> None:
     assert [c.path for c in cands] == [("z1", "r1")]
     assert arrays.candidate_domains([(PodShape(gpus=8), 3)], level=1, limit=8) == []
     assert len(arrays.candidate_domains([(PodShape(gpus=8), 3)], level=0, limit=8)) == 1
+
+
+def test_fleet_domains_follow_the_core_rule_for_missing_labels() -> None:
+    # Two nodes with rack r1 but no zone label are NOT one rack: a missing label makes each node its
+    # own domain at that level and below, as placement.topology.domain_of says.
+    a = dataclasses.replace(mk("a", rack="r1"), topology=(None, "r1", "a"))
+    b = dataclasses.replace(mk("b", rack="r1"), topology=(None, "r1", "b"))
+    c, d = mk("c", rack="r2"), mk("d", rack="r2")
+    arrays = ClusterArrays.build([a, b, c, d], ("z", "r", "h"), ModelTable())
+    levels = TopologyLevels(("z", "r", "h"))
+    for depth in range(3):
+        core = group_by_level([a, b, c, d], levels, depth)
+        fleet_groups: dict[int, list[str]] = {}
+        for i, dom in enumerate(arrays.dom[depth]):
+            fleet_groups.setdefault(int(dom), []).append(arrays.nodes[i].name)
+        assert sorted(fleet_groups.values()) == sorted([n.name for n in g] for g in core.values())
+    cands = arrays.candidate_domains([(PodShape(gpus=8), 2)], level=1, limit=8)
+    assert [c.path for c in cands] == [("z1", "r2")]
 
 
 @settings(max_examples=60, deadline=None)
