@@ -19,11 +19,10 @@ import orjson
 from extender.config import ExtenderConfig
 from extender.podreq import PodRecord
 from extender.reservations import Reservation, domain_label
-from placement import fit as core_fit
 from placement.dra import DraEvaluator
-from placement.errors import CapacityError
 from placement.inventory import node_from_k8s
 from placement.model import Node, PodShape, Toleration, TopologyLevels
+from placement.overlay import subtract_held
 
 __all__ = ["Hold", "NodeFacts", "build_facts", "DeviceKey", "levels_of", "fit_signature"]
 
@@ -76,14 +75,8 @@ class NodeFacts:
             return hit
         node = self.node
         for h in self.holds:
-            if h.gang == exempt:
-                continue
-            for n in range(h.replicas, 0, -1):  # a hold that no longer fits takes what is left
-                try:
-                    node, _ = core_fit.allocate(node, h.shape, n, dra=dra)
-                    break
-                except CapacityError:
-                    continue
+            if h.gang != exempt:
+                node, _, _ = subtract_held(node, h.shape, h.replicas, dra)
         self._effective[exempt] = node
         return node
 

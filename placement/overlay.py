@@ -22,6 +22,7 @@ __all__ = [
     "apply_overlay",
     "effective_nodes",
     "capacity_with_reservations",
+    "subtract_held",
 ]
 
 ReservationKey = tuple[str, int]
@@ -116,8 +117,11 @@ def unbound_parts(reservation: Reservation, bound: BoundReplicas | None) -> list
     return out
 
 
-def _subtract(node: Node, shape: PodShape, replicas: int, dra: DraEvaluator | None) -> tuple[Node, int, Fit]:
-    """Take as many replicas as fit; the rest is returned as the shortfall."""
+def subtract_held(
+    node: Node, shape: PodShape, replicas: int, dra: DraEvaluator | None = None
+) -> tuple[Node, int, Fit]:
+    """Take `replicas` held replicas of `shape` off the node, as many as still fit (a hold that
+    no longer fits takes what is left); returns the node, the shortfall and the fit before."""
     fit = capacity(node, shape, dra=dra)
     take = min(fit.count, replicas)
     if take > 0:
@@ -149,7 +153,7 @@ def apply_overlay(
                 conflicts.append(Conflict(res.job_id, res.attempt, part.pod_set, part.node, part.replicas, None, "node not in report"))
                 continue
             holders.setdefault(part.node, []).append(res.job_id)
-            node, short, fit = _subtract(node, part.shape, part.replicas, dra)
+            node, short, fit = subtract_held(node, part.shape, part.replicas, dra)
             state[part.node] = node
             if short:
                 conflicts.append(Conflict(res.job_id, res.attempt, part.pod_set, part.node, short, fit.reason, fit.detail))

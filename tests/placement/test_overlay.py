@@ -9,6 +9,7 @@ from placement.overlay import (
     apply_overlay,
     capacity_with_reservations,
     effective_nodes,
+    subtract_held,
     unbound_parts,
 )
 from placement.reasons import Reason
@@ -89,3 +90,11 @@ def test_reservation_from_placement_round_trip() -> None:
     again = effective_nodes(InventoryReport("c1", 2, bound_nodes, (bound,)), [r])
     assert again == bound_nodes
     assert all(capacity(n, W).count >= 0 for n in again)
+
+
+def test_a_hold_that_no_longer_fits_takes_what_is_left() -> None:
+    # 8 free GPUs, a hold of 3 x 4 GPUs: two fit, the third is the shortfall
+    held, short, fit = subtract_held(node("a"), W, 3)
+    assert (held.free_whole_gpus, short, fit.count) == (0, 1, 2)
+    held, short, _ = subtract_held(node("a"), W, 1)
+    assert (held.free_whole_gpus, short) == (4, 0)
