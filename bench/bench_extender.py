@@ -35,11 +35,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-
-
-def shared_dir() -> Path:
-    env = os.environ.get("TANDEM_SHARED")
-    return Path(env) if env else REPO / ".." / "shared"
+FIXTURES = REPO / "tests" / "fixtures"
+"""The tests' real-format fixtures (a path, not an import: the bench also runs as a plain script)."""
 
 
 PREFILTERED = ("h100-r1-n2", "h100-r2-n1", "h100-r2-n2")
@@ -49,7 +46,7 @@ PREFILTERED = ("h100-r1-n2", "h100-r2-n1", "h100-r2-n2")
 def synth_cluster(n_nodes: int, only: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A List with n_nodes nodes (fixture node shapes replicated, or only those named) and the
     Node objects in order."""
-    items = json.loads((shared_dir() / "fixtures" / "cluster.json").read_text())["items"]
+    items = json.loads((FIXTURES / "cluster.json").read_text())["items"]
     nodes = [o for o in items if o["kind"] == "Node" and (not only or o["metadata"]["name"] in only)]
     others = [o for o in items if o["kind"] != "Node"]
     out: list[dict[str, Any]] = []
@@ -273,7 +270,7 @@ def churn_in_process(size: int, pod: dict[str, Any], rounds: int) -> dict[str, A
     build_s = time.perf_counter() - t0
     names = [n["metadata"]["name"] for n in nodes]
     rng = random.Random(3)
-    template = json.loads((shared_dir() / "fixtures" / "args-want-8-names.json").read_text())["Pod"]
+    template = json.loads((FIXTURES / "args-want-8-names.json").read_text())["Pod"]
     lat: list[float] = []
     for k in range(rounds + 5):
         bound = copy.deepcopy(template)
@@ -303,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer pairs (smoke run)")
     args = ap.parse_args(argv)
-    pod = json.loads((shared_dir() / "fixtures" / "args-want-4-h100-names.json").read_text())["Pod"]
+    pod = json.loads((FIXTURES / "args-want-4-h100-names.json").read_text())["Pod"]
     rows: list[dict[str, Any]] = []
     plans = (("mixed", (), (("names", True), ("names", False), ("nodelist", True))),
              ("prefiltered", PREFILTERED, (("names", True), ("nodelist", True))))

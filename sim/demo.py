@@ -17,7 +17,8 @@ DEMO_POLICIES = ("random", "bestfit", "fgd", DEFAULT_POLICY)
 def main() -> int:
     root = trace_dir()
     if not (root / NODE_LIST).exists():
-        print(f"trace not found under {root}; set TANDEM_SHARED", file=sys.stderr)
+        print(f"trace not found under {root}: run the demo from a checkout of the repository",
+              file=sys.stderr)
         return 2
     seeds = SEEDS[: int(os.environ.get("TANDEM_DEMO_SEEDS", len(SEEDS)))]
     nodes = load_nodes(root / NODE_LIST)

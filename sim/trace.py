@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,16 +16,11 @@ EXPECTED_RESULTS = "fgd-expected-results/analysis_allo_discrete.csv"
 TUNE_RATIO = 1.3
 
 
-def shared_dir() -> Path:
-    """The project's shared data: $TANDEM_SHARED, else the repository's sibling `shared/`."""
-    env = os.environ.get("TANDEM_SHARED")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1] / ".." / "shared"
-
-
 def trace_dir() -> Path:
-    return shared_dir() / "traces" / TRACE_DIR_NAME
+    """The trace as committed in the repository: `data/traces/alibaba-gpu-v2023/` (source and
+    licence in its README). Found from this file, so it needs a checkout (an editable install);
+    with an installed wheel, pass the CSV paths to `tandem-replay` instead."""
+    return Path(__file__).resolve().parents[1] / "data" / "traces" / TRACE_DIR_NAME
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,25 +15,8 @@ from aiohttp.test_utils import TestServer
 from extender.app import make_app
 from extender.config import ExtenderConfig
 from extender.inventory import Inventory
-
-
-def shared_dir() -> Path:
-    """The design docs and fixtures: $TANDEM_SHARED, else the repo's sibling `shared/`."""
-    env = os.environ.get("TANDEM_SHARED")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / ".." / "shared"
-
-
-FIXTURES = shared_dir() / "fixtures"
-
-
-def fixture_json(name: str) -> Any:
-    return json.loads((FIXTURES / name).read_text())
-
-
-def fixture_bytes(name: str) -> bytes:
-    return (FIXTURES / name).read_bytes()
+# Re-exported: the extender tests import the fixture helpers from here.
+from tests.fixtures import FIXTURES as FIXTURES, fixture_bytes as fixture_bytes, fixture_json as fixture_json
 
 
 def cluster_items() -> list[dict[str, Any]]:

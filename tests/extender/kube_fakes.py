@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def shared_dir() -> Path:
-    """The shared fixtures folder: $TANDEM_SHARED, else the repo's sibling ``shared/``."""
-    env = os.environ.get("TANDEM_SHARED")
-    return Path(env) if env else (REPO_ROOT / ".." / "shared").resolve()
+from tests.fixtures import fixture_json
 
 
 def fixture_items(name: str, kind: str | None = None) -> list[dict[str, Any]]:
-    data = json.loads((shared_dir() / "fixtures" / name).read_text())
-    items: list[dict[str, Any]] = data["items"]
+    items: list[dict[str, Any]] = fixture_json(name)["items"]
     return [i for i in items if kind is None or i.get("kind") == kind]
 
 

@@ -14,8 +14,8 @@ from extender import webhook
 from extender.app import make_app
 from extender.config import ExtenderConfig
 from extender.inventory import Inventory
-from tests.extender.kube_fakes import shared_dir
 from tests.extender.test_webhook import PENDING, admission_review, as_created
+from tests.fixtures import fixture_json
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ async def test_listener_readiness_is_the_inventory_readiness(served: tuple[Inven
     inv, main, side = served
     assert (await fetch("GET", f"{side}/readyz"))[0] == 503
     assert (await fetch("GET", f"{side}/healthz")) == (200, "ok")
-    inv.load_list(json.loads((shared_dir() / "fixtures" / "cluster.json").read_text()))
+    inv.load_list(fixture_json("cluster.json"))
     assert inv.ready
     assert (await fetch("GET", f"{side}/readyz"))[0] == 200
     assert (await fetch("GET", f"{main}/readyz"))[0] == 200

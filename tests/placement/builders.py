@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any
 
 from placement.model import (
     GPU_PRODUCT_LABEL,
@@ -22,24 +18,13 @@ from placement.model import (
     Toleration,
     TopologyLevels,
 )
+from tests.fixtures import fixture_json as fixture  # the placement tests' name for it
 
 GIB = 2**30
 GPU_TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
 GPU_TOLERATION = Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule")
 LEVELS = TopologyLevels.default()
 ZONE, BLOCK, RACK, CLIQUE, HOST = LEVELS.keys
-
-
-def shared_dir() -> Path:
-    """The design docs and fixtures: $TANDEM_SHARED, else ../shared beside the repository."""
-    env = os.environ.get("TANDEM_SHARED")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / ".." / "shared"
-
-
-def fixture(name: str) -> Any:
-    return json.loads((shared_dir() / "fixtures" / name).read_text())
 
 
 def node(

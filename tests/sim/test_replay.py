@@ -102,7 +102,6 @@ def test_parse_seeds() -> None:
 REAL = trace_dir()
 
 
-@pytest.mark.skipif(not (REAL / NODE_LIST).exists(), reason="shared traces not available")
 def test_bestfit_on_the_real_default_trace_matches_the_paper() -> None:
     nodes = load_nodes(REAL / NODE_LIST)
     pods = load_pods(REAL / "openb_pod_list_default.csv")
