@@ -24,6 +24,7 @@ __all__ = [
     "Authorizer",
     "AuditLog",
     "MUTATING",
+    "check_agent_speaks_for",
 ]
 
 _log = logging.getLogger("tandem.broker.auth")
@@ -121,6 +122,12 @@ def credentials_from_metadata(
     return Credentials(bearer_token=token, cert_names=tuple(names), cluster_header=cluster, peer=peer)
 
 
+def check_agent_speaks_for(caller: Caller, cluster: str) -> None:
+    """An agent may only speak for the cluster its certificate names (the one check, used at Hello)."""
+    if caller.kind is not CallerKind.AGENT or cluster not in (caller.name, *caller.aliases):
+        raise errors.PermissionDenied(f"agent certificate names cluster {caller.name}, not {cluster}")
+
+
 class Authorizer:
     """Authenticates credentials against the current policy and checks method + rate limits."""
 
@@ -181,11 +188,6 @@ class Authorizer:
                         retry_after_s=bucket.retry_after_s(),
                     ),
                 )
-
-    def check_agent_speaks_for(self, caller: Caller, cluster: str) -> None:
-        """An agent may only speak for the cluster its certificate names."""
-        if caller.kind is not CallerKind.AGENT or cluster not in (caller.name, *caller.aliases):
-            raise errors.PermissionDenied(f"caller {caller.name} may not speak for cluster {cluster}")
 
     def _bucket(self, tenant: TenantPolicy) -> TokenBucket:
         bucket = self._buckets.get(tenant.name)

@@ -45,6 +45,8 @@ class ClusterMeta:
     levels: tuple[Level, ...] = ()
     log_templates: tuple[tuple[str, str], ...] = ()
     """(name, URL template) pairs from Hello, for GetJob's log links."""
+    read_only: bool = False
+    """The agent creates nothing (Hello capabilities.dispatch = false): listed, never placed on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,7 @@ class Usability(enum.Enum):
     DISCONNECTED = "Disconnected"
     STALE = "Stale"
     CORDONED = "Cordoned"
+    READ_ONLY = "ReadOnly"
 
 
 @dataclass
@@ -116,6 +119,8 @@ class ClusterEntry:
     excluded_nodes: set[str] = field(default_factory=set)
     arrays: ClusterArrays | None = None
     empty: ClusterArrays | None = None
+    leader_epoch: int = 0
+    """Highest agent leader epoch seen from this cluster (a lower one is a deposed leader)."""
     overlaid: dict[str, Node] = field(default_factory=dict)
     """Memo of nodes after the reservations overlay; a node's entry goes when its reservations or report change."""
     """The same nodes with everything free (never-fit check); rebuilt when the node set changes."""
@@ -123,6 +128,8 @@ class ClusterEntry:
     def usability(self, now: float, stale_after_s: float) -> Usability:
         if self.cordoned:
             return Usability.CORDONED
+        if self.meta.read_only:
+            return Usability.READ_ONLY
         if not self.connected:
             return Usability.DISCONNECTED if self.has_snapshot else Usability.NO_SNAPSHOT
         if not self.has_snapshot:

@@ -98,6 +98,9 @@ def _print_job(job: job_pb2.Job, out: TextIO) -> None:
         pos = qi.position if qi.HasField("position") else "?"
         why = job_pb2.WaitReason.Name(qi.reason).removeprefix("WAIT_REASON_")
         out.write(f"position: {pos} (jobs of your tenant ahead)\nwaiting:  {why}: {qi.message}\n")
+        for v in qi.clusters:
+            verdict = job_pb2.ClusterVerdictReason.Name(v.reason).removeprefix("CLUSTER_VERDICT_REASON_")
+            out.write(f"  cluster {v.cluster}: {verdict}: {v.message}\n")
     if st.message:
         out.write(f"message:  {st.message}\n")
     if st.attempts:

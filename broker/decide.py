@@ -12,12 +12,16 @@ import numpy as np
 from placement import overlay as core_overlay
 from placement.model import JobRequest, Node, PodShape, TopologyLevels
 from placement.ranking import ClusterOption, rank_clusters
+from placement.reasons import Reason
 from placement.topology import GangPlacement, fit_gang
 
 from broker.catalog import Catalog, ClusterEntry, Usability
 from broker.records import ReplicaPlacement
 
-__all__ = ["Wait", "Choice", "Decision", "decide", "could_ever_fit", "demands_of", "overlaid_nodes"]
+__all__ = [
+    "Wait", "Choice", "Decision", "decide", "could_ever_fit", "demands_of", "overlaid_nodes",
+    "Verdict", "ClusterVerdict", "cluster_verdicts",
+]
 
 _PRUNE_ABOVE = 4
 """Usable clusters above which the fleet-wide summary prune runs before the per-cluster checks."""
@@ -266,11 +270,81 @@ def decide(
     return Decision(None, Wait.INSUFFICIENT_CAPACITY, "no allowed, fresh cluster has room for the gang now")
 
 
+class Verdict(enum.Enum):
+    """One cluster's verdict on a queued job (names match tandem.v1.ClusterVerdictReason without the prefix)."""
+
+    FITS = "FITS"
+    INSUFFICIENT_CAPACITY = "INSUFFICIENT_CAPACITY"
+    TOPOLOGY_FRAGMENTED = "TOPOLOGY_FRAGMENTED"
+    UNKNOWN_TOPOLOGY_LEVEL = "UNKNOWN_TOPOLOGY_LEVEL"
+    NO_FRESH_INVENTORY = "NO_FRESH_INVENTORY"
+    CORDONED = "CORDONED"
+    READ_ONLY = "READ_ONLY"
+    NO_FEASIBLE_NODE = "NO_FEASIBLE_NODE"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterVerdict:
+    cluster: str
+    verdict: Verdict
+    message: str
+    fit_reason: Reason | None = None
+
+
+_NOT_USABLE = {
+    Usability.CORDONED: (Verdict.CORDONED, "cordoned by an admin"),
+    Usability.READ_ONLY: (Verdict.READ_ONLY, "its agent is read-only: nothing is placed there"),
+    Usability.NO_SNAPSHOT: (Verdict.NO_FRESH_INVENTORY, "no inventory snapshot yet"),
+    Usability.DISCONNECTED: (Verdict.NO_FRESH_INVENTORY, "its agent is disconnected"),
+    Usability.STALE: (Verdict.NO_FRESH_INVENTORY, "its last report is stale"),
+}
+
+
+def cluster_verdicts(
+    catalog: Catalog, req: JobRequest, now: float, *, policy_allows: Callable[[str], bool] = lambda _c: True,
+) -> tuple[ClusterVerdict, ...]:
+    """Why a queued job goes to none of its allowed clusters now: per cluster, the core's own gang fit over
+    that cluster's reported inventory minus reservations (what an extender would say, for a gang that has no
+    pods yet). Costs one exact fit per cluster: for "why does it wait" views, not for the placement loop."""
+    out: list[ClusterVerdict] = []
+    for entry in sorted(catalog.clusters.values(), key=lambda e: e.name):
+        if not cluster_allowed(entry, req, policy_allows):
+            continue
+        usability = entry.usability(now, catalog.stale_after_s)
+        if usability is not Usability.USABLE or entry.arrays is None:
+            verdict, message = _NOT_USABLE.get(usability, (Verdict.NO_FRESH_INVENTORY, "no inventory"))
+            out.append(ClusterVerdict(entry.name, verdict, message))
+            continue
+        if level_index(entry, req.required_level) is False:
+            out.append(ClusterVerdict(entry.name, Verdict.UNKNOWN_TOPOLOGY_LEVEL,
+                                      f"no topology level {req.required_level}", Reason.UNKNOWN_TOPOLOGY_LEVEL))
+            continue
+        arrays = entry.arrays
+        rows = [i for i, n in enumerate(arrays.nodes) if n.name not in entry.excluded_nodes]
+        core_req = _core_request(entry, req)
+        levels = TopologyLevels(tuple(l.key for l in entry.meta.levels))
+        placed = fit_gang(overlaid_nodes(catalog, entry, rows), core_req, levels)
+        if isinstance(placed, GangPlacement):
+            out.append(ClusterVerdict(entry.name, Verdict.FITS, "a domain has room for the gang now"))
+            continue
+        demands = demands_of(req, _shrunk_counts(req))
+        verdict = Verdict.INSUFFICIENT_CAPACITY
+        if placed.reason is Reason.NO_FEASIBLE_NODE and not catalog.empty_arrays(entry).candidate_domains(
+                demands, None, 1):
+            verdict = Verdict.NO_FEASIBLE_NODE  # not even an empty node of this cluster could hold a replica
+        elif req.required_level and placed.reason is Reason.DOMAIN_TOO_SMALL and arrays.candidate_domains(
+                demands, None, 1):
+            verdict = Verdict.TOPOLOGY_FRAGMENTED  # the cluster as a whole has the room, no single domain does
+        out.append(ClusterVerdict(entry.name, verdict, placed.detail, placed.reason))
+    return tuple(out)
+
+
 def could_ever_fit(
     catalog: Catalog, req: JobRequest, policy_allows: Callable[[str], bool]
 ) -> tuple[bool | None, str]:
     """Could the job fit in some allowed cluster if it were empty? None = no cluster known yet (cannot tell)."""
-    known = [e for e in catalog.clusters.values() if e.nodes and cluster_allowed(e, req, policy_allows)]
+    known = [e for e in catalog.clusters.values()
+             if e.nodes and not e.meta.read_only and cluster_allowed(e, req, policy_allows)]
     if not [e for e in catalog.clusters.values() if e.nodes]:
         return None, "no cluster inventory known yet"
     if not known:

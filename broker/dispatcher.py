@@ -11,9 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import cachetools
+
 from broker import catalog as cat
 from broker import errors, lifecycle, link, serde
-from broker.auth import Caller
+from broker.auth import Caller, check_agent_speaks_for
 from broker.config import BrokerConfig
 from broker.placer import Placer
 from broker.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
@@ -39,7 +41,10 @@ class Session:
     acked_sequence: int = 0
     ack_scheduled: bool = False
     closed: bool = False
+    aborted: str = ""
+    """Why the broker ended the stream (a newer leader's stream replaced it); the servicer ends it ABORTED."""
     inventory_sequence: int = 0
+    leader_epoch: int = 0
     _done: set[int] = field(default_factory=set)
     chains: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     """Per job, the last message being processed: messages about one job apply in order, others concurrently."""
@@ -56,9 +61,10 @@ class Session:
         if not self.closed:
             self.out.put_nowait(body)
 
-    def close(self) -> None:
+    def close(self, aborted: str = "") -> None:
         if not self.closed:
             self.closed = True
+            self.aborted = aborted
             self.out.put_nowait(None)
 
 
@@ -80,39 +86,69 @@ class Dispatcher:
         self.sessions: dict[str, Session] = {}
         self._deliver_locks: dict[str, asyncio.Lock] = {}
         self._kicked: set[str] = set()
+        self._attempt_cluster: cachetools.LRUCache[tuple[str, int], str] = cachetools.LRUCache(100_000)
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
 
     # ------------------------------------------------------------------ sessions
 
     async def open_session(self, caller: Caller, hello: link.Hello, hello_sequence: int = 1) -> Session:
-        """Validate the Hello, reconcile the attempts the cluster holds, send Welcome and pending orders."""
+        """Validate the Hello, take the newest leader's stream, reconcile the attempts the cluster holds
+        (FLEET-NOTES A-13), send Welcome and pending orders."""
         name = hello.meta.name
-        if name != caller.name and name not in caller.aliases:
-            raise errors.PermissionDenied(f"agent certificate names cluster {caller.name}, Hello names {name}")
+        check_agent_speaks_for(caller, name)
         if hello.protocol_version not in (0, 1):
             raise errors.FailedPrecondition("protocol version unsupported",
                                             details=errors.ErrorDetails(reason="PROTOCOL_VERSION_UNSUPPORTED",
                                                                         metadata=(("min", "1"), ("max", "1"))))
         now = self.clock()
-        old = self.sessions.get(name)
-        if old is not None and not old.closed:
-            entry = self.catalog.clusters.get(name)
-            if entry is not None and entry.silent_for(now) <= self.cfg.cluster_stale_after_s:
-                raise errors.AlreadyExists(f"cluster {name} already has a live stream",
-                                           details=errors.ErrorDetails(reason="STREAM_ALREADY_LIVE"))
-            old.close()  # the old stream went silent past the heartbeat timeout: the newer one wins
-        self.catalog.connect(hello.meta, now)
-        session = Session(name, uuid.uuid4().hex[:12], done_upto=hello_sequence)
+        self._admit_leader(name, hello, now)
+        self.catalog.connect(hello.meta, now).leader_epoch = hello.leader_epoch
+        session = Session(name, uuid.uuid4().hex[:12], done_upto=hello_sequence, leader_epoch=hello.leader_epoch)
         self.sessions[name] = session
-        wanted = {(a.job_id, a.number) for a in await self.store.active_attempts() if a.cluster == name}
+        runs = [(job, a) for job, a in await self.store.active_runs() if a.cluster == name and job.attempt == a.number]
+        wanted = {(a.job_id, a.number) for _, a in runs}
         known = set(hello.known)
         session.send(link.Welcome(
             self.broker_id, session.session_id, self.cfg.heartbeat_interval_s, self.cfg.cluster_stale_after_s,
             self.cfg.agent_listener.max_message_bytes, tuple(sorted(known - wanted)), tuple(sorted(known & wanted))))
         session.send(link.ResyncOut(inventory=True, workloads=True, reason="new session"))
+        await self._reconcile(session, runs, known)
         self.kick(name)
         return session
+
+    def _admit_leader(self, name: str, hello: link.Hello, now: float) -> None:
+        """The highest leader epoch wins (A-12): a newer leader's Hello ends the older stream at once; a lower
+        epoch is a deposed leader and is refused while the newer one has been heard from recently."""
+        entry = self.catalog.clusters.get(name)
+        old = self.sessions.get(name)
+        live = old is not None and not old.closed
+        newest = max(entry.leader_epoch if entry is not None else 0, old.leader_epoch if live and old else 0)
+        recent = entry is not None and entry.silent_for(now) <= self.cfg.cluster_stale_after_s
+        if hello.leader_epoch < newest and recent:
+            raise errors.FailedPrecondition(
+                f"deposed leader: cluster {name} has a leader of epoch {newest}, this Hello says {hello.leader_epoch}",
+                details=errors.ErrorDetails(reason="DEPOSED_LEADER",
+                                            metadata=(("epoch", str(newest)), ("hello_epoch", str(hello.leader_epoch)))))
+        if live and old is not None:
+            old.close(aborted=f"replaced by a newer stream of cluster {name} (leader epoch {hello.leader_epoch})")
+
+    async def _reconcile(self, session: Session, runs: list[tuple[JobRecord, AttemptRecord]],
+                         known: set[tuple[str, int]]) -> None:
+        """Attempts the broker wants on this cluster: resend what the cluster may never have received (a
+        Dispatch sent but not acknowledged; a Start for a gang still starting, on this live stream only);
+        an accepted attempt the cluster no longer holds has vanished and ends INFRA_FAILED."""
+        for job, a in runs:
+            if (a.job_id, a.number) in known:
+                if job.state is S.STARTING:
+                    session.send(link.StartOut(job.job_id, a.number))
+                continue
+            if job.state is S.DISPATCHED:
+                prev = [p for p in await self.store.list_attempts(job.job_id) if p.number == a.number - 1]
+                session.send(self._dispatch_out(session, job, a, prev[0] if prev else None))
+            elif job.state not in (S.RESERVED, S.QUEUED):  # RESERVED: its Dispatch is still in the outbox
+                await self._apply(lifecycle.AttemptEnded(job.job_id, a.number, AttemptOutcome.INFRA_FAILED, None,
+                                                         "workload vanished from cluster"))
 
     def close_session(self, session: Session) -> None:
         session.close()
@@ -164,18 +200,43 @@ class Dispatcher:
         self.catalog.heartbeat(session.cluster, now)
         if isinstance(msg, link.Report):
             await self._report(session, msg.report, now)
-        elif isinstance(msg, link.DispatchReply):
-            await self._dispatch_ack(session, msg)
-        elif isinstance(msg, link.WorkloadReport):
-            await self._workload(session, msg)
-        elif isinstance(msg, link.Feedback):
-            await self._feedback(session, msg)
-        elif isinstance(msg, link.CancelReply):
-            if msg.gone:
-                await self._apply(lifecycle.AttemptEnded(msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None,
-                                                         msg.message or "deleted"))
         elif isinstance(msg, link.Hello):
             raise errors.FailedPrecondition("Hello may only be the first message")
+        elif isinstance(msg, link.Feedback):
+            await self._feedback(session, msg)
+        elif isinstance(msg, (link.DispatchReply, link.WorkloadReport, link.CancelReply)):
+            if not await self.speaks_for(session, msg.job_id, msg.attempt):
+                return
+            if isinstance(msg, link.DispatchReply):
+                await self._dispatch_ack(session, msg)
+            elif isinstance(msg, link.WorkloadReport):
+                await self._workload(session, msg)
+            elif msg.gone:
+                await self._apply(lifecycle.AttemptEnded(msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None,
+                                                         msg.message or "deleted"))
+
+    async def speaks_for(self, session: Session, job_id: str, attempt: int) -> bool:
+        """The one identity check of agent messages about an attempt: it must have been dispatched to this
+        session's cluster (an agent of c2 can neither accept nor fail c1's attempts). Attempt → cluster never
+        changes, so the answer is cached."""
+        key = (job_id, attempt)
+        cluster = self._attempt_cluster.get(key)
+        if cluster is None:
+            try:
+                attempts = await self.store.list_attempts(job_id)
+            except errors.JobNotFound:
+                attempts = []
+            cluster = next((a.cluster for a in attempts if a.number == attempt), "")
+            if cluster:
+                self._attempt_cluster[key] = cluster
+        if cluster != session.cluster:
+            _log.warning("agent message about another cluster's attempt ignored",
+                         extra={"cluster": session.cluster, "job": job_id, "attempt": attempt,
+                                "owner": cluster or None})
+            if self.metrics is not None:
+                self.metrics.foreign_messages.labels(session.cluster).inc()
+            return False
+        return True
 
     def _flush_ack(self, session: Session) -> None:
         session.ack_scheduled = False
@@ -237,15 +298,11 @@ class Dispatcher:
         if phase == "GATED":
             await self._apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
         elif phase == "RUNNING":
+            # min-available is a dispatch-time property: after start any replica failure fails the attempt
+            # (one Indexed Job per pod set, backoffLimit 0), which the agent reports as FAILED.
             if job.state is S.ACCEPTED:
-                job = await self._apply(lifecycle.WorkloadReady(w.job_id, w.attempt)) or job
-            req = self.placer.requests.get(w.job_id)
-            need = req.min_replicas if req is not None else 0
-            if w.total_replicas and w.running_replicas < need and job.state is S.RUNNING:
-                await self._teardown(job, session.cluster, AttemptOutcome.INFRA_FAILED,
-                                     f"{w.running_replicas} replicas run, min-available is {need}", "GANG_FAILED")
-            else:
-                await self._apply(lifecycle.AllRunning(w.job_id, w.attempt))
+                await self._apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
+            await self._apply(lifecycle.AllRunning(w.job_id, w.attempt))
         elif phase in ("SUCCEEDED", "FAILED"):
             outcome = w.outcome or (AttemptOutcome.SUCCEEDED if phase == "SUCCEEDED" else AttemptOutcome.INFRA_FAILED)
             await self._apply(lifecycle.AttemptEnded(w.job_id, w.attempt, outcome, w.exit_code, w.message))
@@ -260,10 +317,8 @@ class Dispatcher:
             if key not in latest or p.time >= latest[key].time:
                 latest[key] = p
         for (job_id, attempt), p in latest.items():
-            held = self.catalog.reservations.get((job_id, attempt))
-            if held is not None and held.cluster != session.cluster:
-                continue  # only the cluster that holds the attempt speaks for its pods
-            await self.store.record_feedback(job_id, attempt, p.text, p.time)
+            if await self.speaks_for(session, job_id, attempt):
+                await self.store.record_feedback(job_id, attempt, p.text, p.time)
 
     async def _teardown(self, job: JobRecord, cluster: str, outcome: AttemptOutcome, message: str, why: str) -> None:
         """End the attempt (the lifecycle re-queues it as the next attempt) and order its workload deleted."""
@@ -305,10 +360,11 @@ class Dispatcher:
             # One read for every order, then send strictly in outbox order, then commit together.
             done: list[int] = []
             sent: list[DispatchOrder] = []
+            history = await self._previous_attempts(deliveries)
             for d in deliveries:
                 if session.closed:
                     break
-                body = self._build_order(session, d)
+                body = self._build_order(session, d, history)
                 if body is not None:
                     session.send(body)
                     if d.order.kind is OrderKind.DISPATCH:
@@ -318,7 +374,29 @@ class Dispatcher:
             if done:
                 await self.store.ack_orders(cluster, done)
 
-    def _build_order(self, session: Session, d: Delivery) -> link.Outbound | None:
+    async def _previous_attempts(self, deliveries: list[Delivery]) -> dict[str, AttemptRecord]:
+        """For dispatches of a retry, the attempt before it (its outcome and cluster go to the pods' env)."""
+        out: dict[str, AttemptRecord] = {}
+        for d in deliveries:
+            if d.order.kind is OrderKind.DISPATCH and d.order.attempt > 1 and d.order.job_id not in out:
+                prev = [a for a in await self.store.list_attempts(d.order.job_id) if a.number == d.order.attempt - 1]
+                if prev:
+                    out[d.order.job_id] = prev[0]
+        return out
+
+    def _dispatch_out(self, session: Session, job: JobRecord, attempt: AttemptRecord,
+                      previous: AttemptRecord | None = None) -> link.DispatchOut:
+        timeout = serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
+        entry = self.catalog.clusters.get(session.cluster)
+        return link.DispatchOut(job.job_id, attempt.number, job.spec, job.tenant, attempt.domain,
+                                attempt.assignments, self.clock() + timeout, entry.sequence if entry else 0,
+                                dispatch_id=f"{self.store.store_id}/{job.job_id}/{attempt.number}",
+                                start_timeout_s=timeout,
+                                restart_reason=previous.outcome.value if previous and previous.outcome else "",
+                                previous_cluster=previous.cluster if previous else "")
+
+    def _build_order(self, session: Session, d: Delivery,
+                     history: dict[str, AttemptRecord] | None = None) -> link.Outbound | None:
         """The message body for one outbox order, or None when the order was superseded."""
         order, job, attempt = d.order, d.job, d.attempt
         if job is None:
@@ -326,10 +404,7 @@ class Dispatcher:
         if order.kind is OrderKind.DISPATCH:
             if job.attempt != order.attempt or job.state not in (S.RESERVED, S.DISPATCHED) or attempt is None:
                 return None  # superseded before it went out
-            deadline = self.clock() + serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
-            entry = self.catalog.clusters.get(session.cluster)
-            return link.DispatchOut(job.job_id, order.attempt, job.spec, job.tenant, attempt.domain,
-                                    attempt.assignments, deadline, entry.sequence if entry else 0)
+            return self._dispatch_out(session, job, attempt, (history or {}).get(job.job_id))
         if order.kind is OrderKind.START:
             # Start only for the live attempt, and only on a live stream (fencing).
             if job.attempt == order.attempt and job.state is S.STARTING:

@@ -12,6 +12,7 @@ from broker.catalog import ClusterEntry, Usability
 from broker.decide import could_ever_fit
 from broker.errors import ErrorDetails, PolicyViolation, QuotaViolation
 from broker.hub import Hub
+from broker.jobstatus import QueueView
 from broker.records import AttemptRecord, JobFilter, JobPage, JobRecord, WatchEvent
 from broker.serde import ParsedItem
 from broker.states import JobState
@@ -141,7 +142,7 @@ class JobView:
     job: JobRecord
     attempts: tuple[AttemptRecord, ...]
     history: tuple[WatchEvent, ...]
-    queue_info: tuple[int | None, str, str] | None
+    queue_info: QueueView | None
     templates: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     """Log URL templates of the clusters its attempts ran on (from their agents' Hello)."""
 
@@ -156,15 +157,17 @@ async def get_job(hub: Hub, caller: Caller, job_id: str, full: bool = True) -> J
     history = tuple(await hub.store.job_history(job_id)) if full else ()
     templates = {a.cluster: e.meta.log_templates for a in attempts
                  if (e := hub.catalog.clusters.get(a.cluster)) is not None and e.meta.log_templates}
-    return JobView(job, attempts, history, queue_info(hub, job), templates)
+    return JobView(job, attempts, history, queue_info(hub, job, per_cluster=full), templates)
 
 
-def queue_info(hub: Hub, job: JobRecord) -> tuple[int | None, str, str] | None:
-    """Position among the tenant's own queued jobs and why it waits (own facts and fleet aggregates only)."""
+def queue_info(hub: Hub, job: JobRecord, *, per_cluster: bool = False) -> QueueView | None:
+    """Position among the tenant's own queued jobs and why it waits (own facts and fleet aggregates only);
+    with `per_cluster`, each allowed cluster's verdict from the placement core (one exact fit per cluster)."""
     if job.state is not JobState.QUEUED:
         return None
     info = hub.placer.why(job.job_id)
-    return (info.position, info.reason.value, info.message)
+    clusters = hub.placer.cluster_verdicts(job) if per_cluster else ()
+    return QueueView(info.position, info.reason.value, info.message, clusters)
 
 
 async def list_jobs(hub: Hub, caller: Caller, flt: JobFilter, page_size: int, page_token: str) -> tuple[JobPage, int]:

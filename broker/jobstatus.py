@@ -6,10 +6,12 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from broker.decide import ClusterVerdict
 from broker.records import AttemptRecord, JobRecord
 from broker.states import JobState
 
-__all__ = ["LogLink", "DEFAULT_PORTS", "PLAIN_PORT", "rendezvous_address", "log_links", "waiting_message"]
+__all__ = ["LogLink", "QueueView", "DEFAULT_PORTS", "PLAIN_PORT", "rendezvous_address", "log_links",
+           "waiting_message"]
 
 PLAIN_PORT = 29400
 """Rendezvous port when neither the spec nor its framework names one (torchrun's c10d default)."""
@@ -18,6 +20,17 @@ DEFAULT_PORTS = {"TORCHRUN": 29500, "RAY": 6379, "MPI": 2222}
 
 _WAITING = frozenset({JobState.ACCEPTED, JobState.STARTING})
 """States in which pods exist but not all run: the extender's verdict explains the wait."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """Where a queued job stands and why it waits (`reason`: a WaitReason name without its prefix), with
+    each allowed cluster's verdict when asked for (GetJob)."""
+
+    position: int | None
+    reason: str
+    message: str
+    clusters: tuple[ClusterVerdict, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,9 @@ class Hello:
     protocol_version: int
     known: tuple[tuple[str, int], ...] = ()
     """(job, attempt) of every workload the cluster holds."""
+    leader_epoch: int = 0
+    """The agent Lease's transitions when this agent became leader: the highest epoch's stream wins."""
+    leader_identity: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,12 @@ class DispatchOut:
     assignments: tuple[ReplicaPlacement, ...]
     start_deadline: float
     inventory_sequence: int
+    dispatch_id: str = ""
+    """``<store id>/<job>/<attempt>``: the agent adopts only objects carrying it."""
+    start_timeout_s: float = 0.0
+    restart_reason: str = ""
+    """Outcome of the previous attempt (TANDEM_RESTART_REASON), empty for the first."""
+    previous_cluster: str = ""
 
 
 @dataclass(frozen=True, slots=True)

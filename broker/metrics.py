@@ -30,6 +30,9 @@ class Metrics:
         self.dispatch_rejections = Counter("tandem_broker_dispatch_rejections_total", "Rejected dispatches",
                                            ["cluster"], registry=r)
         self.retries = Counter("tandem_broker_attempt_retries_total", "Attempts after the first", registry=r)
+        self.foreign_messages = Counter("tandem_broker_agent_foreign_messages_total",
+                                        "Agent messages about an attempt not dispatched to that cluster (ignored)",
+                                        ["cluster"], registry=r)
         self.staleness_seconds = Gauge("tandem_broker_catalog_staleness_seconds", "Age of the last report",
                                        ["cluster"], registry=r)
         self.commit_batch = Histogram("tandem_broker_commit_batch_size", "Requests per group commit",

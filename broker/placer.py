@@ -15,7 +15,7 @@ from placement.model import JobRequest
 from broker import catalog as cat
 from broker import errors, lifecycle, serde
 from broker import queue as q
-from broker.decide import Decision, Wait, decide
+from broker.decide import ClusterVerdict, Decision, Wait, cluster_verdicts, decide
 from broker.policy import PolicyFile
 from broker.records import JobRecord, ReplicaPlacement
 from broker.states import HOLDS_CAPACITY, JobState
@@ -196,6 +196,10 @@ class Placer:
         hint = self.waits.get(job_id)
         return self.snapshot().why_waiting(
             job_id, hint=q.WaitReason(hint.reason.value) if hint else None, hint_message=hint.message if hint else "")
+
+    def cluster_verdicts(self, job: JobRecord) -> tuple[ClusterVerdict, ...]:
+        """Each allowed cluster's verdict on a queued job now (the core's fit over its reported inventory)."""
+        return cluster_verdicts(self.catalog, self._request(job), self.clock(), policy_allows=self._allows(job))
 
     # ------------------------------------------------------------------ the step
 

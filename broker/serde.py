@@ -293,11 +293,11 @@ def job_to_proto(
     rec: JobRecord,
     attempts: Sequence[AttemptRecord] = (),
     history: Iterable[WatchEvent] = (),
-    queue_info: tuple[int | None, str, str] | None = None,
+    queue_info: jobstatus.QueueView | None = None,
     full: bool = True,
     templates: Mapping[str, Sequence[tuple[str, str]]] | None = None,
 ) -> job_pb2.Job:
-    """queue_info: (position, WaitReason name without prefix, message); templates: per cluster, its log URL
+    """queue_info: position, why it waits and the clusters' verdicts; templates: per cluster, its log URL
     templates (name, template) from Hello."""
     job = job_pb2.Job(job_id=rec.job_id)
     job.spec.ParseFromString(rec.spec)
@@ -310,11 +310,16 @@ def job_to_proto(
     st.message = rec.message
     st.revision = rec.revision
     if queue_info is not None and rec.state is JobState.QUEUED:
-        position, reason, message = queue_info
-        if position is not None:
-            st.queue_info.position = position
-        st.queue_info.reason = job_pb2.WaitReason.Value(f"WAIT_REASON_{reason}")
-        st.queue_info.message = message
+        if queue_info.position is not None:
+            st.queue_info.position = queue_info.position
+        st.queue_info.reason = job_pb2.WaitReason.Value(f"WAIT_REASON_{queue_info.reason}")
+        st.queue_info.message = queue_info.message
+        for v in queue_info.clusters:
+            out = st.queue_info.clusters.add(
+                cluster=v.cluster, message=v.message,
+                reason=job_pb2.ClusterVerdictReason.Value(f"CLUSTER_VERDICT_REASON_{v.verdict.value}"))
+            if v.fit_reason is not None:
+                out.fit_reason = common_pb2.FitReason.Value(f"FIT_REASON_{v.fit_reason.name}")
     if full:
         for a in attempts:
             st.attempts.append(_attempt_to_proto(a, job.spec.topology.required_level, rec.job_id, job.spec,

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from google.protobuf import duration_pb2
 
-from placement.model import Gpu, MigInstance, Node, Taint
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import common_pb2
 from tandem.v1 import inventory_pb2 as inv
@@ -17,6 +16,7 @@ from broker import link
 from broker.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level
 from broker.records import ReplicaPlacement, ReplicaRecord
 from broker.serde import spec_from_bytes, ts
+from broker.serde_inventory import node_from_proto
 from broker.states import AttemptOutcome
 
 __all__ = [
@@ -33,49 +33,6 @@ __all__ = [
     "cluster_summary",
 ]
 
-_EFFECT = {
-    inv.TAINT_EFFECT_NO_SCHEDULE: "NoSchedule",
-    inv.TAINT_EFFECT_PREFER_NO_SCHEDULE: "PreferNoSchedule",
-    inv.TAINT_EFFECT_NO_EXECUTE: "NoExecute",
-}
-
-
-def node_from_proto(n: inv.NodeInventory) -> Node:
-    gpus = []
-    for g in n.gpus:
-        mig: tuple[MigInstance, ...] = ()
-        if g.mig_mode == inv.MIG_MODE_ENABLED:
-            mig = tuple(
-                MigInstance(m.profile, m.gi_profile_id if m.HasField("gi_profile_id") else None,
-                            m.placement_start, m.placement_size, m.in_use)
-                for m in g.mig_instances
-            )
-        healthy = g.health != inv.GPU_HEALTH_UNHEALTHY and g.mig_mode != inv.MIG_MODE_PENDING_CHANGE
-        gpus.append(Gpu(index=g.index, model=g.model or n.gpu_model, memory_mib=g.memory_mib or n.gpu_memory_mib,
-                        milli_used=min(g.milli_in_use, 1000), mig=mig, healthy=healthy))
-    if not gpus:
-        # Count-only report: synthesise whole GPUs from the extended resource counts.
-        total = int(n.extended_allocatable.get("nvidia.com/gpu", 0))
-        free = int(n.extended_free.get("nvidia.com/gpu", 0))
-        gpus = [Gpu(index=i, model=n.gpu_model, memory_mib=n.gpu_memory_mib, milli_used=0 if i < free else 1000)
-                for i in range(total)]
-    extended = {k: int(v) for k, v in n.extended_free.items() if k != "nvidia.com/gpu"}
-    return Node(
-        name=n.name,
-        labels=dict(n.labels),
-        taints=tuple(Taint(t.key, t.value, _EFFECT.get(t.effect, "NoSchedule")) for t in n.taints),
-        ready=n.ready,
-        cordoned=n.unschedulable,
-        cpu_milli_allocatable=n.allocatable.cpu_milli,
-        cpu_milli_free=n.free.cpu_milli,
-        memory_allocatable=n.allocatable.memory_bytes,
-        memory_free=n.free.memory_bytes,
-        pods_free=int(n.free.pods) if n.HasField("free") else 110,
-        gpus=tuple(gpus),
-        extended_free=extended,
-        topology=tuple(s.value if s.HasField("value") else None for s in n.topology_path.segments),
-    )
-
 
 def hello_meta(h: cs.Hello) -> ClusterMeta:
     c = h.cluster
@@ -86,6 +43,7 @@ def hello_meta(h: cs.Hello) -> ClusterMeta:
         labels=dict(c.labels),
         levels=tuple(Level(l.name, l.label_key) for l in h.topology_levels),
         log_templates=tuple((t.name, t.url_template) for t in h.log_url_templates if t.url_template),
+        read_only=h.HasField("capabilities") and not h.capabilities.dispatch,
     )
 
 
@@ -160,6 +118,12 @@ def feedback_from_proto(f: cs.SchedulingFeedback, now: float) -> link.Feedback:
             parts.append(f"{len(failed) - _FEEDBACK_NODES} more nodes refused")
         fits = len(p.nodes) - len(failed)
         head = f"{p.pod_set}-{p.index}" + (f" ({p.pod_name})" if p.pod_name else "")
+        if p.message:  # kube-scheduler's own aggregate (extender reasons and in-tree filters) says it best
+            when = p.time.ToNanoseconds() / 1e9 if p.HasField("time") else now
+            text = f"{head}: {p.reason + ': ' if p.reason else ''}{p.message}"
+            out.append(link.PodFeedback(p.attempt.job_id, p.attempt.attempt, p.pod_set, p.index, p.pod_name, when,
+                                        text[:2048]))
+            continue
         verdict = "; ".join(parts) if parts else "no node refused"
         text = f"{head}: {verdict}" + (f"; {fits} nodes fit" if fits else "")
         when = p.time.ToNanoseconds() / 1e9 if p.HasField("time") else now
@@ -204,6 +168,12 @@ def dispatch_message(d: link.DispatchOut) -> cs.Dispatch:
     msg.rendezvous.port = spec.rendezvous_port or _DEFAULT_PORTS.get(framework, 29400)
     msg.rendezvous.service_name = f"{d.job_id}-{d.attempt}"
     msg.start_deadline.CopyFrom(ts(d.start_deadline))
+    msg.dispatch_id = d.dispatch_id
+    if d.start_timeout_s:
+        msg.start_timeout.CopyFrom(_dur(d.start_timeout_s))
+    msg.restart_reason = d.restart_reason
+    msg.previous_cluster = d.previous_cluster
+    msg.preemptible = spec.preemptible
     if spec.HasField("max_runtime"):
         msg.max_runtime.CopyFrom(spec.max_runtime)
     if spec.HasField("termination_grace_period"):
@@ -250,7 +220,7 @@ def welcome_message(w: link.Welcome) -> cs.Welcome:
 
 def hello_from_proto(h: cs.Hello) -> link.Hello:
     known = tuple((k.attempt.job_id, k.attempt.attempt) for k in h.known_attempts)
-    return link.Hello(hello_meta(h), h.protocol_version, known)
+    return link.Hello(hello_meta(h), h.protocol_version, known, h.leader_epoch, h.leader_identity)
 
 
 def agent_message(msg: cs.AgentMessage, cluster: str, now: float) -> link.Inbound | None:

@@ -16,7 +16,7 @@ from broker import errors, handlers, serde_agent
 from broker.auth import Caller, Listener, Method
 from broker.dispatcher import Session
 from broker.hub import Hub
-from broker.services.edge import Edge
+from broker.services.edge import Edge, abort
 
 __all__ = ["AgentServicer", "ClusterAdminServicer"]
 
@@ -51,6 +51,11 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
                     break
                 sequence += 1
                 yield serde_agent.broker_message(sequence, self.hub.clock(), out)
+            if session.aborted:  # a newer leader's stream took over: tell this agent why (ABORTED)
+                await abort(context, errors.Aborted(session.aborted,
+                                                    details=errors.ErrorDetails(reason="STREAM_SUPERSEDED")))
+        except grpc.aio.AbortError:
+            raise
         except Exception as exc:  # noqa: BLE001
             if session is None:
                 await self.edge.fail(context, exc, Method.CONNECT, caller)
@@ -71,6 +76,8 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
                     await self.hub.dispatcher.receive(session, msg.sequence, body)
                 except Exception:  # noqa: BLE001 - one bad message must not drop the cluster
                     _log.exception("agent message failed", extra={"cluster": session.cluster})
+        except grpc.aio.AbortError:
+            _log.info("agent stream aborted by the broker", extra={"cluster": session.cluster})
         except Exception as exc:  # noqa: BLE001 - a broken stream closes the session
             _log.warning("agent stream read ended", extra={"cluster": session.cluster, "error": repr(exc)}, exc_info=True)
         finally:

@@ -97,6 +97,10 @@ class StoreOptions:
 class Store(abc.ABC):
     """Durable jobs, attempts/reservations, watch events and dispatch outbox. All methods are coroutines."""
 
+    store_id: str = ""
+    """Stable identity of this database (set by `open`): part of every dispatch id, so an agent never adopts
+    workloads of another (or a rebuilt) database that reuses job ids."""
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -30,6 +30,7 @@ from broker.records import (
 from broker.states import AttemptOutcome, JobState
 
 __all__ = [
+    "store_id",
     "dumps",
     "fingerprint",
     "new_job_id",
@@ -158,6 +159,11 @@ def order_from_row(r: Row) -> DispatchOrder:
         kind=OrderKind(r["kind"]), grace_s=r["grace_s"], created_at=r["created_at"],
         delivered_at=_opt_float(r["delivered_at"]),
     )
+
+
+def store_id(secret: bytes) -> str:
+    """The database's identity, derived from its random per-database secret (created at first open)."""
+    return hashlib.sha256(b"tandem-store-id:" + secret).hexdigest()[:12]
 
 
 class PageTokens:

@@ -103,6 +103,7 @@ class PostgresStore(Store):
             raise
         self._conn = conn
         self._tokens = codec.PageTokens(bytes(secret))
+        self.store_id = codec.store_id(bytes(secret))
         self._queue = asyncio.Queue()
         self._signal = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._writer(), name="tandem-store-writer")

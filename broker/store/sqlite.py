@@ -101,6 +101,7 @@ class SqliteStore(Store):
         await asyncio.get_running_loop().run_in_executor(None, writer.start)
         self._writer = writer
         self._tokens = codec.PageTokens(secret[0])
+        self.store_id = codec.store_id(secret[0])
         if self._path != ":memory:":
             self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tandem-store-reader")
             self._reader_conn = sql.connect(self._path)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import errors
+from broker import auth, errors
 from broker.auth import AuditLog, Authorizer, Caller, CallerKind, Credentials, Listener, Method, credentials_from_metadata
 from broker.policy import PolicyFile, TokenBucket, hash_token, parse_policy
 
@@ -94,9 +94,9 @@ def test_every_method_checks_the_caller_kind(authz: tuple[Authorizer, Clock], me
 
 def test_agents_speak_only_for_their_cluster(authz: tuple[Authorizer, Clock]) -> None:
     agent = Caller(CallerKind.AGENT, "c1")
-    authz[0].check_agent_speaks_for(agent, "c1")
+    auth.check_agent_speaks_for(agent, "c1")
     with pytest.raises(errors.PermissionDenied):
-        authz[0].check_agent_speaks_for(agent, "c2")
+        auth.check_agent_speaks_for(agent, "c2")
 
 
 def test_rate_limit_is_a_token_bucket(authz: tuple[Authorizer, Clock]) -> None:
@@ -168,6 +168,6 @@ def test_audit_log_writes_json_lines(tmp_path: Path) -> None:
 def test_agent_may_speak_for_a_san_name(authz: tuple[Authorizer, Clock]) -> None:
     caller = authz[0].authenticate(Credentials(cert_names=("agent-7", "c1")), Listener.AGENT)
     assert caller.name == "c1" and caller.aliases == ("c1",)
-    authz[0].check_agent_speaks_for(caller, "c1")
+    auth.check_agent_speaks_for(caller, "c1")
     with pytest.raises(errors.PermissionDenied):
-        authz[0].check_agent_speaks_for(caller, "agent-7")
+        auth.check_agent_speaks_for(caller, "agent-7")

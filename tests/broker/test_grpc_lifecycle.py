@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
-from broker.client import SubmitItem
+from broker.client import BrokerClient, SubmitItem
 from tests.broker.hub_builders import Broker, eventually, node, spec, start_broker
 
 pytestmark = pytest.mark.timeout(60)
@@ -177,22 +179,32 @@ async def test_unanswered_dispatch_expires_and_is_replanned(tmp_path: Path) -> N
         await b.close()
 
 
-async def test_gang_below_min_available_is_restarted(tmp_path: Path) -> None:
+async def test_min_available_is_a_dispatch_time_property_not_a_running_one(tmp_path: Path) -> None:
+    """After start, one lost replica fails the whole attempt (the agent reports it FAILED: one Indexed Job per
+    pod set with backoffLimit 0); a RUNNING report with fewer replicas running is not a broker teardown."""
     b = await start_broker(tmp_path)
     try:
         a = b.agent("c1")
         await a.connect([node("n1"), node("n2", rack="r2")])
         c = b.client("alpha")
-        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8, replicas=2))])
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8, replicas=2, min_available=1))])
         await _running(b, a, j.job_id, replicas=2)
         a.status(j.job_id, 1, cs.WORKLOAD_PHASE_RUNNING, replicas=2, running=1)
-        cancel = await a.expect("cancel")
-        assert (cancel.attempt.attempt, cancel.reason) == (1, cs.CANCEL_REASON_GANG_FAILED)
-        job = await c.get(j.job_id)
+        a.status(j.job_id, 1, cs.WORKLOAD_PHASE_FAILED, replicas=2, running=1,
+                 outcome=job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED)
+        job = await eventually(_job_when(c, j.job_id, lambda job: job.status.current_attempt == 2))
         assert job.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED
+        assert job.status.infra_retries == 1
         await a.close()
     finally:
         await b.close()
+
+
+def _job_when(c: BrokerClient, job_id: str, pred: Callable[[job_pb2.Job], bool]) -> Callable[[], Awaitable[job_pb2.Job | None]]:
+    async def check() -> job_pb2.Job | None:
+        job = await c.get(job_id)
+        return job if pred(job) else None
+    return check
 
 
 async def test_watch_resumes_from_a_revision(tmp_path: Path) -> None:
@@ -282,25 +294,128 @@ async def test_metrics_follow_the_flow(tmp_path: Path) -> None:
         await b.close()
 
 
-async def test_second_stream_of_a_live_cluster_is_refused_until_the_first_goes_silent(tmp_path: Path) -> None:
+async def test_the_newest_leader_wins_at_once_and_a_deposed_one_is_refused(tmp_path: Path) -> None:
+    """Leader A (epoch 1) is connected and heartbeating when it loses the Lease; B (epoch 2) connects: A's
+    stream ends ABORTED at once (not after the heartbeat timeout), B receives the pending Start of the gated
+    gang it holds, and A cannot come back with its old epoch while B is live."""
     import grpc
 
-    clock = FakeClock()
-    b = await start_broker(tmp_path, clock=clock, cluster_stale_after_s=30, lost_after_s=60)
+    b = await start_broker(tmp_path, cluster_stale_after_s=30, lost_after_s=60)
     try:
-        first = b.agent("c1")
-        await first.connect([node("n1")])
-        second = b.agent("c1")
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await second.connect([node("n1")])
-        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
-        await second.close()
-        clock.advance(31)
-        third = b.agent("c1")
-        await third.connect([node("n1")])  # the first one is silent past the timeout: the newer one wins
-        await eventually(lambda: b.hub.dispatcher.sessions["c1"].closed is False
-                         and b.hub.catalog.clusters["c1"].has_snapshot)
-        await first.close()
-        await third.close()
+        leader_a = b.agent("c1")
+        await leader_a.connect([node("n1")], epoch=1)
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])
+        d = await leader_a.expect("dispatch")
+        leader_a.accept(d)
+        leader_a.status(j.job_id, 1, cs.WORKLOAD_PHASE_GATED, replicas=1)
+        await leader_a.expect("start")  # A got Start but lost the Lease before ungating
+        leader_a.heartbeat()
+        leader_b = b.agent("c1")
+        await leader_b.connect([node("n1")], epoch=2, known=[(j.job_id, 1)])
+        start = await leader_b.expect("start")
+        assert (start.attempt.job_id, start.attempt.attempt) == (j.job_id, 1)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await leader_a.expect("welcome", timeout=5)  # nothing more comes: the stream ends
+        assert ended.value.code() == grpc.StatusCode.ABORTED
+        deposed = b.agent("c1")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await deposed.connect([node("n1")], epoch=1)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "deposed leader" in (refused.value.details() or "")
+        same = b.agent("c1")  # B's own reconnect (half-open old connection): same epoch, the newer stream wins
+        await same.connect([node("n1")], epoch=2, known=[(j.job_id, 1)])
+        await same.expect("start")
+        assert b.hub.dispatcher.sessions["c1"].leader_epoch == 2
+        for agent in (leader_a, leader_b, deposed, same):
+            await agent.close()
+    finally:
+        await b.close()
+
+
+async def test_an_agent_cannot_accept_or_fail_another_clusters_attempt(tmp_path: Path) -> None:
+    """c2's agent answers c1's dispatch (accept, then a terminal status, then a cancel ack): all ignored."""
+    b = await start_broker(tmp_path)
+    try:
+        c1 = b.agent("c1")
+        await c1.connect([node("n1")])
+        c2 = b.agent("c2")
+        await c2.connect([node("m1", gpus=0)])
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])
+        d = await c1.expect("dispatch")
+        await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_DISPATCHED))
+        c2.accept(d)
+        c2.status(j.job_id, 1, cs.WORKLOAD_PHASE_FAILED, replicas=1, outcome=job_pb2.ATTEMPT_OUTCOME_APP_FAILED,
+                  exit_code=1)
+        c2.cancel_ack(j.job_id, 1)
+        c2.feedback(j.job_id, 1, "workers", 0, "p", time.time(), [("m1", [9], "no GPUs")])
+        await eventually(lambda: b.hub.metrics.registry.get_sample_value(
+            "tandem_broker_agent_foreign_messages_total", {"cluster": "c2"}) == 4)
+        assert (await b.hub.store.get_job(j.job_id)).state.name == "DISPATCHED"
+        c1.accept(d)  # the owner still can
+        await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_ACCEPTED))
+        await c1.close()
+        await c2.close()
+    finally:
+        await b.close()
+
+
+async def test_reconnect_reconciles_what_the_cluster_holds_with_what_the_broker_wants(tmp_path: Path) -> None:
+    """The A-13 table: an accepted attempt the cluster no longer holds ends INFRA_FAILED (and is re-planned);
+    a dispatched one it never received is sent again; what it holds that the broker replaced is obsolete."""
+    b = await start_broker(tmp_path)
+    try:
+        a = b.agent("c1")
+        await a.connect([node("n1"), node("n2")])
+        c = b.client("alpha")
+        [lost, pending] = await c.submit("s", [SubmitItem("a", spec(gpus=8)), SubmitItem("b", spec(gpus=8))])
+        first = await a.expect("dispatch")
+        second = await a.expect("dispatch")
+        accepted = first if first.attempt.job_id == lost.job_id else second
+        a.accept(accepted)
+        await eventually(_is(b, lost.job_id, job_pb2.JOB_STATE_ACCEPTED))
+        await eventually(_is(b, pending.job_id, job_pb2.JOB_STATE_DISPATCHED))
+        await a.close()
+        again = b.agent("c1")  # restarted agent: it holds neither, and a leftover of a replaced attempt
+        welcome = await again.connect([node("n1"), node("n2")], known=[("gone-job", 3)])
+        assert [(x.job_id, x.attempt) for x in welcome.obsolete_attempts] == [("gone-job", 3)]
+        resent = await again.expect("dispatch")
+        assert (resent.attempt.job_id, resent.attempt.attempt) == (pending.job_id, 1)
+        job = await eventually(_job_when(c, lost.job_id, lambda job: job.status.current_attempt == 1
+                                         and job.status.attempts[0].outcome != job_pb2.ATTEMPT_OUTCOME_UNSPECIFIED))
+        assert job.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED
+        assert "vanished" in job.status.attempts[0].outcome_message
+        await again.close()
+    finally:
+        await b.close()
+
+
+async def test_read_only_cluster_is_listed_never_placed_on_and_each_cluster_says_why(tmp_path: Path) -> None:
+    """A read-only agent (inventory file mode) is in ListClusters but gets no dispatch; GetJob of the queued
+    job gives one verdict per allowed cluster from the placement core (A-16)."""
+    b = await start_broker(tmp_path)
+    try:
+        ro = b.agent("c1")
+        await ro.connect([node("n1")], read_only=True)
+        small = b.agent("c2")
+        await small.connect([node("m1", free=4, rack="r2"), node("m2", free=4, rack="r3")])
+        await eventually(lambda: all(e.has_snapshot for e in b.hub.catalog.clusters.values())
+                         and len(b.hub.catalog.clusters) == 2)
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=4, replicas=2, level="rack"))])
+        await eventually(lambda: j.job_id in b.hub.placer.waits)
+        job = await c.get(j.job_id)
+        assert job.status.state == job_pb2.JOB_STATE_QUEUED
+        verdicts = {v.cluster: v for v in job.status.queue_info.clusters}
+        assert verdicts["c1"].reason == job_pb2.CLUSTER_VERDICT_REASON_READ_ONLY
+        assert verdicts["c2"].reason == job_pb2.CLUSTER_VERDICT_REASON_TOPOLOGY_FRAGMENTED
+        assert "rack z1/r" in verdicts["c2"].message and "needs 2" in verdicts["c2"].message
+        listed = await c.list_clusters()
+        assert {x.name for x in listed.clusters} == {"c1", "c2"}
+        with pytest.raises(asyncio.TimeoutError):
+            await ro.expect("dispatch", timeout=0.5)
+        await ro.close()
+        await small.close()
     finally:
         await b.close()

@@ -205,6 +205,16 @@ def queue_info() -> j.QueueInfo:
         quota="gpu/NVIDIA-H100",
         next_eligible_time=ts(120),
         evaluate_time=ts(100),
+        clusters=[cluster_verdict()],
+    )
+
+
+def cluster_verdict() -> j.ClusterVerdict:
+    return j.ClusterVerdict(
+        cluster="eu-b",
+        reason=j.CLUSTER_VERDICT_REASON_INSUFFICIENT_CAPACITY,
+        message="rack r2: 6 free GPUs, needs 8",
+        fit_reason=c.FIT_REASON_INSUFFICIENT_GPUS,
     )
 
 

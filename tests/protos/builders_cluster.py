@@ -16,7 +16,12 @@ def topology_level(name: str = "rack", key: str = "example.com/rack") -> cs.Topo
 
 
 def known_attempt() -> cs.KnownAttempt:
-    return cs.KnownAttempt(attempt=b.attempt_ref(), phase=cs.WORKLOAD_PHASE_GATED)
+    return cs.KnownAttempt(attempt=b.attempt_ref(), phase=cs.WORKLOAD_PHASE_GATED,
+                           dispatch_id="4f1c2d/train-7f3k/2")
+
+
+def agent_capabilities() -> cs.AgentCapabilities:
+    return cs.AgentCapabilities(dispatch=True)
 
 
 def tenant_namespaces() -> cs.TenantNamespaces:
@@ -40,6 +45,9 @@ def hello() -> cs.Hello:
         tenant_namespaces=[tenant_namespaces()],
         cluster=b.cluster_metadata(),
         agent_instance_id="c0ffee",
+        leader_epoch=3,
+        leader_identity="tandem-agent-7d9f-x2_5c1e",
+        capabilities=agent_capabilities(),
     )
 
 
@@ -61,6 +69,8 @@ def pod_scheduling_feedback() -> cs.PodSchedulingFeedback:
         pod_name="train-7f3k-2-worker-5-abcde",
         time=b.ts(40),
         nodes=[b.node_fit_result(), c.NodeFitResult(node="gpu-node-2", fits=True)],
+        message="0/12 nodes are available: 4 Insufficient nvidia.com/gpu, 8 node(s) didn't match Pod's node affinity/selector.",
+        reason="Unschedulable",
     )
 
 
@@ -163,6 +173,10 @@ def dispatch() -> cs.Dispatch:
         priority_band="batch",
         termination_grace_period=b.dur(120),
         preemptible=True,
+        dispatch_id="4f1c2d/train-7f3k/2",
+        start_timeout=b.dur(900),
+        restart_reason="INFRA_FAILED",
+        previous_cluster="eu-b",
     )
 
 

@@ -62,6 +62,7 @@ def all_cases() -> list[Message]:
         b.dispatch_rejection(),
         b.state_transition(),
         b.queue_info(),
+        b.cluster_verdict(),
         b.job_status(),
         b.job(),
         # inventory
@@ -95,6 +96,7 @@ def all_cases() -> list[Message]:
         *bc.agent_messages(),
         bc.topology_level(),
         bc.known_attempt(),
+        bc.agent_capabilities(),
         bc.tenant_namespaces(),
         bc.hello(),
         bc.dispatch_ack(),

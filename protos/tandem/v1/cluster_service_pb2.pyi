@@ -263,8 +263,13 @@ class KnownAttempt(_message.Message):
 
     ATTEMPT_FIELD_NUMBER: _builtins.int
     PHASE_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
     phase: Global___WorkloadPhase.ValueType
     """Its phase."""
+    dispatch_id: _builtins.str
+    """Dispatch.dispatch_id the cluster's objects carry (annotation
+    `tandem.dev/dispatch`); empty if unknown.
+    """
     @_builtins.property
     def attempt(self) -> _common_pb2.AttemptRef:
         """Job and attempt."""
@@ -274,14 +279,40 @@ class KnownAttempt(_message.Message):
         *,
         attempt: _common_pb2.AttemptRef | None = ...,
         phase: Global___WorkloadPhase.ValueType = ...,
+        dispatch_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "phase", b"phase"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "dispatch_id", b"dispatch_id", "phase", b"phase"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___KnownAttempt: _TypeAlias = KnownAttempt  # noqa: Y015
+
+@_typing.final
+class AgentCapabilities(_message.Message):
+    """What an agent can do besides reporting."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPATCH_FIELD_NUMBER: _builtins.int
+    dispatch: _builtins.bool
+    """True when the agent creates workloads. False for a read-only agent
+    (e.g. `--inventory-file`): the broker lists the cluster but never places
+    there. An absent AgentCapabilities means true (older agents).
+    """
+    def __init__(
+        self,
+        *,
+        dispatch: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch", b"dispatch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentCapabilities: _TypeAlias = AgentCapabilities  # noqa: Y015
 
 @_typing.final
 class TenantNamespaces(_message.Message):
@@ -328,6 +359,9 @@ class Hello(_message.Message):
     TENANT_NAMESPACES_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
     AGENT_INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    LEADER_IDENTITY_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
     cluster_name: _builtins.str
     """Cluster name (must match the agent's client certificate)."""
     region: _builtins.str
@@ -342,6 +376,13 @@ class Hello(_message.Message):
     """Random id of this agent process (changes on restart), for diagnostics
     and for telling a restart from a reconnect.
     """
+    leader_epoch: _builtins.int
+    """Leader epoch: the `leaseTransitions` of the cluster's agent Lease when
+    this agent became leader. The broker keeps the stream with the highest
+    epoch (ending an older one with ABORTED) and refuses a lower one.
+    """
+    leader_identity: _builtins.str
+    """Lease holder identity of this agent (`<pod name>_<random>`)."""
     @_builtins.property
     def topology_levels(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopologyLevel]:
         """Topology levels from broad to narrow."""
@@ -362,6 +403,10 @@ class Hello(_message.Message):
     def cluster(self) -> _inventory_pb2.ClusterMetadata:
         """Cluster-wide facts."""
 
+    @_builtins.property
+    def capabilities(self) -> Global___AgentCapabilities:
+        """What the agent can do; absent = everything."""
+
     def __init__(
         self,
         *,
@@ -376,10 +421,13 @@ class Hello(_message.Message):
         tenant_namespaces: _abc.Iterable[Global___TenantNamespaces] | None = ...,
         cluster: _inventory_pb2.ClusterMetadata | None = ...,
         agent_instance_id: _builtins.str = ...,
+        leader_epoch: _builtins.int = ...,
+        leader_identity: _builtins.str = ...,
+        capabilities: Global___AgentCapabilities | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "cluster", b"cluster"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_instance_id", b"agent_instance_id", "agent_version", b"agent_version", "cluster", b"cluster", "cluster_name", b"cluster_name", "known_attempts", b"known_attempts", "log_url_templates", b"log_url_templates", "protocol_version", b"protocol_version", "region", b"region", "role", b"role", "tenant_namespaces", b"tenant_namespaces", "topology_levels", b"topology_levels"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_instance_id", b"agent_instance_id", "agent_version", b"agent_version", "capabilities", b"capabilities", "cluster", b"cluster", "cluster_name", b"cluster_name", "known_attempts", b"known_attempts", "leader_epoch", b"leader_epoch", "leader_identity", b"leader_identity", "log_url_templates", b"log_url_templates", "protocol_version", b"protocol_version", "region", b"region", "role", b"role", "tenant_namespaces", b"tenant_namespaces", "topology_levels", b"topology_levels"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -439,12 +487,22 @@ class PodSchedulingFeedback(_message.Message):
     POD_NAME_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     pod_set: _builtins.str
     """Pod set and index."""
     index: _builtins.int
     """Replica index."""
     pod_name: _builtins.str
     """Pod name."""
+    message: _builtins.str
+    """kube-scheduler's own verdict: the message of the pod's
+    `PodScheduled=False` condition, which aggregates the extender's
+    FailedNodes reasons with the in-tree filters' ("0/12 nodes are
+    available: ..."). Empty when the agent only has per-node results.
+    """
+    reason: _builtins.str
+    """The condition's reason, e.g. "Unschedulable"."""
     @_builtins.property
     def attempt(self) -> _common_pb2.AttemptRef:
         """Job and attempt of the pod."""
@@ -466,10 +524,12 @@ class PodSchedulingFeedback(_message.Message):
         pod_name: _builtins.str = ...,
         time: _timestamp_pb2.Timestamp | None = ...,
         nodes: _abc.Iterable[_common_pb2.NodeFitResult] | None = ...,
+        message: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "index", b"index", "nodes", b"nodes", "pod_name", b"pod_name", "pod_set", b"pod_set", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "index", b"index", "message", b"message", "nodes", b"nodes", "pod_name", b"pod_name", "pod_set", b"pod_set", "reason", b"reason", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -928,6 +988,10 @@ class Dispatch(_message.Message):
     PRIORITY_BAND_FIELD_NUMBER: _builtins.int
     TERMINATION_GRACE_PERIOD_FIELD_NUMBER: _builtins.int
     PREEMPTIBLE_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    START_TIMEOUT_FIELD_NUMBER: _builtins.int
+    RESTART_REASON_FIELD_NUMBER: _builtins.int
+    PREVIOUS_CLUSTER_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Tenant (selects the namespace set)."""
     namespace_hint: _builtins.str
@@ -943,6 +1007,22 @@ class Dispatch(_message.Message):
     preemptible: _builtins.bool
     """Whether the broker may preempt the attempt (the agent labels the pods so
     in-cluster preemption tooling can tell).
+    """
+    dispatch_id: _builtins.str
+    """Identity of this dispatch, `<broker store id>/<job id>/<attempt>`: the
+    agent writes it as the annotation `tandem.dev/dispatch` on every object
+    it creates and adopts an existing object only if it carries the same
+    value (so a rebuilt broker reusing job ids never adopts a stranger's).
+    """
+    restart_reason: _builtins.str
+    """Why this attempt exists when it is not the first (the previous
+    attempt's outcome, e.g. "INFRA_FAILED"); exported as
+    TANDEM_RESTART_REASON.
+    """
+    previous_cluster: _builtins.str
+    """Cluster of the previous attempt, empty for the first; exported as
+    TANDEM_PREVIOUS_CLUSTER (checkpoints must be reachable from every
+    cluster the job may use).
     """
     @_builtins.property
     def attempt(self) -> _common_pb2.AttemptRef:
@@ -962,13 +1042,18 @@ class Dispatch(_message.Message):
 
     @_builtins.property
     def start_deadline(self) -> _timestamp_pb2.Timestamp:
-        """Deadline for every replica to run; after it the agent reports
-        GANG_TIMEOUT.
+        """Broker-clock time after which the broker gives up on the gang starting
+        (the broker's deadline is the authority; the agent only uses it to
+        delete, on its own, a gated attempt it could never start because no
+        stream is live).
         """
 
     @_builtins.property
     def max_runtime(self) -> _duration_pb2.Duration:
-        """Max runtime (activeDeadlineSeconds of the Indexed Jobs); absent = none."""
+        """Max runtime of the attempt, enforced by the broker from RUNNING; the
+        Jobs get activeDeadlineSeconds = max_runtime + start_timeout as a
+        safety net. Absent = none.
+        """
 
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -981,6 +1066,13 @@ class Dispatch(_message.Message):
     @_builtins.property
     def termination_grace_period(self) -> _duration_pb2.Duration:
         """Termination grace period for the pods."""
+
+    @_builtins.property
+    def start_timeout(self) -> _duration_pb2.Duration:
+        """How long the gang may take from Start until every replica runs (the
+        broker enforces it; the agent adds it to max_runtime for the Jobs'
+        activeDeadlineSeconds, which counts from the Job's start).
+        """
 
     def __init__(
         self,
@@ -1001,10 +1093,14 @@ class Dispatch(_message.Message):
         priority_band: _builtins.str = ...,
         termination_grace_period: _duration_pb2.Duration | None = ...,
         preemptible: _builtins.bool = ...,
+        dispatch_id: _builtins.str = ...,
+        start_timeout: _duration_pb2.Duration | None = ...,
+        restart_reason: _builtins.str = ...,
+        previous_cluster: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "domain", b"domain", "max_runtime", b"max_runtime", "rendezvous", b"rendezvous", "start_deadline", b"start_deadline", "termination_grace_period", b"termination_grace_period"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "domain", b"domain", "max_runtime", b"max_runtime", "rendezvous", b"rendezvous", "start_deadline", b"start_deadline", "start_timeout", b"start_timeout", "termination_grace_period", b"termination_grace_period"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "attempt", b"attempt", "domain", b"domain", "inventory_sequence", b"inventory_sequence", "job_set_id", b"job_set_id", "labels", b"labels", "max_runtime", b"max_runtime", "namespace_hint", b"namespace_hint", "pod_sets", b"pod_sets", "preemptible", b"preemptible", "priority_band", b"priority_band", "queue", b"queue", "rendezvous", b"rendezvous", "start_deadline", b"start_deadline", "tenant", b"tenant", "termination_grace_period", b"termination_grace_period"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "attempt", b"attempt", "dispatch_id", b"dispatch_id", "domain", b"domain", "inventory_sequence", b"inventory_sequence", "job_set_id", b"job_set_id", "labels", b"labels", "max_runtime", b"max_runtime", "namespace_hint", b"namespace_hint", "pod_sets", b"pod_sets", "preemptible", b"preemptible", "previous_cluster", b"previous_cluster", "priority_band", b"priority_band", "queue", b"queue", "rendezvous", b"rendezvous", "restart_reason", b"restart_reason", "start_deadline", b"start_deadline", "start_timeout", b"start_timeout", "tenant", b"tenant", "termination_grace_period", b"termination_grace_period"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

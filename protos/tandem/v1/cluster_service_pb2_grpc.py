@@ -37,7 +37,10 @@ class ClusterServiceStub:
     INVALID_ARGUMENT when the first message is not a Hello; ABORTED ends an
     older stream of the same cluster when a newer one says Hello (newest
     wins: the older one belongs to a previous leader or a half-open
-    connection). NOT_FOUND for unknown clusters in the admin RPCs.
+    connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
+    lower epoch than the live stream's is refused with FAILED_PRECONDITION +
+    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
+    admin RPCs.
     """
 
     def __init__(self, channel):
@@ -85,7 +88,10 @@ class ClusterServiceServicer:
     INVALID_ARGUMENT when the first message is not a Hello; ABORTED ends an
     older stream of the same cluster when a newer one says Hello (newest
     wins: the older one belongs to a previous leader or a half-open
-    connection). NOT_FOUND for unknown clusters in the admin RPCs.
+    connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
+    lower epoch than the live stream's is refused with FAILED_PRECONDITION +
+    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
+    admin RPCs.
     """
 
     def Connect(self, request_iterator, context):
@@ -177,7 +183,10 @@ class ClusterService:
     INVALID_ARGUMENT when the first message is not a Hello; ABORTED ends an
     older stream of the same cluster when a newer one says Hello (newest
     wins: the older one belongs to a previous leader or a half-open
-    connection). NOT_FOUND for unknown clusters in the admin RPCs.
+    connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
+    lower epoch than the live stream's is refused with FAILED_PRECONDITION +
+    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
+    admin RPCs.
     """
 
     @staticmethod

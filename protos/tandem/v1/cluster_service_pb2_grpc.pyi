@@ -41,7 +41,10 @@ class ClusterServiceStub:
     INVALID_ARGUMENT when the first message is not a Hello; ABORTED ends an
     older stream of the same cluster when a newer one says Hello (newest
     wins: the older one belongs to a previous leader or a half-open
-    connection). NOT_FOUND for unknown clusters in the admin RPCs.
+    connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
+    lower epoch than the live stream's is refused with FAILED_PRECONDITION +
+    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
+    admin RPCs.
     """
 
     @_typing.overload
@@ -80,7 +83,10 @@ class ClusterServiceAsyncStub(ClusterServiceStub):
     INVALID_ARGUMENT when the first message is not a Hello; ABORTED ends an
     older stream of the same cluster when a newer one says Hello (newest
     wins: the older one belongs to a previous leader or a half-open
-    connection). NOT_FOUND for unknown clusters in the admin RPCs.
+    connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
+    lower epoch than the live stream's is refused with FAILED_PRECONDITION +
+    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
+    admin RPCs.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -115,7 +121,10 @@ class ClusterServiceServicer(metaclass=_abc_1.ABCMeta):
     INVALID_ARGUMENT when the first message is not a Hello; ABORTED ends an
     older stream of the same cluster when a newer one says Hello (newest
     wins: the older one belongs to a previous leader or a half-open
-    connection). NOT_FOUND for unknown clusters in the admin RPCs.
+    connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
+    lower epoch than the live stream's is refused with FAILED_PRECONDITION +
+    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
+    admin RPCs.
     """
 
     @_abc_1.abstractmethod

@@ -37,8 +37,11 @@ class _FrameworkEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Framework.V
     replica counts, rendezvous host and port).
     """
     FRAMEWORK_TORCHRUN: _Framework.ValueType  # 2
-    """torchrun / torch.distributed: MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
-    NODE_RANK (index 0 of the first pod set is the master).
+    """torchrun / torch.distributed: torchrun's own PET_NNODES,
+    PET_NPROC_PER_NODE, PET_NODE_RANK (the pod's index plus its pod set's
+    TANDEM_RANK_OFFSET), PET_MASTER_ADDR and PET_MASTER_PORT, plus
+    MASTER_ADDR, MASTER_PORT and WORLD_SIZE for code that uses `env://`
+    directly (index 0 of the first pod set is the master).
     """
     FRAMEWORK_RAY: _Framework.ValueType  # 3
     """Ray: the first pod set is the head (exactly one replica), the others join
@@ -62,8 +65,11 @@ FRAMEWORK_PLAIN: Framework.ValueType  # 1
 replica counts, rendezvous host and port).
 """
 FRAMEWORK_TORCHRUN: Framework.ValueType  # 2
-"""torchrun / torch.distributed: MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
-NODE_RANK (index 0 of the first pod set is the master).
+"""torchrun / torch.distributed: torchrun's own PET_NNODES,
+PET_NPROC_PER_NODE, PET_NODE_RANK (the pod's index plus its pod set's
+TANDEM_RANK_OFFSET), PET_MASTER_ADDR and PET_MASTER_PORT, plus
+MASTER_ADDR, MASTER_PORT and WORLD_SIZE for code that uses `env://`
+directly (index 0 of the first pod set is the master).
 """
 FRAMEWORK_RAY: Framework.ValueType  # 3
 """Ray: the first pod set is the head (exactly one replica), the others join
@@ -360,6 +366,66 @@ WAIT_REASON_RATE_LIMITED: WaitReason.ValueType  # 9
 WAIT_REASON_CLUSTERS_CORDONED: WaitReason.ValueType  # 10
 """Every allowed cluster is cordoned."""
 Global___WaitReason: _TypeAlias = WaitReason  # noqa: Y015
+
+class _ClusterVerdictReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ClusterVerdictReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ClusterVerdictReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CLUSTER_VERDICT_REASON_UNSPECIFIED: _ClusterVerdictReason.ValueType  # 0
+    """Not evaluated."""
+    CLUSTER_VERDICT_REASON_FITS: _ClusterVerdictReason.ValueType  # 1
+    """It fits now (the job waits for another reason, e.g. quota or order)."""
+    CLUSTER_VERDICT_REASON_INSUFFICIENT_CAPACITY: _ClusterVerdictReason.ValueType  # 2
+    """No domain has room for the gang now (message names the best domain's
+    shortfall).
+    """
+    CLUSTER_VERDICT_REASON_TOPOLOGY_FRAGMENTED: _ClusterVerdictReason.ValueType  # 3
+    """The cluster has the GPUs, but not inside one domain of the required
+    level.
+    """
+    CLUSTER_VERDICT_REASON_UNKNOWN_TOPOLOGY_LEVEL: _ClusterVerdictReason.ValueType  # 4
+    """The cluster has no such topology level."""
+    CLUSTER_VERDICT_REASON_NO_FRESH_INVENTORY: _ClusterVerdictReason.ValueType  # 5
+    """No stream, or its report is stale or missing."""
+    CLUSTER_VERDICT_REASON_CORDONED: _ClusterVerdictReason.ValueType  # 6
+    """Cordoned by an admin."""
+    CLUSTER_VERDICT_REASON_READ_ONLY: _ClusterVerdictReason.ValueType  # 7
+    """The cluster's agent is read-only (it creates nothing)."""
+    CLUSTER_VERDICT_REASON_NO_FEASIBLE_NODE: _ClusterVerdictReason.ValueType  # 8
+    """Nodes of the cluster could never hold a replica (model, memory, MIG,
+    DRA, taints), even empty.
+    """
+
+class ClusterVerdictReason(_ClusterVerdictReason, metaclass=_ClusterVerdictReasonEnumTypeWrapper):
+    """Why a queued job does not fit one cluster now."""
+
+CLUSTER_VERDICT_REASON_UNSPECIFIED: ClusterVerdictReason.ValueType  # 0
+"""Not evaluated."""
+CLUSTER_VERDICT_REASON_FITS: ClusterVerdictReason.ValueType  # 1
+"""It fits now (the job waits for another reason, e.g. quota or order)."""
+CLUSTER_VERDICT_REASON_INSUFFICIENT_CAPACITY: ClusterVerdictReason.ValueType  # 2
+"""No domain has room for the gang now (message names the best domain's
+shortfall).
+"""
+CLUSTER_VERDICT_REASON_TOPOLOGY_FRAGMENTED: ClusterVerdictReason.ValueType  # 3
+"""The cluster has the GPUs, but not inside one domain of the required
+level.
+"""
+CLUSTER_VERDICT_REASON_UNKNOWN_TOPOLOGY_LEVEL: ClusterVerdictReason.ValueType  # 4
+"""The cluster has no such topology level."""
+CLUSTER_VERDICT_REASON_NO_FRESH_INVENTORY: ClusterVerdictReason.ValueType  # 5
+"""No stream, or its report is stale or missing."""
+CLUSTER_VERDICT_REASON_CORDONED: ClusterVerdictReason.ValueType  # 6
+"""Cordoned by an admin."""
+CLUSTER_VERDICT_REASON_READ_ONLY: ClusterVerdictReason.ValueType  # 7
+"""The cluster's agent is read-only (it creates nothing)."""
+CLUSTER_VERDICT_REASON_NO_FEASIBLE_NODE: ClusterVerdictReason.ValueType  # 8
+"""Nodes of the cluster could never hold a replica (model, memory, MIG,
+DRA, taints), even empty.
+"""
+Global___ClusterVerdictReason: _TypeAlias = ClusterVerdictReason  # noqa: Y015
 
 @_typing.final
 class DeviceRequest(_message.Message):
@@ -777,7 +843,10 @@ class JobSpec(_message.Message):
     @_builtins.property
     def max_runtime(self) -> _duration_pb2.Duration:
         """Wall-clock limit of one attempt from its RUNNING transition; absent = the
-        policy default. Used for backfilling into draining domains.
+        policy default; enforced by the broker. The agent sets the Jobs'
+        activeDeadlineSeconds to max_runtime + start_timeout (it counts from the
+        Job's start, gated wait included) as a safety net. Used for backfilling
+        into draining domains.
         """
 
     @_builtins.property
@@ -1096,6 +1165,7 @@ class QueueInfo(_message.Message):
     QUOTA_FIELD_NUMBER: _builtins.int
     NEXT_ELIGIBLE_TIME_FIELD_NUMBER: _builtins.int
     EVALUATE_TIME_FIELD_NUMBER: _builtins.int
+    CLUSTERS_FIELD_NUMBER: _builtins.int
     position: _builtins.int
     """Number of jobs (of any tenant) ahead of it in the broker's scheduling
     order, 0 = next. A count only, never identities; absent when not
@@ -1118,6 +1188,14 @@ class QueueInfo(_message.Message):
     def evaluate_time(self) -> _timestamp_pb2.Timestamp:
         """When this information was computed."""
 
+    @_builtins.property
+    def clusters(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClusterVerdict]:
+        """Per allowed cluster, why the job does not go there now, from the
+        broker's own run of the placement core over that cluster's reported
+        inventory (extenders only judge pods that exist). Only the tenant's own
+        job and the cluster's aggregate facts appear.
+        """
+
     def __init__(
         self,
         *,
@@ -1127,16 +1205,51 @@ class QueueInfo(_message.Message):
         quota: _builtins.str = ...,
         next_eligible_time: _timestamp_pb2.Timestamp | None = ...,
         evaluate_time: _timestamp_pb2.Timestamp | None = ...,
+        clusters: _abc.Iterable[Global___ClusterVerdict] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_position", b"_position", "evaluate_time", b"evaluate_time", "next_eligible_time", b"next_eligible_time", "position", b"position"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_position", b"_position", "evaluate_time", b"evaluate_time", "message", b"message", "next_eligible_time", b"next_eligible_time", "position", b"position", "quota", b"quota", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_position", b"_position", "clusters", b"clusters", "evaluate_time", b"evaluate_time", "message", b"message", "next_eligible_time", b"next_eligible_time", "position", b"position", "quota", b"quota", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__position: _TypeAlias = _typing.Literal["position"]  # noqa: Y015
     _WhichOneofArgType__position: _TypeAlias = _typing.Literal["_position", b"_position"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__position) -> _WhichOneofReturnType__position | None: ...
 
 Global___QueueInfo: _TypeAlias = QueueInfo  # noqa: Y015
+
+@_typing.final
+class ClusterVerdict(_message.Message):
+    """One cluster's verdict on a queued job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    FIT_REASON_FIELD_NUMBER: _builtins.int
+    cluster: _builtins.str
+    """Cluster name."""
+    reason: Global___ClusterVerdictReason.ValueType
+    """Typed reason."""
+    message: _builtins.str
+    """Human-readable detail, e.g. "rack r2: 6 free GPUs, needs 8"."""
+    fit_reason: _common_pb2.FitReason.ValueType
+    """The placement core's reason for the best domain, when about fit."""
+    def __init__(
+        self,
+        *,
+        cluster: _builtins.str = ...,
+        reason: Global___ClusterVerdictReason.ValueType = ...,
+        message: _builtins.str = ...,
+        fit_reason: _common_pb2.FitReason.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "fit_reason", b"fit_reason", "message", b"message", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterVerdict: _TypeAlias = ClusterVerdict  # noqa: Y015
 
 @_typing.final
 class JobStatus(_message.Message):
