@@ -82,10 +82,15 @@ def pod(
 
 def gang_pod(name: str, job: str, attempt: str, gpus: int, *, pinned: str | None = None,
              node_name: str | None = None, phase: str = "Pending") -> dict[str, Any]:
-    """A gang replica as the agent creates it: job/attempt labels, pinned by hostname selector."""
-    return pod(name, gpus=gpus, labels={"tandem.dev/job": job, "tandem.dev/attempt": attempt},
-               node_selector={"kubernetes.io/hostname": pinned} if pinned else None,
-               node_name=node_name, phase=phase)
+    """A gang replica as the agent creates it: job/attempt labels, pinned by a `metadata.name` field
+    requirement in its required node affinity (never by the hostname label: it may differ)."""
+    p = pod(name, gpus=gpus, labels={"tandem.dev/job": job, "tandem.dev/attempt": attempt},
+            node_name=node_name, phase=phase)
+    if pinned:
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pinned]}]}
+        p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term]}}}
+    return p
 
 
 def reservation(job: str, attempt: str, nodes: dict[str, int], *, gpus: int = 4, cpu: str = "8",
