@@ -248,7 +248,7 @@ def _gang_domain_note(inv: Inventory, snap: Snapshot, q: Query) -> str:
     notes = []
     for r in inv.reservations_of(*q.gang):
         if not r.gpus:
-            continue
+            continue  # only whole-GPU gangs get the free-GPU arithmetic
         free = need = 0
         for name in r.nodes:
             f = snap.facts_by_name(name)

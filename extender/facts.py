@@ -18,18 +18,16 @@ import orjson
 
 from extender.config import ExtenderConfig
 from extender.podreq import PodRecord
-from extender.reservations import Reservation, domain_label
+from extender.reservations import HeldReservation, domain_label
 from placement.dra import DraEvaluator
 from placement.inventory import node_from_k8s
-from placement.model import Node, PodShape, Toleration, TopologyLevels
+from placement.model import Node, PodShape, TopologyLevels
 from placement.overlay import subtract_held
 
 __all__ = ["Hold", "NodeFacts", "build_facts", "DeviceKey", "levels_of", "fit_signature"]
 
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device), as in a claim's allocation results."""
-
-_TOLERATE_ALL = (Toleration(operator="Exists"),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,25 +91,13 @@ def levels_of(config: ExtenderConfig) -> TopologyLevels:
     return TopologyLevels(config.topology.keys)
 
 
-def hold_shape(r: Reservation) -> list[PodShape]:
-    """The per-replica shapes of a reservation: whole GPUs (with CPU/memory), then one per MIG profile."""
-    shapes: list[PodShape] = []
-    if r.gpus or not r.mig:
-        shapes.append(PodShape(gpus=r.gpus, cpu_milli=r.cpu_milli, memory=r.memory, tolerations=_TOLERATE_ALL))
-    for profile, count in r.mig:
-        first = not shapes
-        shapes.append(PodShape(mig_profile=profile, mig_count=count, cpu_milli=r.cpu_milli if first else 0,
-                               memory=r.memory if first else 0, tolerations=_TOLERATE_ALL))
-    return shapes
-
-
 def build_facts(
     node_obj: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
     records: Iterable[PodRecord],
     slices: Iterable[Mapping[str, Any]],
     allocated: frozenset[DeviceKey],
-    reservations: Iterable[Reservation],
+    reservations: Iterable[HeldReservation],
     config: ExtenderConfig,
     sig_ids: dict[tuple[object, ...], int] | None = None,
 ) -> NodeFacts:
@@ -120,17 +106,20 @@ def build_facts(
     node = node_from_k8s(node_obj, pods, slices, allocated, levels_of(config))
     name = node.name
     records = tuple(records)
-    bound: dict[tuple[str, str], int] = {}
+    bound: dict[tuple[str, str, str], int] = {}  # (job, attempt, pod set) -> replicas bound here; "" = any
     for p in records:
         if p.gang is not None:
-            g = (p.gang.job, p.gang.attempt)
-            bound[g] = bound.get(g, 0) + 1
+            for ps in {p.gang.pod_set, ""}:
+                g = (p.gang.job, p.gang.attempt, ps)
+                bound[g] = bound.get(g, 0) + 1
     holds = []
     for r in reservations:
-        left = r.nodes.get(name, 0) - bound.get(r.gang, 0)
-        if left > 0:
-            for shape in hold_shape(r):
-                holds.append(Hold(r.job, r.attempt, left, shape, r.domain))
+        for part in r.reservation.parts:
+            if part.node != name:
+                continue
+            left = part.replicas - bound.get((r.job, r.attempt, part.pod_set), 0)
+            if left > 0:
+                holds.append(Hold(r.job, r.attempt, left, part.shape, r.domain))
     quoted = orjson.dumps(name)
     sig_id = -1
     if sig_ids is not None and not holds and not node.dra_devices:

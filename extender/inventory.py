@@ -17,7 +17,7 @@ from extender.config import ExtenderConfig
 from extender.errors import InventoryError
 from extender.facts import DeviceKey, NodeFacts, build_facts
 from extender.podreq import PodRecord, pod_record
-from extender.reservations import Reservation, parse_reservation
+from extender.reservations import HeldReservation, parse_reservation
 from extender.snapshot import Snapshot
 from placement.errors import PlacementError
 
@@ -56,9 +56,11 @@ class Inventory:
     practice; the lock only guards the file-mode reload and tests that use threads).
     """
 
-    def __init__(self, config: ExtenderConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: ExtenderConfig, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self._clock = clock
+        self._wall = wall_clock
         self._lock = threading.RLock()
         self._objs: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in KINDS}
         self._synced: set[str] = set()
@@ -66,7 +68,9 @@ class Inventory:
         self._pods_on: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self._pods_by_uid: dict[str, dict[str, Any]] = {}
         self._slices_on: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
-        self._reservations: dict[tuple[str, str], Reservation] = {}
+        self._reservations: dict[tuple[str, str], HeldReservation] = {}
+        self._expired: dict[tuple[str, str], HeldReservation] = {}
+        """Reservations past their `expires_at`: kept out of every decision (their attempt never started)."""
         self._facts: dict[str, NodeFacts] = {}
         self._sorted_names: list[str] | None = None  # node names, sorted; None after a node comes or goes
         self._allocated: frozenset[DeviceKey] | None = None  # allocated DRA devices; None after a claim event
@@ -176,8 +180,11 @@ class Inventory:
             except InventoryError as e:
                 self._error(str(e))
                 return
-            self._reservations[key] = res
-            self._dirty.update(res.nodes)
+            if res.expired(self._wall()):
+                self._expired[key] = res
+            else:
+                self._reservations[key] = res
+                self._dirty.update(res.nodes)
         elif kind == "Node":
             self._dirty.add(key[1])
         elif kind == "Pod":
@@ -204,6 +211,7 @@ class Inventory:
         key = _key(obj)
         self._objs[kind].pop(key, None)
         if kind == "ConfigMap":
+            self._expired.pop(key, None)
             res = self._reservations.pop(key, None)
             if res is not None:
                 self._dirty.update(res.nodes)
@@ -234,9 +242,27 @@ class Inventory:
         log.warning("inventory object skipped", extra={"detail": message})
         self.errors = (self.errors + [message])[-20:]
 
+    def expire_reservations(self) -> int:
+        """Drop reservations whose `expires_at` has passed (called periodically: expiry is a time, not an
+        event); returns how many went. Their nodes' facts are rebuilt at the next snapshot."""
+        now = self._wall()
+        with self._lock:
+            gone = [k for k, r in self._reservations.items() if r.expired(now)]
+            for k in gone:
+                res = self._reservations.pop(k)
+                self._expired[k] = res
+                self._dirty.update(res.nodes)
+            if gone:
+                self._touch()
+        return len(gone)
+
     # ------------------------------------------------------------------ lookups
 
-    def reservations_of(self, job: str, attempt: str) -> list[Reservation]:
+    def reservations(self) -> list[HeldReservation]:
+        """Every reservation that holds something now (not expired)."""
+        return list(self._reservations.values())
+
+    def reservations_of(self, job: str, attempt: str) -> list[HeldReservation]:
         """The reservations recorded for one gang attempt."""
         return [r for r in self._reservations.values() if r.job == job and r.attempt == attempt]
 
@@ -271,7 +297,7 @@ class Inventory:
     # ------------------------------------------------------------------ snapshots
 
     def _build(self, name: str, allocated: frozenset[DeviceKey], without: frozenset[str] = frozenset(),
-               reservations: Iterable[Reservation] | None = None) -> NodeFacts | None:
+               reservations: Iterable[HeldReservation] | None = None) -> NodeFacts | None:
         node = self._objs["Node"].get(("", name))
         if node is None:
             return None
@@ -314,7 +340,7 @@ class Inventory:
             self._dirty = set()
             if self._allocated is None:
                 self._allocated = frozenset(self._consumers()) if self._objs["ResourceClaim"] else frozenset()
-            by_node: dict[str, list[Reservation]] = {}
+            by_node: dict[str, list[HeldReservation]] = {}
             for r in self._reservations.values():
                 for n in r.nodes:
                     by_node.setdefault(n, []).append(r)

@@ -17,6 +17,7 @@ import orjson
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
+from extender.config import ExtenderConfig
 from extender.errors import ExtenderError
 
 __all__ = [
@@ -92,12 +93,9 @@ class KubeSettings:
     """Re-check interval for an API group the server does not serve (404 on list), seconds."""
 
     @classmethod
-    def from_config(cls, config: object) -> KubeSettings:
-        """Take the reservation namespace and label from the extender's config (other fields default)."""
-        return cls(
-            reservation_namespace=str(getattr(config, "reservation_namespace", cls.reservation_namespace)),
-            reservation_label=str(getattr(config, "reservation_label", cls.reservation_label)),
-        )
+    def from_config(cls, config: ExtenderConfig) -> KubeSettings:
+        """The one way to build it: the reservation namespace and label from the extender's config."""
+        return cls(reservation_namespace=config.reservation_namespace, reservation_label=config.reservation_label)
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,8 +80,9 @@ async def _serve(config: ExtenderConfig, files: Sequence[Path], kube: bool) -> N
         from extender import kube as kube_mod  # imported lazily: file mode needs no cluster
 
         api = await kube_mod.load_api_client()
-        watcher = kube_mod.Watcher(api, inv, kube_mod.KubeSettings(reservation_namespace=config.reservation_namespace))
+        watcher = kube_mod.Watcher(api, inv, kube_mod.KubeSettings.from_config(config))
         tasks.append(asyncio.create_task(watcher.run(), name="kube-watch"))
+    tasks.append(asyncio.create_task(_expire_reservations(inv), name="reservation-expiry"))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context(config))
@@ -95,14 +97,36 @@ async def _serve(config: ExtenderConfig, files: Sequence[Path], kube: bool) -> N
         await runner.cleanup()
 
 
+async def _expire_reservations(inv: Inventory, every_s: float = 5.0) -> None:
+    """Expiry is a time, not an event: drop expired reservations so their holds end even with no agent."""
+    while True:
+        await asyncio.sleep(every_s)
+        inv.expire_reservations()
+
+
+def cluster_reachable() -> bool:
+    """Whether a cluster can be found without --kube: in a pod, or a kubeconfig ($KUBECONFIG / ~/.kube/config)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return True
+    paths = os.environ.get("KUBECONFIG", "").split(os.pathsep) if os.environ.get("KUBECONFIG") else []
+    return any(Path(p).expanduser().is_file() for p in paths or ["~/.kube/config"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = load_config(args.config, listen=args.listen, log_level=args.log_level)
     _setup_logging(config.log_level)
-    if not args.inventory_file and not args.kube:
-        log.warning("no inventory source", extra={"detail": "pass --inventory-file or --kube"})
+    kube = args.kube
+    if not args.inventory_file and not kube:
+        # Serving with nothing to read would never become ready: find the cluster, or say what is missing.
+        if not cluster_reachable():
+            print("tandem-extender serve: no inventory source: pass --kube (in a pod or with a kubeconfig) or "
+                  "--inventory-file FILE", file=sys.stderr)
+            return 2
+        log.info("no inventory source given: watching the cluster found in the environment")
+        kube = True
     try:
-        asyncio.run(_serve(config, args.inventory_file, args.kube))
+        asyncio.run(_serve(config, args.inventory_file, kube))
     except KeyboardInterrupt:
         return 0
     return 0

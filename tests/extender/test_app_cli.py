@@ -123,3 +123,13 @@ async def test_tls(tmp_path: Path) -> None:
                 assert (await r.json())["NodeNames"] == ["h100-r1-n2"]
     finally:
         await runner.cleanup()
+
+
+def test_serve_with_no_inventory_source_and_no_cluster_fails_fast(tmp_path: Path) -> None:
+    """Without --kube, --inventory-file or a cluster in the environment it would never become ready."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config
+    proc = subprocess.run([sys.executable, "-m", "extender.main", "serve", "--listen", "127.0.0.1:0"],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2
+    assert "no inventory source" in proc.stderr and "--kube" in proc.stderr
