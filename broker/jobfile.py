@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -94,6 +95,36 @@ def _dur(target: Any, value: str | int | None) -> None:
         target.seconds = parse_duration(value)
 
 
+def _with_requests(ps: PodSetFile) -> dict[str, Any]:
+    """The template with the pod set's resources as its first container's requests (and the extended ones
+    as limits too) where the template leaves them out: the broker refuses a template that asks for other
+    resources than the shape it declares, and a job file should not have to say them twice."""
+    template = copy.deepcopy(ps.template)
+    containers = (template.setdefault("spec", {})).setdefault("containers", [])
+    if not containers:
+        return template
+    resources = containers[0].setdefault("resources", {})
+    requests, limits = resources.setdefault("requests", {}), resources.setdefault("limits", {})
+    wanted: dict[str, str] = {}
+    if ps.cpu:
+        wanted["cpu"] = str(ps.cpu)
+    if ps.memory:
+        wanted["memory"] = str(ps.memory)
+    extended: dict[str, str] = {k: str(v) for k, v in ps.extendedResources.items()}
+    if ps.gpus and not ps.gpuShare:
+        extended["nvidia.com/gpu"] = str(ps.gpus)
+    elif ps.gpuShare:
+        extended["tandem.dev/gpu-milli"] = str(ps.gpuShare)
+    if ps.migProfile and ps.migCount:
+        extended[f"nvidia.com/mig-{ps.migProfile}"] = str(ps.migCount)
+    for name, value in wanted.items():
+        requests.setdefault(name, value)
+    for name, value in extended.items():
+        if name not in requests and name not in limits:
+            limits[name] = value  # extended resources: limits imply equal requests
+    return template
+
+
 def to_spec(jf: JobFile) -> job_pb2.JobSpec:
     s = job_pb2.JobSpec(
         tenant=jf.tenant, queue=jf.queue, priority=jf.priority, priority_band=jf.band, preemptible=jf.preemptible,
@@ -118,7 +149,7 @@ def to_spec(jf: JobFile) -> job_pb2.JobSpec:
     s.annotations.update(jf.annotations)
     for ps in jf.podSets:
         out = s.pod_sets.add(name=ps.name, count=ps.replicas, fixed_count=ps.fixedCount,
-                             pod_template_json=json.dumps(ps.template, sort_keys=True))
+                             pod_template_json=json.dumps(_with_requests(ps), sort_keys=True))
         sh = out.shape
         sh.gpu_count = ps.gpus
         sh.gpu_milli = ps.gpuShare

@@ -75,12 +75,9 @@ def _shape(shape: job_pb2.PodShape, template: dict[str, object], path: str) -> t
         tpl_shape = shape_from_pod(template)
     except PodSpecError as exc:
         out.append(FieldViolation(f"{path}.pod_template_json.{exc.field}", str(exc)))
-    if tpl_shape is not None and tpl_shape.gpus and tpl_shape.gpus != shape.gpu_count:
-        out.append(FieldViolation(
-            f"{path}.shape.gpu_count",
-            f"disagrees with the template's nvidia.com/gpu request ({tpl_shape.gpus})",
-        ))
     milli = shape.gpu_milli or WHOLE_GPU_MILLI
+    if tpl_shape is not None:
+        out.extend(_template_disagrees(shape, tpl_shape, milli, path))
     dra = tuple(
         DraRequest(r.device_class_name, tuple(r.selectors), max(r.count, 1)) for r in shape.device_requests
     )
@@ -100,6 +97,25 @@ def _shape(shape: job_pb2.PodShape, template: dict[str, object], path: str) -> t
         affinity=tpl_shape.affinity if tpl_shape else (),
     )
     return core, out
+
+
+def _template_disagrees(shape: job_pb2.PodShape, tpl: PodShape, milli: int, path: str) -> list[FieldViolation]:
+    """kube-scheduler places the pod the template describes, the broker plans on the declared shape: the two
+    must request the same (computed as kube-scheduler does: init containers as a max, sidecars and overhead
+    added), else a gang planned for 96 CPUs lands as a pod asking for none."""
+    pairs = [
+        ("gpu_count", shape.gpu_count, tpl.gpus, "nvidia.com/gpu"),
+        ("gpu_milli", milli if shape.gpu_count else tpl.gpu_milli, tpl.gpu_milli, "tandem.dev/gpu-milli"),
+        ("mig_profile", shape.mig_profile or None, tpl.mig_profile, "nvidia.com/mig-<profile>"),
+        ("mig_count", shape.mig_count, tpl.mig_count, "nvidia.com/mig-<profile>"),
+        ("cpu_milli", shape.cpu_milli, tpl.cpu_milli, "cpu (millicores)"),
+        ("memory_bytes", shape.memory_bytes, tpl.memory, "memory (bytes)"),
+        ("extended_resources", dict(shape.extended_resources), dict(tpl.extended), "other extended resources"),
+    ]
+    return [FieldViolation(f"{path}.shape.{name}",
+                           f"declares {declared!r} but the pod template requests {templated!r} of {what} "
+                           "(set the template's container requests to the shape)")
+            for name, declared, templated, what in pairs if declared != templated]
 
 
 def request_from_spec(job_id: str, spec: job_pb2.JobSpec, tenant: str, base_priority: int = 0) -> JobRequest:

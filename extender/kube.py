@@ -45,6 +45,11 @@ class Kind(str, enum.Enum):
     RESOURCE_CLAIM = "ResourceClaim"
     DEVICE_CLASS = "DeviceClass"
     RESERVATION = "Reservation"  # ConfigMaps labelled tandem.dev/reservation
+    JOB = "Job"  # Tandem's batch/v1 Jobs (labelled tandem.dev/job): the agent's, not the extender's
+
+
+INVENTORY_KINDS = frozenset(k for k in Kind if k is not Kind.JOB)
+"""What the extender's inventory is fed with (the default of `Watcher`)."""
 
 
 class InventorySink(Protocol):
@@ -79,6 +84,8 @@ class KubeSettings:
     """Namespace holding the reservation ConfigMaps."""
     reservation_label: str = RESERVATION_LABEL
     """Label selector of the reservation ConfigMaps (a label key: presence selects)."""
+    gang_job_label: str = "tandem.dev/job"
+    """Label selector of Tandem's Jobs (Kind.JOB; the agent watches them)."""
     watch_timeout_s: int = 300
     """Server-side ``timeoutSeconds`` of one watch request, seconds; jittered by up to +20%."""
     list_page_size: int = 500
@@ -95,7 +102,8 @@ class KubeSettings:
     @classmethod
     def from_config(cls, config: ExtenderConfig) -> KubeSettings:
         """The one way to build it: the reservation namespace and label from the extender's config."""
-        return cls(reservation_namespace=config.reservation_namespace, reservation_label=config.reservation_label)
+        return cls(reservation_namespace=config.reservation_namespace, reservation_label=config.reservation_label,
+                   gang_job_label=config.gang_job_label)
 
 
 @dataclasses.dataclass
@@ -130,7 +138,10 @@ class _Source:
 def _sources(api: kclient.ApiClient, settings: KubeSettings) -> list[_Source]:
     core = kclient.CoreV1Api(api)
     dra = kclient.ResourceV1Api(api)
+    batch = kclient.BatchV1Api(api)
     return [
+        _Source(Kind.JOB, batch.list_job_for_all_namespaces_without_preload_content,
+                kwargs={"label_selector": settings.gang_job_label}),
         _Source(Kind.NODE, core.list_node_without_preload_content),
         _Source(Kind.POD, core.list_pod_for_all_namespaces_without_preload_content),
         _Source(Kind.RESOURCE_SLICE, dra.list_resource_slice_without_preload_content),
@@ -187,7 +198,8 @@ class Watcher:
         self._rand = rand
         self._on_synced = on_synced
         self._on_reservations_loaded = on_reservations_loaded
-        self._sources = [s for s in _sources(api, settings) if kinds is None or s.kind in kinds]
+        wanted = INVENTORY_KINDS if kinds is None else kinds
+        self._sources = [s for s in _sources(api, settings) if s.kind in wanted]
         self._pending = {s.kind for s in self._sources}
         self.synced = asyncio.Event()
         self.reservations_loaded = asyncio.Event()
@@ -352,12 +364,15 @@ class Watcher:
 
 
 async def load_api_client(
-    host: str | None = None, kubeconfig: str | None = None, context: str | None = None
+    host: str | None = None, kubeconfig: str | None = None, context: str | None = None, token: str | None = None
 ) -> kclient.ApiClient:
-    """Build the API client: an explicit host (tests, proxies), else in-cluster, else kubeconfig."""
+    """Build the API client: an explicit host (tests, proxies; with a bearer `token`), else in-cluster,
+    else kubeconfig."""
     cfg = kclient.Configuration()
     if host:
         cfg.host = host
+        if token:
+            cfg.api_key = {"authorization": f"Bearer {token}"}
     elif kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
@@ -365,6 +380,175 @@ async def load_api_client(
             config_file=kubeconfig, context=context, client_configuration=cfg
         )
     return kclient.ApiClient(cfg)
+
+
+def api_path(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None,
+             sub: str | None = None) -> str:
+    """REST path of a collection or object: `/api/v1/...` for the core group, `/apis/<g>/<v>/...` else."""
+    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    path = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+    if name:
+        path += f"/{name}"
+        if sub:
+            path += f"/{sub}"
+    return path
+
+
+class NotLeader(KubeError):
+    """A mutating call was refused by the leader guard: this replica is not (or no longer) the leader."""
+
+    def __init__(self) -> None:
+        super().__init__(0, "not the leader: mutating calls are refused")
+
+
+class KubeClient:
+    """Raw JSON requests to the API server for everything the agent writes (no generated models: nothing
+    is dropped or re-validated on the way). Writes use `fieldValidation=Strict`; every patch names its
+    media type; every delete names its propagation policy (FLEET-NOTES A-6, A-7); 429 and 5xx answers are
+    retried after `Retry-After` (API Priority and Fairness throttles bursts). Mutating calls first ask
+    `guard`: a replica that lost the leader Lease must not write (A-11)."""
+
+    def __init__(
+        self, api: kclient.ApiClient, *, field_manager: str = "tandem-agent", timeout_s: float = 30.0,
+        retries: int = 4, guard: Callable[[], bool] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.api = api
+        self.field_manager = field_manager
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.guard = guard
+        self._sleep = sleep
+        self.errors: dict[int, int] = {}
+        """Failed requests by HTTP status (0 = transport), for the agent's metrics."""
+
+    async def request(
+        self, method: str, path: str, *, body: Any = None, query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json", mutating: bool | None = None,
+    ) -> dict[str, Any]:
+        """One request; the reply's JSON object, or KubeError (status, Status reason and message)."""
+        if mutating is None:
+            mutating = method != "GET"
+        for attempt in range(self.retries + 1):
+            if mutating and self.guard is not None and not self.guard():
+                raise NotLeader()
+            headers = {"Accept": "application/json", "Content-Type": content_type}
+            params = await self.api.param_serialize(
+                method=method, resource_path=path, query_params=query or [], header_params=headers, body=body,
+                auth_settings=["BearerToken"],
+            )
+            try:
+                resp = (await self.api.call_api(*params, _preload_content=False,
+                                                _request_timeout=self.timeout_s)).response
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                self.errors[0] = self.errors.get(0, 0) + 1
+                if attempt == self.retries:
+                    raise KubeError(0, repr(e)) from e
+                await self._sleep(min(8.0, 0.2 * 2 ** attempt))
+                continue
+            if resp.status < 300:
+                try:
+                    raw = await resp.read()
+                finally:
+                    resp.release()
+                out = orjson.loads(raw) if raw else {}
+                return out if isinstance(out, dict) else {"items": out}
+            self.errors[resp.status] = self.errors.get(resp.status, 0) + 1
+            if (resp.status == 429 or resp.status >= 500) and attempt < self.retries:
+                retry_after = resp.headers.get("Retry-After", "")
+                resp.release()
+                await self._sleep(float(retry_after) if retry_after.isdigit() else min(8.0, 0.2 * 2 ** attempt))
+                continue
+            raise await _error_of(resp)
+        raise KubeError(0, "unreachable")  # pragma: no cover - the loop returns or raises
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await self.request("GET", path)
+        except KubeError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def list(self, path: str, *, label_selector: str = "", field_selector: str = "") -> list[dict[str, Any]]:
+        """Every item of a collection (all pages)."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = [("limit", "500")]
+            if label_selector:
+                query.append(("labelSelector", label_selector))
+            if field_selector:
+                query.append(("fieldSelector", field_selector))
+            if token:
+                query.append(("continue", token))
+            page = await self.request("GET", path, query=query)
+            items.extend(page.get("items") or [])
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
+
+    async def create(self, path: str, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        query = [("fieldManager", self.field_manager), ("fieldValidation", "Strict")]
+        if dry_run:
+            query.append(("dryRun", "All"))
+        return await self.request("POST", path, body=body, query=query)
+
+    async def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        query = [("fieldManager", self.field_manager), ("fieldValidation", "Strict")]
+        return await self.request("PUT", path, body=body, query=query)
+
+    async def patch(self, path: str, patch: Any, *, content_type: str) -> dict[str, Any]:
+        """A patch of an explicit media type (JSON Patch for lists; never a merge patch on lists)."""
+        query = [("fieldManager", self.field_manager), ("fieldValidation", "Strict")]
+        return await self.request("PATCH", path, body=patch, query=query, content_type=content_type)
+
+    async def delete(self, path: str, *, propagation_policy: str, grace_period_s: int | None = None,
+                     preconditions: dict[str, str] | None = None) -> dict[str, Any] | None:
+        """Delete with an explicit propagation policy (a Job deleted without one orphans its pods);
+        None when it was already gone."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation_policy}
+        if grace_period_s is not None:
+            options["gracePeriodSeconds"] = grace_period_s
+        if preconditions:
+            options["preconditions"] = preconditions
+        try:
+            return await self.request("DELETE", path, body=options)
+        except KubeError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def delete_collection(self, path: str, *, label_selector: str, propagation_policy: str,
+                                grace_period_s: int | None = None) -> None:
+        query = [("labelSelector", label_selector)]
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation_policy}
+        if grace_period_s is not None:
+            options["gracePeriodSeconds"] = grace_period_s
+        await self.request("DELETE", path, body=options, query=query)
+
+    async def server_version(self) -> str:
+        """`gitVersion` of the API server, e.g. "v1.36.1" ("" when it does not say)."""
+        info = await self.request("GET", "/version")
+        return str(info.get("gitVersion", ""))
+
+    async def can_i(self, verb: str, resource: str, *, group: str = "", namespace: str = "", name: str = "",
+                    subresource: str = "") -> tuple[bool, str]:
+        """A SelfSubjectAccessReview: whether this identity may do it, and the server's reason."""
+        attrs = {"verb": verb, "resource": resource, "group": group}
+        if namespace:
+            attrs["namespace"] = namespace
+        if name:
+            attrs["name"] = name
+        if subresource:
+            attrs["subresource"] = subresource
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": attrs}}
+        out = await self.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=review,
+                                 mutating=False)
+        status = out.get("status") or {}
+        return bool(status.get("allowed")), str(status.get("reason", "") or status.get("evaluationError", ""))
 
 
 # Namespaced kinds the agent creates, by kind: (API group, version, plural).

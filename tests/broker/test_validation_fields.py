@@ -122,6 +122,10 @@ CASES: list[tuple[str, Callable[[job_pb2.JobSpec], None], str]] = [
     ("mig count without profile", _set("ps.shape.mig_count", 2), f"{P}.pod_sets[0].shape.mig_count"),
     ("cpu", _set("ps.shape.cpu_milli", -1), f"{P}.pod_sets[0].shape.cpu_milli"),
     ("memory", _set("ps.shape.memory_bytes", -1), f"{P}.pod_sets[0].shape.memory_bytes"),
+    # the template must request what the shape declares (kube-scheduler sees the template).
+    ("cpu not in template", _set("ps.shape.cpu_milli", 96_000), f"{P}.pod_sets[0].shape.cpu_milli"),
+    ("memory not in template", _set("ps.shape.memory_bytes", 1 << 40), f"{P}.pod_sets[0].shape.memory_bytes"),
+    ("gpus differ from template", _set("ps.shape.gpu_count", 4), f"{P}.pod_sets[0].shape.gpu_count"),
     ("gpu model", _model("not a label value!"), f"{P}.pod_sets[0].shape.allowed_gpu_models[0]"),
     ("extended gpu", _extended("nvidia.com/gpu", 1), f"{P}.pod_sets[0].shape.extended_resources['nvidia.com/gpu']"),
     ("device request", _device("", "gpu.nvidia.com"), f"{P}.pod_sets[0].shape.device_requests[0].name"),

@@ -287,7 +287,9 @@ WATCHED = {
     kube.Kind.RESOURCE_CLAIM: ("resource.k8s.io", "resourceclaims", None),
     kube.Kind.DEVICE_CLASS: ("resource.k8s.io", "deviceclasses", None),
     kube.Kind.RESERVATION: ("", "configmaps", "tandem-system"),
+    kube.Kind.JOB: ("batch", "jobs", None),
 }
+EXTENDER_WATCHES = {k: v for k, v in WATCHED.items() if k in kube.INVENTORY_KINDS}
 
 
 def grants(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
@@ -304,12 +306,13 @@ def bound_roles(sa: str = "tandem-scheduler") -> list[dict[str, Any]]:
     return out
 
 
-def test_rbac_covers_every_watched_kind() -> None:
+@pytest.mark.parametrize(("sa", "watched"), [("tandem-scheduler", EXTENDER_WATCHES), ("tandem-agent", WATCHED)])
+def test_rbac_covers_every_watched_kind(sa: str, watched: dict[Any, tuple[str, str, str | None]]) -> None:
     assert set(WATCHED) == set(kube.Kind)
-    for kind, (group, resource, namespace) in WATCHED.items():
+    for kind, (group, resource, namespace) in watched.items():
         for verb in ("list", "watch"):
             ok = [
-                b for b in bound_roles() if b["role"] is not None
+                b for b in bound_roles(sa) if b["role"] is not None
                 and (namespace is None) == (b["ref"]["kind"] == "ClusterRole")
                 and (namespace is None or b["binding"]["metadata"]["namespace"] == namespace)
                 and grants(b["role"]["rules"], group, resource, verb)
@@ -317,21 +320,94 @@ def test_rbac_covers_every_watched_kind() -> None:
             assert ok, (kind, verb)
 
 
+NAMESPACED_ONLY = {"tandem-agent-workloads"}
+"""ClusterRoles with write verbs that may only be bound per namespace (RoleBindings), never cluster-wide."""
+
+
 def test_rbac_is_least_privilege() -> None:
     builtin = {"system:kube-scheduler", "system:volume-scheduler", "extension-apiserver-authentication-reader"}
     for b in bound_roles():
         if b["role"] is None:
             assert b["ref"]["name"] in builtin, b["ref"]  # the stock scheduler's own roles, bound, not widened
+    for b in bound_roles("tandem-agent"):
+        assert b["role"] is not None, b["ref"]
+    for b in (o for o in OBJECTS if o["kind"] == "ClusterRoleBinding"):
+        assert b["roleRef"]["name"] not in NAMESPACED_ONLY, b  # workload writes never cluster-wide
     for role in (o for o in OBJECTS if o["kind"] in ("ClusterRole", "Role")):
         for rule in role["rules"]:
             assert "*" not in rule["resources"] and "*" not in rule["apiGroups"]
             writes = WRITE_VERBS & set(rule["verbs"])
-            if role["kind"] == "ClusterRole":
-                assert not writes, (role["metadata"]["name"], rule)  # nothing cluster-scoped is written
+            name = role["metadata"]["name"]
+            if role["kind"] == "ClusterRole" and name not in NAMESPACED_ONLY:
+                assert not writes, (name, rule)  # nothing cluster-scoped is written
+            elif name == "tandem-agent-workloads":
+                assert set(rule["resources"]) <= {"jobs", "services", "pods", "resourceclaimtemplates", "events",
+                                                  "resourcequotas"}, rule
+            elif name == "tandem-agent":
+                assert role["metadata"]["namespace"] == "tandem-system"
+                assert rule["resources"] in (["configmaps"], ["leases"]), rule
+                assert rule["resources"] != ["leases"] or "update" not in writes \
+                    or rule["resourceNames"] == ["tandem-agent"]
             elif writes:
                 # Justified: kube-scheduler's leader Lease (create cannot be scoped by name; get/update are).
-                assert role["metadata"]["name"] == "tandem-scheduler-leases", rule
+                assert name == "tandem-scheduler-leases", rule
                 assert rule["resources"] == ["leases"] and writes <= {"create", "update"}
                 assert "update" not in writes or rule["resourceNames"] == ["tandem-scheduler"]
+
+
+def test_the_scheduler_and_the_agent_do_not_share_an_identity() -> None:
+    """The agent writes workloads; kube-scheduler's token must not carry those grants, nor the reverse."""
+    agent = one("Deployment", "tandem-agent")["spec"]["template"]["spec"]
+    assert agent["serviceAccountName"] == "tandem-agent" != pod_template()["spec"]["serviceAccountName"]
+    sched_roles = {b["ref"]["name"] for b in bound_roles()}
+    assert not sched_roles & {"tandem-agent", "tandem-agent-read", "tandem-agent-workloads"}
+
+
+def test_agent_rbac_grants_what_the_agent_checks_at_start() -> None:
+    from extender.agent.preflight import NAMESPACED_RULES, SYSTEM_RULES
+
+    (workloads,) = [o for o in OBJECTS if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "tandem-agent-workloads"]
+    for p in NAMESPACED_RULES:
+        assert grants(workloads["rules"], p.group, p.resource, p.verb), str(p)
+    (system,) = [o for o in OBJECTS if o["kind"] == "Role" and o["metadata"]["name"] == "tandem-agent"]
+    for p in SYSTEM_RULES:
+        assert any(p.group in r["apiGroups"] and p.resource in r["resources"] and p.verb in r["verbs"]
+                   and (not p.name or p.name in r.get("resourceNames", [p.name])) for r in system["rules"]), str(p)
+
+
+def test_render_rbac_binds_the_workload_role_in_every_tenant_namespace() -> None:
+    from extender.agent.config import AgentConfig
+    from extender.agent.preflight import render_rbac
+
+    cfg = AgentConfig(cluster_name="c", tenants={"a": ["team-a", "shared"], "b": ["team-b", "shared"]})
+    docs = list(yaml.safe_load_all(render_rbac(cfg)))
+    assert sorted(d["metadata"]["namespace"] for d in docs) == ["shared", "team-a", "team-b"]
+    for d in docs:
+        assert d["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "tandem-agent-workloads"}
+        assert d["subjects"] == [{"kind": "ServiceAccount", "name": "tandem-agent", "namespace": "tandem-system"}]
+        kubernetes_validate.validate(d, "1.35.0", strict=True)
     (cm_role,) = [o for o in OBJECTS if o["kind"] == "Role" and o["metadata"]["name"] == "tandem-extender-reservations"]
     assert cm_role["metadata"]["namespace"] == "tandem-system" and cm_role["rules"][0]["verbs"] == ["get", "list", "watch"]
+
+
+def test_agent_config_is_valid_and_agrees_with_the_extender_and_the_deployment() -> None:
+    from extender.agent.config import AgentConfig
+
+    cfg = AgentConfig.model_validate(yaml.safe_load(one("ConfigMap", "tandem-agent-config")["data"]["config.yaml"]))
+    xcfg = extender_config()
+    for field in ("scheduler_name", "reservation_namespace", "reservation_label", "topology", "gang_job_label"):
+        assert getattr(cfg.extender, field) == getattr(xcfg, field), field
+    assert cfg.lease.name == "tandem-agent" and cfg.lease.namespace == "tandem-system"
+    spec = one("Deployment", "tandem-agent")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["command"][:3] == ["tandem-extender", "agent", "--kube"]
+    assert [p["containerPort"] for p in container["ports"]] == [cfg.port]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert str(cfg.tls_cert_file).startswith(mounts["agent-tls"]) and str(cfg.tls_ca_file).startswith(mounts["agent-tls"])
+    secret = next(v["secret"]["secretName"] for v in spec["volumes"] if v["name"] == "agent-tls")
+    assert one("Certificate", "tandem-agent")["spec"]["secretName"] == secret
+    assert one("Certificate", "tandem-agent")["spec"]["commonName"] == cfg.cluster_name
+    classes = {o["metadata"]["name"]: o for o in OBJECTS if o["kind"] == "PriorityClass"}
+    assert cfg.default_priority_class in classes and cfg.preemptible_priority_class in classes
+    assert classes[str(cfg.preemptible_priority_class)]["preemptionPolicy"] == "Never"

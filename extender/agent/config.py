@@ -1,0 +1,157 @@
+"""The cluster agent's one typed configuration object (YAML via --config), loaded once in main()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from extender.config import ExtenderConfig
+
+__all__ = ["AgentConfig", "LeaseConfig", "load_agent_config", "LEVEL_NAMES"]
+
+LEVEL_NAMES = ("zone", "block", "rack", "nvlink", "host")
+"""Portable names of the extender's topology levels (TopologyConfig.keys order), as Hello reports them."""
+
+
+class LeaseConfig(BaseModel):
+    """Leader election on a coordination.k8s.io Lease (kube-scheduler's timing by default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str = "tandem-system"
+    """Namespace of the Lease."""
+    name: str = "tandem-agent"
+    """Lease name; never `tandem-scheduler` (that one is kube-scheduler's)."""
+    duration_s: float = 15.0
+    """leaseDurationSeconds: how long a holder's claim stands without renewal, seconds."""
+    renew_deadline_s: float = 10.0
+    """A leader that could not renew for this long steps down (before others may take over), seconds."""
+    retry_period_s: float = 2.0
+    """Renew / acquire attempt interval, seconds."""
+
+
+class AgentConfig(BaseModel):
+    """Everything the agent process can be told; every field has a default except the cluster's name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster_name: str = ""
+    """This cluster's name in the fleet (the broker checks it against the client certificate)."""
+    region: str = ""
+    """Region, for the broker's cluster selectors and tenancy policy."""
+    role: str = ""
+    """Role, e.g. "training", "inference"."""
+    cluster_labels: dict[str, str] = Field(default_factory=dict)
+    """Free-form cluster labels sent in Hello (tenancy policy may use them)."""
+    broker: str = ""
+    """Broker agent listener, HOST:PORT."""
+    tls_cert_file: Path | None = None
+    """Client certificate (CN / SAN = cluster_name) for the broker's mutual TLS."""
+    tls_key_file: Path | None = None
+    """Its private key."""
+    tls_ca_file: Path | None = None
+    """CA bundle that signed the broker's server certificate."""
+    tls_server_name: str | None = None
+    """Server name to verify instead of the broker host (certificates issued for another name)."""
+    insecure: bool = False
+    """Plain-text gRPC (development only: the broker then trusts the x-tandem-cluster header)."""
+    tenants: dict[str, list[str]] = Field(default_factory=dict)
+    """Tenant -> namespaces this cluster allows for it (the first is the default). A tenant not listed is
+    refused (TENANT_NOT_ALLOWED); the agent never creates anything elsewhere."""
+    priority_classes: dict[str, str] = Field(default_factory=dict)
+    """Priority band -> PriorityClass of its gang pods; bands not listed use default_priority_class."""
+    default_priority_class: str = "tandem-gang"
+    """PriorityClass of gang pods whose band is not mapped."""
+    preemptible_priority_class: str | None = "tandem-gang-preemptible"
+    """Class for preemptible attempts (preemptionPolicy: Never, so a stale view cannot evict others for a
+    borrowed gang); None = the band's class."""
+    report_labels: list[str] = Field(default_factory=list)
+    """Extra node label keys (a trailing `*` makes a prefix) reported to the broker besides the ones fit,
+    topology and GPU facts use (tenancy policy and node selectors may need them)."""
+    coalesce_s: float = Field(0.15, gt=0, le=5)
+    """Inventory changes are gathered this long into one delta, seconds."""
+    heartbeat_s: float = Field(5.0, gt=0)
+    """Heartbeat interval until the broker's Welcome says otherwise, seconds."""
+    reconnect_base_s: float = Field(0.5, gt=0)
+    """First reconnect delay after the broker stream fails, seconds (doubles, with jitter)."""
+    reconnect_cap_s: float = Field(30.0, gt=0)
+    """Largest reconnect delay, seconds."""
+    lease: LeaseConfig = Field(default_factory=LeaseConfig)
+    """Leader election."""
+    identity: str = ""
+    """Lease holder identity (default: `<POD_NAME or host name>_<random>`)."""
+    log_url_templates: dict[str, str] = Field(default_factory=dict)
+    """name -> URL template with {cluster}, {namespace}, {job}, {attempt}, {pod} (GetJob's log links)."""
+    gated_grace_s: float = Field(60.0, ge=0)
+    """A gated attempt held past its start deadline plus this long with no live broker stream is deleted by
+    the agent on its own (it could never be started), seconds."""
+    reservation_grace_s: float = Field(600.0, ge=0)
+    """A reservation expires this long after its start deadline (the extender ignores expired ones, so the
+    holds of attempts never created go away even if the agent is dead), seconds."""
+    ungate_concurrency: int = Field(16, ge=1, le=256)
+    """Pin / ungate patches in flight at once (API Priority and Fairness throttles bursts)."""
+    image_pull_failure_s: float = Field(120.0, ge=0)
+    """ErrImagePull / ImagePullBackOff / CreateContainerConfigError for this long fails the attempt as an
+    application (configuration) error instead of burning infrastructure retries, seconds."""
+    finished_retention_s: float = Field(300.0, ge=0)
+    """A finished attempt's Jobs and pods are deleted this long after the broker acknowledged its end (time
+    for `kubectl logs`; logs belong in the cluster's log store), seconds."""
+    ttl_seconds_after_finished: int = Field(7 * 24 * 3600, ge=0)
+    """Safety net on the Jobs: the agent deletes a finished attempt itself once the broker acked it."""
+    default_grace_s: float = Field(30.0, ge=0)
+    """terminationGracePeriodSeconds when the dispatch names none, seconds."""
+    listen: str = "0.0.0.0:9091"
+    """HOST:PORT of /healthz, /readyz and /metrics."""
+    kube_api_timeout_s: float = Field(30.0, gt=0)
+    """Timeout of one Kubernetes API request, seconds."""
+    extender: ExtenderConfig = Field(default_factory=ExtenderConfig)
+    """The extender settings the agent shares (topology keys, reservation namespace and label, scheduler
+    name, gang labels): the agent builds its inventory with the extender's code."""
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenants(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for tenant, namespaces in v.items():
+            if not namespaces:
+                raise ValueError(f"tenant {tenant!r} maps to no namespace")
+        return v
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    def namespace_for(self, tenant: str, hint: str = "") -> str | None:
+        """The namespace a tenant's workload goes to here: the hint when allowed, else the default."""
+        allowed = self.tenants.get(tenant)
+        if not allowed:
+            return None
+        return hint if hint in allowed else allowed[0]
+
+    def priority_class(self, band: str, preemptible: bool) -> str:
+        if preemptible and self.preemptible_priority_class:
+            return self.preemptible_priority_class
+        return self.priority_classes.get(band, self.default_priority_class)
+
+    def topology_levels(self) -> list[tuple[str, str]]:
+        """(portable level name, node label key), broad to narrow."""
+        return list(zip(LEVEL_NAMES, self.extender.topology.keys))
+
+
+def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
+    """Read a YAML/JSON config file (optional) and apply command-line overrides (None = not given)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None:
+            if not isinstance(loaded, dict):
+                raise ValueError(f"config file {path} must hold a mapping")
+            data.update(loaded)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return AgentConfig.model_validate(data)
