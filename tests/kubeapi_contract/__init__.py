@@ -1,0 +1,1 @@
+"""Contract tests of a Kubernetes API server: the fake in sim/kubeapi, and a real cluster when one is given."""
