@@ -116,7 +116,7 @@ async def test_synced_only_after_every_kind_listed(kmock: Any, api: kclient.ApiC
 
     await run_until(watcher, five_listed, all_synced)
 
-    assert sorted(inv.kinds_called("replace")) == sorted(k.value for k in kube.Kind)
+    assert sorted(inv.kinds_called("replace")) == sorted(k.value for k in kube.INVENTORY_KINDS)
     assert inv.kinds_called("replace")[-1] == "Pod"
     assert synced_calls == [6]  # called once, right after the sixth (last) list
     assert len(loaded_calls) == 1
