@@ -35,6 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", type=Path, default=None, help="YAML/JSON ExtenderConfig file")
     s.add_argument("--kube", action="store_true", help="list+watch the cluster's API server")
     s.add_argument("--log-level", default=None, help="logging level (default from config)")
+    a = sub.add_parser("agent", help="the cluster agent: inventory to the broker, its orders into the cluster")
+    a.add_argument("--config", type=Path, default=None, help="YAML/JSON AgentConfig file")
+    a.add_argument("--kube", action="store_true", help="watch and write the cluster (in a pod or via --kubeconfig)")
+    a.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
+    a.add_argument("--inventory-file", action="append", type=Path, default=[],
+                   help="read-only mode: report this file snapshot, create nothing (repeatable)")
+    a.add_argument("--broker", default=None, help="HOST:PORT of the broker's agent listener")
+    a.add_argument("--cluster-name", default=None, help="this cluster's name (the client certificate's CN)")
+    a.add_argument("--tls-cert", type=Path, default=None, help="client certificate (PEM)")
+    a.add_argument("--tls-key", type=Path, default=None, help="client key (PEM)")
+    a.add_argument("--tls-ca", type=Path, default=None, help="CA of the broker's certificate (PEM)")
+    a.add_argument("--listen", default=None, help="HOST:PORT of /healthz, /readyz, /metrics")
+    a.add_argument("--log-level", default=None, help="logging level (default INFO)")
+    r = sub.add_parser("render-rbac", help="print the RoleBindings the agent needs in its tenant namespaces")
+    r.add_argument("--config", type=Path, required=True, help="the agent's config (its tenants map)")
     return p
 
 
@@ -112,8 +127,34 @@ def cluster_reachable() -> bool:
     return any(Path(p).expanduser().is_file() for p in paths or ["~/.kube/config"])
 
 
+def _agent(args: argparse.Namespace) -> int:
+    from extender.agent.config import load_agent_config
+    from extender.agent.preflight import render_rbac
+
+    if args.command == "render-rbac":
+        sys.stdout.write(render_rbac(load_agent_config(args.config)))
+        return 0
+    config = load_agent_config(args.config, broker=args.broker, cluster_name=args.cluster_name,
+                               tls_cert_file=args.tls_cert, tls_key_file=args.tls_key, tls_ca_file=args.tls_ca,
+                               listen=args.listen)
+    _setup_logging(args.log_level or config.extender.log_level)
+    if not config.cluster_name or not config.broker:
+        print("tandem-extender agent: --cluster-name and --broker are required (or set them in --config)",
+              file=sys.stderr)
+        return 2
+    if args.kube == bool(args.inventory_file):
+        print("tandem-extender agent: pass exactly one of --kube or --inventory-file", file=sys.stderr)
+        return 2
+    from extender.agent.process import run_agent
+
+    asyncio.run(run_agent(config, kube=args.kube, inventory_files=args.inventory_file, kubeconfig=args.kubeconfig))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("agent", "render-rbac"):
+        return _agent(args)
     config = load_config(args.config, listen=args.listen, log_level=args.log_level)
     _setup_logging(config.log_level)
     kube = args.kube
