@@ -47,6 +47,8 @@ class ClusterMeta:
     """(name, URL template) pairs from Hello, for GetJob's log links."""
     read_only: bool = False
     """The agent creates nothing (Hello capabilities.dispatch = false): listed, never placed on."""
+    tenants: frozenset[str] | None = None
+    """Tenants the cluster's own configuration maps to a namespace (Hello); None = not said (any)."""
 
 
 @dataclass(frozen=True, slots=True)

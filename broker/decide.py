@@ -74,8 +74,15 @@ def _shrunk_counts(req: JobRequest) -> list[int] | None:
     return counts
 
 
+def maps_tenant(entry: ClusterEntry, tenant: str) -> bool:
+    """The cluster's own configuration gives the tenant a namespace (its agent would refuse it otherwise)."""
+    return entry.meta.tenants is None or not tenant or tenant in entry.meta.tenants
+
+
 def cluster_allowed(entry: ClusterEntry, req: JobRequest, policy_allows: Callable[[str], bool]) -> bool:
     if req.allowed_clusters and entry.name not in req.allowed_clusters:
+        return False
+    if not maps_tenant(entry, req.tenant):
         return False
     if req.allowed_regions and entry.meta.region not in req.allowed_regions:
         return False
@@ -281,6 +288,7 @@ class Verdict(enum.Enum):
     CORDONED = "CORDONED"
     READ_ONLY = "READ_ONLY"
     NO_FEASIBLE_NODE = "NO_FEASIBLE_NODE"
+    TENANT_NOT_MAPPED = "TENANT_NOT_MAPPED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +316,11 @@ def cluster_verdicts(
     pods yet). Costs one exact fit per cluster: for "why does it wait" views, not for the placement loop."""
     out: list[ClusterVerdict] = []
     for entry in sorted(catalog.clusters.values(), key=lambda e: e.name):
-        if not cluster_allowed(entry, req, policy_allows):
+        if not cluster_allowed(entry, dataclasses.replace(req, tenant=""), policy_allows):
+            continue  # not the job's to know about
+        if not maps_tenant(entry, req.tenant):
+            out.append(ClusterVerdict(entry.name, Verdict.TENANT_NOT_MAPPED,
+                                      f"the cluster maps no namespace to tenant {req.tenant}"))
             continue
         usability = entry.usability(now, catalog.stale_after_s)
         if usability is not Usability.USABLE or entry.arrays is None:

@@ -44,6 +44,7 @@ def hello_meta(h: cs.Hello) -> ClusterMeta:
         levels=tuple(Level(l.name, l.label_key) for l in h.topology_levels),
         log_templates=tuple((t.name, t.url_template) for t in h.log_url_templates if t.url_template),
         read_only=h.HasField("capabilities") and not h.capabilities.dispatch,
+        tenants=frozenset(t.tenant for t in h.tenant_namespaces if t.namespaces) if h.tenant_namespaces else None,
     )
 
 

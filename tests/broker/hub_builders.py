@@ -241,13 +241,15 @@ class ScriptedAgent:
     async def connect(self, nodes: Iterable[inv.NodeInventory] = (), *, known: Iterable[tuple[str, int]] = (),
                       region: str = "eu", hello_name: str | None = None, snapshot: bool = True,
                       log_templates: Iterable[tuple[str, str]] = (), epoch: int = 0,
-                      read_only: bool = False) -> cs.Welcome:
+                      read_only: bool = False, tenants: dict[str, list[str]] | None = None) -> cs.Welcome:
         stub = cs_grpc.ClusterServiceStub(self.channel)
         self.call = stub.Connect(self._requests())
         hello = cs.Hello(cluster_name=hello_name or self.cluster, region=region, role="training", protocol_version=1,
                          leader_epoch=epoch, leader_identity=f"{self.cluster}-agent-{epoch}")
         if read_only:
             hello.capabilities.dispatch = False
+        for tenant, namespaces in (tenants or {}).items():
+            hello.tenant_namespaces.add(tenant=tenant, namespaces=namespaces)
         for name, url in log_templates:
             hello.log_url_templates.add(name=name, url_template=url)
         for name, key in LEVELS:

@@ -419,3 +419,30 @@ async def test_read_only_cluster_is_listed_never_placed_on_and_each_cluster_says
         await small.close()
     finally:
         await b.close()
+
+
+async def test_a_cluster_that_maps_no_namespace_to_the_tenant_is_never_chosen_for_it(tmp_path: Path) -> None:
+    """The cluster's own tenant -> namespace map (Hello) is part of where a job may go: c1 has room but maps
+    only beta, so alpha's job goes to c2; GetJob says why c1 was not used."""
+    b = await start_broker(tmp_path)
+    try:
+        c1, c2 = b.agent("c1"), b.agent("c2")
+        await c1.connect([node("n1"), node("n2")], tenants={"beta": ["team-b"]})
+        await c2.connect([node("m1"), node("m2", free=0)], tenants={"alpha": ["team-a"], "beta": ["team-b"]})
+        await eventually(lambda: all(e.has_snapshot for e in b.hub.catalog.clusters.values())
+                         and len(b.hub.catalog.clusters) == 2)
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8, replicas=2))])  # only c1 has two free nodes
+        assert j.job_id, j.error_message
+        await eventually(lambda: j.job_id in b.hub.placer.waits)
+        job = await c.get(j.job_id)
+        verdicts = {v.cluster: v.reason for v in job.status.queue_info.clusters}
+        assert verdicts == {"c1": job_pb2.CLUSTER_VERDICT_REASON_TENANT_NOT_MAPPED,
+                            "c2": job_pb2.CLUSTER_VERDICT_REASON_INSUFFICIENT_CAPACITY}
+        [k] = await c.submit("s", [SubmitItem("k2", spec(gpus=8))])
+        d = await c2.expect("dispatch")
+        assert d.attempt.job_id == k.job_id
+        await c1.close()
+        await c2.close()
+    finally:
+        await b.close()

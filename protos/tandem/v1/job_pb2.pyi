@@ -397,6 +397,8 @@ class _ClusterVerdictReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_
     """Nodes of the cluster could never hold a replica (model, memory, MIG,
     DRA, taints), even empty.
     """
+    CLUSTER_VERDICT_REASON_TENANT_NOT_MAPPED: _ClusterVerdictReason.ValueType  # 9
+    """The cluster's own configuration maps no namespace to the job's tenant."""
 
 class ClusterVerdictReason(_ClusterVerdictReason, metaclass=_ClusterVerdictReasonEnumTypeWrapper):
     """Why a queued job does not fit one cluster now."""
@@ -425,6 +427,8 @@ CLUSTER_VERDICT_REASON_NO_FEASIBLE_NODE: ClusterVerdictReason.ValueType  # 8
 """Nodes of the cluster could never hold a replica (model, memory, MIG,
 DRA, taints), even empty.
 """
+CLUSTER_VERDICT_REASON_TENANT_NOT_MAPPED: ClusterVerdictReason.ValueType  # 9
+"""The cluster's own configuration maps no namespace to the job's tenant."""
 Global___ClusterVerdictReason: _TypeAlias = ClusterVerdictReason  # noqa: Y015
 
 @_typing.final
