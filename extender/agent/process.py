@@ -79,12 +79,17 @@ async def _lead(agent: Agent, elector: LeaderElector) -> None:
         await agent.stop()
 
 
-async def _leader_work(agent: Agent, epoch: int) -> None:
+async def _preflight(agent: Agent) -> None:
+    """Every replica runs the start checks (read-only), so a follower is ready to lead at once."""
     while not agent.preflight_done.is_set():
         try:
             await agent.preflight()
         except Exception:  # noqa: BLE001 - the API server may be briefly unreachable
             await asyncio.sleep(5)
+
+
+async def _leader_work(agent: Agent, epoch: int) -> None:
+    await agent.preflight_done.wait()
     async with asyncio.TaskGroup() as group:
         group.create_task(agent.sessions(epoch))
         group.create_task(agent.follow_loop())
@@ -113,6 +118,7 @@ async def run_agent(config: AgentConfig, *, kube: bool, inventory_files: Sequenc
         watcher = kube_mod.Watcher(api, Tee(inv, agent.tracker), kube_mod.KubeSettings.from_config(config.extender),
                                    kinds=kube_mod.INVENTORY_KINDS | {kube_mod.Kind.JOB})
         tasks += [loop.create_task(watcher.run(), name="watch"), loop.create_task(elector.run(), name="lease"),
+                  loop.create_task(_preflight(agent), name="preflight"),
                   loop.create_task(_lead(agent, elector), name="lead")]
     else:
         from extender.main import load_inventory_files

@@ -18,25 +18,14 @@ from typing import Any
 import pytest
 
 from sim import kuberesources as kr
-from sim.kubeclient import KubeApiError
 from tandem.v1 import job_pb2
 from broker.client import SubmitItem
 from extender.podreq import pinned_node
 from tests.broker.hub_builders import Broker, policy_doc, start_broker
-from tests.e2e.fleet import TENANT_NAMESPACE, Cluster, gpu_node, job_template, start_cluster, wait_for
+from tests.e2e.fleet import (TENANT_NAMESPACE, Cluster, PodHistory, busy_pod, gang, gpu_node, start_cluster,
+                             wait_for, watch_pods)
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def gang(replicas: int, gpus: int, *, level: str = "rack", extra: dict[str, str] | None = None) -> job_pb2.JobSpec:
-    spec = job_pb2.JobSpec(queue="research", framework=job_pb2.FRAMEWORK_TORCHRUN)
-    ps = spec.pod_sets.add(name="workers", count=replicas, pod_template_json=job_template(gpus, extra=extra))
-    ps.shape.gpu_count = gpus
-    ps.shape.cpu_milli = 16_000
-    ps.shape.memory_bytes = 64 << 30
-    spec.topology.required_level = level
-    spec.start_timeout.seconds = 120
-    return spec
 
 
 def fleet_nodes() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -45,42 +34,6 @@ def fleet_nodes() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     # b: 64 GPUs, all in rack r7.
     b = [gpu_node(f"node-b-{i:04d}", rack="r7") for i in range(8)]
     return a, b
-
-
-class PodHistory:
-    """Every state a gang's pods went through, from a watch on the tenant namespace (real JSON)."""
-
-    def __init__(self) -> None:
-        self.states: dict[str, list[str]] = {}
-        self.last: dict[str, dict[str, Any]] = {}
-
-    @staticmethod
-    def state(pod: dict[str, Any]) -> str:
-        spec = pod.get("spec") or {}
-        if spec.get("nodeName"):
-            return "bound"
-        gated = any(g.get("name") == "tandem.dev/gang" for g in spec.get("schedulingGates") or [])
-        pinned = pinned_node(pod) is not None
-        return ("gated+pinned" if pinned else "gated") if gated else ("ungated+pinned" if pinned else "ungated")
-
-    def see(self, pod: dict[str, Any]) -> None:
-        name = pod["metadata"]["name"]
-        self.last[name] = pod
-        seq = self.states.setdefault(name, [])
-        s = self.state(pod)
-        if not seq or seq[-1] != s:
-            seq.append(s)
-
-
-async def watch_pods(c: Cluster, history: PodHistory) -> None:
-    client = c.sim.client()
-    while True:
-        try:
-            async for ev in client.watch(kr.PODS, TENANT_NAMESPACE, resource_version="0", timeout_seconds=60):
-                if ev.type in ("ADDED", "MODIFIED"):
-                    history.see(ev.object)
-        except (KubeApiError, asyncio.TimeoutError, OSError):
-            await asyncio.sleep(0.1)
 
 
 @pytest.fixture
@@ -176,15 +129,6 @@ async def _attempted(broker: Broker, job_id: str) -> job_pb2.Job | None:
 
 async def _state_is(broker: Broker, job_id: str, state: int) -> bool:
     return (await _job(broker, job_id)).status.state == state
-
-
-def busy_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
-    """Someone else's GPU pod, bound directly (as a DaemonSet's would be)."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"nodeName": node, "restartPolicy": "Never",
-                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                     "containers": [{"name": "main", "image": "registry.example.com/inference:1",
-                                     "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
 
 
 async def test_a_gang_that_fits_nowhere_now_says_why_in_each_cluster(fleet: tuple[Broker, Cluster, Cluster]) -> None:
