@@ -8,7 +8,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ExtenderConfig", "TopologyConfig", "WorkloadClass", "load_config", "DEFAULT_DEVICE_CLASS_SELECTORS"]
+__all__ = ["ExtenderConfig", "TopologyConfig", "WorkloadClass", "load_config", "read_config",
+           "DEFAULT_DEVICE_CLASS_SELECTORS"]
 
 DEFAULT_DEVICE_CLASS_SELECTORS: dict[str, list[str]] = {
     "gpu.nvidia.com": [
@@ -167,8 +168,8 @@ class ExtenderConfig(BaseModel):
         return f"{self.url_prefix}/{verb.strip('/')}"
 
 
-def load_config(path: Path | None, **overrides: Any) -> ExtenderConfig:
-    """Read a YAML/JSON config file (optional) and apply command-line overrides."""
+def read_config(path: Path | None, **overrides: Any) -> dict[str, Any]:
+    """A YAML/JSON config file's mapping (optional) with command-line overrides applied (None = not given)."""
     data: dict[str, Any] = {}
     if path is not None:
         loaded = yaml.safe_load(path.read_text())
@@ -177,4 +178,9 @@ def load_config(path: Path | None, **overrides: Any) -> ExtenderConfig:
                 raise ValueError(f"config file {path} must hold a mapping")
             data.update(loaded)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return ExtenderConfig.model_validate(data)
+    return data
+
+
+def load_config(path: Path | None, **overrides: Any) -> ExtenderConfig:
+    """Read a YAML/JSON config file (optional) and apply command-line overrides."""
+    return ExtenderConfig.model_validate(read_config(path, **overrides))

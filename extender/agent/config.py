@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from extender.config import ExtenderConfig
+from extender.config import ExtenderConfig, read_config
 
 __all__ = ["AgentConfig", "LeaseConfig", "load_agent_config", "LEVEL_NAMES"]
 
@@ -146,12 +145,4 @@ class AgentConfig(BaseModel):
 
 def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
     """Read a YAML/JSON config file (optional) and apply command-line overrides (None = not given)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(path.read_text())
-        if loaded is not None:
-            if not isinstance(loaded, dict):
-                raise ValueError(f"config file {path} must hold a mapping")
-            data.update(loaded)
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    return AgentConfig.model_validate(data)
+    return AgentConfig.model_validate(read_config(path, **overrides))
