@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint typecheck protos protos-check demo bench clean
+.PHONY: setup test lint typecheck protos protos-check demo bench e2e-real clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ test: setup protos-check lint typecheck
 ## The placement-quality replay of the Alibaba GPU trace (FGD protocol), as a table.
 demo: setup
 	$(PY) -m sim.demo
+
+## The kube API contract suite and the end-to-end suite against a real control plane (see README,
+## "Against a real cluster"): TANDEM_REAL_KUBECONFIG names a cluster-admin kubeconfig of it.
+e2e-real: setup
+	@test -n "$$TANDEM_REAL_KUBECONFIG" || { echo "set TANDEM_REAL_KUBECONFIG (and TANDEM_REAL_EXTENDER_URL): see README"; exit 2; }
+	$(PY) -m pytest -q -m realcluster tests/kubeapi_contract tests/e2e
 
 ## Every benchmark writes bench/results/<name>.md and a JSON twin.
 bench: setup

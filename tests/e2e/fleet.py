@@ -31,6 +31,7 @@ from extender.agent.preflight import render_rbac
 from extender.podreq import pinned_node
 from sim import kuberesources as kr
 from sim.cluster import SimCluster
+from sim.realcluster import RealCluster
 from sim.kubeclient import KubeApiError
 from tests.broker.hub_builders import TOKENS, Broker, Pki, policy_doc, write_policy
 from tests.fixtures import fixture_json
@@ -220,7 +221,7 @@ class Cluster:
     """One cluster of the fleet: its simulated control plane, extender and agents."""
 
     name: str
-    sim: SimCluster
+    sim: SimCluster | RealCluster
     dir: Path
     agent_config: Path
     agent_kubeconfig: Path
@@ -256,12 +257,22 @@ async def start_cluster(name: str, nodes: Sequence[dict[str, Any]], broker: Brok
                         agents: int = 1, tenants: dict[str, list[str]] | None = None,
                         lease: dict[str, float] | None = None, agent_extra: dict[str, Any] | None = None,
                         kubelet_auto_run: bool = False, cert_name: str | None = None,
-                        sim_options: dict[str, Any] | None = None, wait_connected: bool = True) -> Cluster:
-    """Start one cluster and connect it to the broker (the agent dials the broker's agent listener)."""
+                        sim_options: dict[str, Any] | None = None, wait_connected: bool = True,
+                        real_kubeconfig: str | None = None) -> Cluster:
+    """Start one cluster and connect it to the broker (the agent dials the broker's agent listener).
+
+    With `real_kubeconfig` the cluster is a real control plane (`sim.realcluster`): its kube-scheduler must
+    call the extender at TANDEM_REAL_EXTENDER_URL, where the extender is started (listening on
+    TANDEM_REAL_EXTENDER_LISTEN)."""
     hub = InProcessBroker(broker) if isinstance(broker, Broker) else broker
     d = tmp / name
     d.mkdir(parents=True)
-    sim = SimCluster(nodes, manifests=MANIFESTS, kubelet_auto_run=kubelet_auto_run, **(sim_options or {}))
+    sim: SimCluster | RealCluster
+    if real_kubeconfig:
+        sim = RealCluster(real_kubeconfig, nodes, extender_url=os.environ.get("TANDEM_REAL_EXTENDER_URL", ""),
+                          kubelet_auto_run=kubelet_auto_run)
+    else:
+        sim = SimCluster(nodes, manifests=MANIFESTS, kubelet_auto_run=kubelet_auto_run, **(sim_options or {}))
     await sim.start()
     tenants = tenants or {"alpha": [TENANT_NAMESPACE]}
     for ns in sorted({n for v in tenants.values() for n in v}):
@@ -272,9 +283,10 @@ async def start_cluster(name: str, nodes: Sequence[dict[str, Any]], broker: Brok
     for doc in yaml.safe_load_all((MANIFESTS / "base" / "agent.yaml").read_text()):
         if doc["kind"] == "ServiceAccount":
             await sim.apply(doc)
-    ext_port = free_port()
-    ext_cfg = {"listen": f"127.0.0.1:{ext_port}", "url_prefix": "/tandem", "scheduler_name": "tandem-scheduler",
-               "log_level": "INFO"}
+    listen = os.environ.get("TANDEM_REAL_EXTENDER_LISTEN", "0.0.0.0:8888") if real_kubeconfig else ""
+    ext_port = int(listen.rpartition(":")[2]) if listen else free_port()
+    ext_cfg = {"listen": listen or f"127.0.0.1:{ext_port}", "url_prefix": "/tandem",
+               "scheduler_name": "tandem-scheduler", "log_level": "INFO"}
     (d / "extender.yaml").write_text(yaml.safe_dump(ext_cfg))
     sched_token = await sim.service_account_token("tandem-system", "tandem-scheduler")
     sim.kubeconfig(d / "extender.kubeconfig", sched_token)

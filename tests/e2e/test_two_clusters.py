@@ -10,6 +10,7 @@ kube-scheduler's own message.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,14 +37,19 @@ def fleet_nodes() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return a, b
 
 
-@pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[tuple[Broker, Cluster, Cluster]]:
+REAL = os.environ.get("TANDEM_REAL_KUBECONFIG", "")
+"""With it (`make e2e-real`), cluster b is that real control plane, a stays simulated: the same tests."""
+
+
+@pytest.fixture(params=["simulated", *([pytest.param("real", marks=pytest.mark.realcluster)] if REAL else [])])
+async def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[tuple[Broker, Cluster, Cluster]]:
     broker = await start_broker(tmp_path, policy=policy_doc(), heartbeat_interval_s=1.0)
     clusters: list[Cluster] = []
     try:
         a_nodes, b_nodes = fleet_nodes()
         clusters.append(await start_cluster("a", a_nodes, broker, tmp_path))
-        clusters.append(await start_cluster("b", b_nodes, broker, tmp_path))
+        clusters.append(await start_cluster("b", b_nodes, broker, tmp_path,
+                                            real_kubeconfig=REAL if request.param == "real" else None))
         yield broker, clusters[0], clusters[1]
     finally:
         for c in clusters:

@@ -13,10 +13,6 @@ import pytest
 from tests.kubeapi_contract.targets import REAL_ENV, Target, start_fake, start_real
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "realcluster: runs against the cluster named by TANDEM_REAL_KUBECONFIG")
-
-
 def _targets() -> list[Any]:
     params: list[Any] = ["fake"]
     if os.environ.get(REAL_ENV):
