@@ -112,7 +112,8 @@ class Dispatcher:
         session.send(link.Welcome(
             self.broker_id, session.session_id, self.cfg.heartbeat_interval_s, self.cfg.cluster_stale_after_s,
             self.cfg.agent_listener.max_message_bytes, tuple(sorted(known - wanted)), tuple(sorted(known & wanted))))
-        session.send(link.ResyncOut(inventory=True, workloads=True, reason="new session"))
+        # The agent sends its snapshot after the Welcome on its own (protocol): ask only for workloads.
+        session.send(link.ResyncOut(inventory=False, workloads=True, reason="new session"))
         await self._reconcile(session, runs, known)
         self.kick(name)
         return session

@@ -304,12 +304,12 @@ class Kubelet:
         if pull_error:
             if not statuses or any((cs.get("state") or {}).get("waiting", {}).get("reason") != pull_error
                                    for cs in statuses):
-                await self._write(pod, ps.waiting_status(pod, host, self._clock(), str(pull_error)))
+                await self._write(pod, ps.waiting_status(pod, host, self._clock(), str(pull_error)), guarded=True)
         elif not running and self._auto_run:
-            await self._write(pod, ps.running_status(pod, host, ip, self._clock()))
+            await self._write(pod, ps.running_status(pod, host, ip, self._clock()), guarded=True)
             self._schedule_exit(pod)
         elif not statuses:
-            await self._write(pod, ps.waiting_status(pod, host, self._clock()))
+            await self._write(pod, ps.waiting_status(pod, host, self._clock()), guarded=True)
         elif running:
             self._schedule_exit(pod)
 
@@ -359,8 +359,14 @@ class Kubelet:
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
         return any("running" in (cs.get("state") or {}) for cs in statuses)
 
-    async def _write(self, pod: JSON, status: JSON) -> JSON:
-        out: JSON = await self.client.patch(kr.PODS, pod["metadata"]["name"], {"status": status},
+    async def _write(self, pod: JSON, status: JSON, *, guarded: bool = False) -> JSON:
+        """Patch the pod's status. `guarded` writes decided from the informer's (maybe stale) copy carry its
+        resourceVersion, so the server refuses them (409) when the pod moved on meanwhile — e.g. a command
+        that already ran it — instead of taking the pod back to ContainerCreating."""
+        body: JSON = {"status": status}
+        if guarded:
+            body["metadata"] = {"resourceVersion": pod["metadata"]["resourceVersion"]}
+        out: JSON = await self.client.patch(kr.PODS, pod["metadata"]["name"], body,
                                             patch_type="strategic", namespace=pod["metadata"]["namespace"],
                                             subresource="status")
         return out

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from extender.agent import preflight
 from extender.agent import status as st
 from extender.agent import wire
 from extender.agent.attempts import order_from_jobs, rendezvous_address
@@ -159,8 +160,7 @@ class Agent:
     # ------------------------------------------------------------------ start checks
 
     async def preflight(self) -> None:
-        from extender.agent import preflight
-
+        """The start checks (RBAC by access reviews, PriorityClasses, the server version); KubeError to retry."""
         if self.kube is not None:
             try:
                 self.kubernetes_version = await self.kube.server_version()
@@ -454,6 +454,9 @@ class Agent:
                 self._spawn(self.cancel(key, None, "replaced by the broker"), f"obsolete-{key[0]}")
             builder = ReportBuilder(self.labels)
             self._send_snapshot(builder, stream)
+            for a in self.attempts.values():
+                a.sent = None  # a new stream (maybe a restarted broker) hears every attempt's status again
+            self.tracker.dirty.update(self.tracker.attempts())
             reporter = asyncio.get_running_loop().create_task(self._report_loop(builder, stream, welcome.heartbeat_s))
             try:
                 async for sequence, msg in stream.messages():

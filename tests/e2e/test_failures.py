@@ -297,3 +297,29 @@ async def test_with_a_broker_gone_the_extender_keeps_serving(tmp_path: Path) -> 
     finally:
         await b.stop()
         await bp.stop()
+
+
+async def test_a_read_only_agent_reports_a_file_and_is_never_placed_on(broker: Broker, tmp_path: Path) -> None:
+    """`tandem-extender agent --inventory-file` says capabilities.dispatch = false: the broker lists the
+    cluster with its nodes but never places there; GetJob says so."""
+    import yaml
+
+    from tests.e2e.fleet import REPO, spawn
+
+    cert, key = broker.pki.issue("files")
+    cfg = {"cluster_name": "files", "broker": broker.agent_addr, "tls_cert_file": str(cert), "tls_key_file": str(key),
+           "tls_ca_file": str(broker.pki.dir / "test-root-ca.pem"), "tls_server_name": "localhost",
+           "tenants": {"alpha": ["team-a"]}, "listen": "127.0.0.1:0", "heartbeat_s": 1.0}
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(cfg))
+    proc = spawn("files-agent", ["agent", "--inventory-file", str(REPO / "tests" / "fixtures" / "cluster.json"),
+                                 "--config", str(tmp_path / "agent.yaml")], tmp_path / "agent.log")
+    try:
+        await wait_for(lambda: (e := broker.hub.catalog.clusters.get("files")) is not None and e.has_snapshot,
+                       60, "the read-only cluster's snapshot", [proc])
+        entry = broker.hub.catalog.clusters["files"]
+        assert entry.meta.read_only and len(entry.nodes) == 12
+        client = broker.client("alpha")
+        [j] = await client.submit("s", [SubmitItem("k", gang(1, 8, level=""))])
+        assert not j.job_id and "no allowed cluster" in j.error_message  # the only cluster creates nothing
+    finally:
+        await proc.stop()
