@@ -260,11 +260,16 @@ class Agent:
                                   "exist in this cluster")
         mine = [j for j in self.tracker.jobs(order.key)
                 if (j["metadata"].get("annotations") or {}).get(DISPATCH_ANNOTATION) == order.dispatch_id]
-        if not mine:  # a duplicate of an accepted dispatch is accepted again without a second fit
+        if len(mine) == len(order.pod_sets):
+            return None  # a duplicate of a dispatch already carried out: accepted again, nothing created twice
+        held = any(r.gang == (order.job_id, str(order.attempt)) and r.dispatch_id == order.dispatch_id
+                   for r in self.inv.reservations())
+        if not mine and not held:
             rejection = validate_order(order, self.inv.snapshot(), self.config.extender.topology.keys)
             if rejection is not None:
                 return rejection
-        return await self.work.create(order, namespace)
+        # Partly created (a restart mid-create): finish it; its pods already count against the quota.
+        return await self.work.create(order, namespace, resuming=bool(mine) or held)
 
     async def start(self, key: AttemptKey) -> None:
         """Lift the gates of an attempt (its first start group), only if every pod is pinned and gated."""

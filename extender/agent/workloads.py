@@ -125,8 +125,9 @@ class Workloads:
 
     # ------------------------------------------------------------------ create
 
-    async def create(self, order: Order, namespace: str) -> Rejection | None:
-        """Create (or adopt) every object of the attempt; None when it all exists now."""
+    async def create(self, order: Order, namespace: str, *, resuming: bool = False) -> Rejection | None:
+        """Create (or adopt) every object of the attempt; None when it all exists now. `resuming`: some of
+        it exists already (its pods are charged to the quota: the gang's room is not checked again)."""
         rendered = self.renderer.render(order, namespace, now=self.clock())
         for job, ps in zip(rendered.jobs, order.pod_sets):
             ann = job["metadata"].setdefault("annotations", {})
@@ -136,7 +137,8 @@ class Workloads:
             ann[POD_SET_INDEX_ANNOTATION] = str(order.pod_sets.index(ps))
         try:
             await self._admission_check(order, namespace, rendered.jobs)
-            await self._quota_check(order, namespace)
+            if not resuming:
+                await self._quota_check(order, namespace)
         except _Refused as r:
             return r.rejection
         created: list[_Created] = []

@@ -323,3 +323,42 @@ async def test_a_read_only_agent_reports_a_file_and_is_never_placed_on(broker: B
         assert not j.job_id and "no allowed cluster" in j.error_message  # the only cluster creates nothing
     finally:
         await proc.stop()
+
+
+async def test_a_duplicate_dispatch_is_accepted_again_and_creates_nothing_twice(broker: Broker,
+                                                                                  tmp_path: Path) -> None:
+    """Dispatches are resent (a reconnect, an unacknowledged outbox order): the same dispatch id is adopted,
+    acknowledged again, and the cluster still holds one Job, one Service and one reservation."""
+    b = await start_cluster("b", [gpu_node("node-b-1", rack="r1")], broker, tmp_path)
+    try:
+        client = broker.client("alpha")
+        [j] = await client.submit("s", [SubmitItem("k", gang(1, 8, level=""))])
+        await wait_for(lambda: _bound_pods(b, j.job_id, 1), 60, "placed and bound", b.procs)
+        hub = broker.hub
+        job = await hub.store.get_job(j.job_id)
+        [attempt] = await hub.store.list_attempts(j.job_id)
+        session = hub.dispatcher.sessions["b"]
+        session.send(hub.dispatcher._dispatch_out(session, job, attempt))  # the very same order again
+        async def accepted_twice() -> bool:
+            return await _agent_metric(b, 'tandem_agent_dispatches_total{outcome="accepted"}') == 2.0
+
+        await wait_for(accepted_twice, 20, "the duplicate accepted", b.procs)
+        admin = b.sim.client()
+        sel = f"tandem.dev/job={j.job_id}"
+        assert len((await admin.list(kr.JOBS, TENANT_NAMESPACE, label_selector=sel)).items) == 1
+        services = (await admin.list(kr.Resource("v1", "services", "Service", True), TENANT_NAMESPACE)).items
+        assert [s["metadata"]["name"] for s in services] == [f"{j.job_id}-1"]
+        assert len(await _pods(b, j.job_id)) == 1
+        assert (await hub.store.get_job(j.job_id)).attempt == 1  # still the first attempt, not rejected
+    finally:
+        await b.stop()
+
+
+async def _agent_metric(c: Cluster, sample: str) -> float | None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{c.agent_ports[0]}/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(sample + " "):
+                return float(line.split()[-1])
+    return None
