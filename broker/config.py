@@ -100,7 +100,12 @@ class BrokerConfig(_Strict):
     lost_after_s: float = Field(default=300.0, gt=0)
     """Running jobs on a stale cluster become LOST after this further span, in seconds."""
     gang_start_deadline_s: float = Field(default=600.0, gt=0)
-    """A dispatched gang not fully running by then is torn down and re-planned, in seconds."""
+    """A gang not fully running this long after its Start (or not created and pinned this long after its
+    dispatch) is torn down and re-planned, in seconds; a job's own start_timeout overrides it. Image pulls
+    count: pods that are bound and starting keep the gang alive until then."""
+    gang_schedule_timeout_s: float = Field(default=300.0, gt=0)
+    """A gang whose pods are not all bound to their nodes this long after its Start is torn down (a pod
+    kube-scheduler cannot place will not become placeable by waiting for the start deadline), seconds."""
     dispatch_ack_timeout_s: float = Field(default=30.0, gt=0)
     """A dispatch without accept/reject by then is treated as rejected, in seconds."""
     retry: RetryPolicy = RetryPolicy()

@@ -26,6 +26,8 @@ __all__ = ["Session", "Dispatcher"]
 
 _log = logging.getLogger("tandem.broker.dispatcher")
 S = JobState
+_BOUND = frozenset({"BOUND", "RUNNING", "SUCCEEDED"})
+"""Replica phases of a pod kube-scheduler has placed."""
 
 
 @dataclass
@@ -87,6 +89,8 @@ class Dispatcher:
         self._deliver_locks: dict[str, asyncio.Lock] = {}
         self._kicked: set[str] = set()
         self._attempt_cluster: cachetools.LRUCache[tuple[str, int], str] = cachetools.LRUCache(100_000)
+        self._all_bound: dict[tuple[str, int], bool] = {}
+        """Per started attempt, whether its last WorkloadStatus showed every replica bound to a node."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
 
@@ -295,6 +299,8 @@ class Dispatcher:
             return  # a stale attempt's status is ignored (fencing)
         if w.replicas or w.rendezvous:
             await self.store.record_workload(w.job_id, w.attempt, w.replicas, w.rendezvous)
+        if w.replicas:
+            self._all_bound[(w.job_id, w.attempt)] = all(r.phase in _BOUND for r in w.replicas)
         phase = w.phase
         if phase == "GATED":
             await self._apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
@@ -428,7 +434,8 @@ class Dispatcher:
                  if e.silent_for(now) > self.cfg.cluster_stale_after_s}
         if self.metrics is not None:
             self.metrics.staleness(self.catalog, now)
-        for job, a in await self.store.active_runs():  # one read, not one per attempt
+        runs = await self.store.active_runs()  # one read, not one per attempt
+        for job, a in runs:
             silent = stale.get(a.cluster)
             if job.attempt != a.number:
                 continue
@@ -441,10 +448,30 @@ class Dispatcher:
                     continue
             if job.state is S.DISPATCHED and a.dispatch_time and now - a.dispatch_time > self.cfg.dispatch_ack_timeout_s:
                 await self._apply(lifecycle.ReservationExpired(job.job_id, a.number))
-            elif job.state in (S.ACCEPTED, S.STARTING) and a.dispatch_time \
-                    and now - a.dispatch_time > serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s):
-                await self._teardown(job, a.cluster, AttemptOutcome.GANG_TIMEOUT, "gang did not start by its deadline",
-                                     "GANG_TIMEOUT")
+            else:
+                late = self._late(job, a, now)
+                if late:
+                    await self._teardown(job, a.cluster, AttemptOutcome.GANG_TIMEOUT, late, "GANG_TIMEOUT")
+        active = {(j.job_id, a.number) for j, a in runs}
+        for key in [k for k in self._all_bound if k not in active]:
+            del self._all_bound[key]
+
+    def _late(self, job: JobRecord, a: AttemptRecord, now: float) -> str:
+        """Why a gang missed its start (empty when it has not): the broker's deadlines are the only
+        authority (the agent only reports). Both start bounds count from the Start."""
+        timeout = serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
+        if job.state is S.ACCEPTED and a.dispatch_time and now - a.dispatch_time > timeout:
+            return f"the gang's pods were not all created and pinned {timeout:g} s after its dispatch"
+        if job.state is not S.STARTING or a.start_time is None:
+            return ""
+        since = now - a.start_time
+        schedule = min(self.cfg.gang_schedule_timeout_s, timeout)
+        # Judged only on a report heard since this broker started (after a restart it knows nothing yet).
+        if since > schedule and self._all_bound.get((job.job_id, a.number)) is False:
+            return f"not every pod was bound to its node {schedule:g} s after Start"
+        if since > timeout:
+            return f"not every replica was running {timeout:g} s after Start"
+        return ""
 
     async def run_sweeps(self, every_s: float = 1.0) -> None:
         while not self._stopped:

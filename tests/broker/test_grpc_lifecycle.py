@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import common_pb2
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
@@ -129,6 +130,49 @@ async def test_gang_not_started_by_deadline_is_torn_down_and_restarted(tmp_path:
         b.hub.placer.capacity_changed()
         d2 = await a.expect("dispatch")
         assert (d2.attempt.job_id, d2.attempt.attempt) == (j.job_id, 2)
+        await a.close()
+    finally:
+        await b.close()
+
+
+async def test_a_gang_whose_pods_are_not_bound_soon_after_start_is_torn_down_sooner(tmp_path: Path) -> None:
+    """Two bounds from the Start (A-14): pods kube-scheduler has not bound within the schedule timeout end the
+    attempt then; bound pods that are still starting (image pulls) have until the start timeout."""
+    clock = FakeClock()
+    b = await start_broker(tmp_path, clock=clock, gang_start_deadline_s=100, gang_schedule_timeout_s=30,
+                           cluster_stale_after_s=1000, lost_after_s=1000)
+    try:
+        a = b.agent("c1")
+        await a.connect([node("n1"), node("n2", rack="r2"), node("n3", rack="r3")])
+        c = b.client("alpha")
+        [stuck, pulling] = await c.submit("s", [SubmitItem("k1", spec(gpus=8)), SubmitItem("k2", spec(gpus=8))])
+        dispatches = [await a.expect("dispatch"), await a.expect("dispatch")]  # expect() skips other kinds
+        for d in dispatches:
+            a.accept(d)
+            a.status(d.attempt.job_id, 1, cs.WORKLOAD_PHASE_GATED, replicas=1)
+        await a.expect("start")
+        await a.expect("start")
+        w = cs.WorkloadStatus(phase=cs.WORKLOAD_PHASE_STARTING)
+        w.attempt.job_id, w.attempt.attempt = pulling.job_id, 1
+        w.replicas.add(pod_set="workers", index=0, node="n2", phase=common_pb2.REPLICA_PHASE_BOUND)
+        a.send(workload_status=w)
+        a.status(stuck.job_id, 1, cs.WORKLOAD_PHASE_STARTING, replicas=1)  # still pending (not bound)
+        bound = b.hub.dispatcher._all_bound
+        await eventually(lambda: bound.get((pulling.job_id, 1)) is True and bound.get((stuck.job_id, 1)) is False)
+        clock.advance(31)
+        a.heartbeat()
+        await b.hub.dispatcher.sweep()
+        cancel = await a.expect("cancel")
+        assert cancel.attempt.job_id == stuck.job_id and cancel.reason == cs.CANCEL_REASON_GANG_TIMEOUT
+        job = await c.get(stuck.job_id)
+        assert "not every pod was bound" in job.status.attempts[0].outcome_message
+        assert (await c.get(pulling.job_id)).status.state == job_pb2.JOB_STATE_STARTING
+        clock.advance(70)
+        a.heartbeat()
+        await b.hub.dispatcher.sweep()
+        cancel = await a.expect("cancel")
+        assert cancel.attempt.job_id == pulling.job_id
+        assert "not every replica was running" in (await c.get(pulling.job_id)).status.attempts[0].outcome_message
         await a.close()
     finally:
         await b.close()
