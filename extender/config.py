@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ExtenderConfig", "TopologyConfig", "WorkloadClass", "load_config", "read_config",
+__all__ = ["ExtenderConfig", "Listens", "TopologyConfig", "WorkloadClass", "load_config", "read_config",
            "DEFAULT_DEVICE_CLASS_SELECTORS"]
 
 DEFAULT_DEVICE_CLASS_SELECTORS: dict[str, list[str]] = {
@@ -63,10 +63,32 @@ def _default_workload() -> list[WorkloadClass]:
     return [WorkloadClass(gpus=g, cpu_milli=8000 * g) for g in (1, 2, 4, 8)]
 
 
-class ExtenderConfig(BaseModel):
-    """Everything the extender process can be told; every field has a default."""
+class Listens(BaseModel):
+    """A process setting `listen: HOST:PORT` (the extender's verbs, the agent's health and metrics)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: str = "127.0.0.1:8888"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError("listen must be HOST:PORT")
+        return v
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+class ExtenderConfig(Listens):
+    """Everything the extender process can be told; every field has a default."""
 
     listen: str = "127.0.0.1:8888"
     """HOST:PORT the extender HTTP server binds (the scheduler sidecar talks over loopback)."""
@@ -146,22 +168,6 @@ class ExtenderConfig(BaseModel):
         if v not in POLICY_NAMES:
             raise ValueError(f"unknown scoring policy {v!r}; known: {', '.join(POLICY_NAMES)}")
         return v
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError("listen must be HOST:PORT")
-        return v
-
-    @property
-    def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
 
     def verb_path(self, verb: str) -> str:
         """Full URL path of one verb."""

@@ -374,9 +374,7 @@ class Agent:
 
     def _report(self, key: AttemptKey, a: _Attempt, phase: str, view: st.AttemptView,
                 pods: list[dict[str, Any]]) -> None:
-        replicas = tuple(wire.ReplicaReport(r.pod_set, r.index, r.pod, r.node, r.phase, r.exit_code, r.reason,
-                                            r.message, r.start_time, r.finish_time, r.restarts)
-                         for r in view.replicas)
+        replicas = view.replicas
         signature = (phase, tuple((r.pod, r.node, r.phase, r.exit_code) for r in replicas), view.outcome)
         order = a.order
         if signature != a.sent and self.stream is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from extender.config import ExtenderConfig, read_config
+from extender.config import ExtenderConfig, Listens, read_config
 
 __all__ = ["AgentConfig", "LeaseConfig", "load_agent_config", "LEVEL_NAMES"]
 
@@ -32,10 +32,8 @@ class LeaseConfig(BaseModel):
     """Renew / acquire attempt interval, seconds."""
 
 
-class AgentConfig(BaseModel):
+class AgentConfig(Listens):
     """Everything the agent process can be told; every field has a default except the cluster's name."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     cluster_name: str = ""
     """This cluster's name in the fleet (the broker checks it against the client certificate)."""
@@ -117,14 +115,6 @@ class AgentConfig(BaseModel):
             if not namespaces:
                 raise ValueError(f"tenant {tenant!r} maps to no namespace")
         return v
-
-    @property
-    def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
 
     def namespace_for(self, tenant: str, hint: str = "") -> str | None:
         """The namespace a tenant's workload goes to here: the hint when allowed, else the default."""

@@ -16,6 +16,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from extender.agent.config import AgentConfig
 from extender.agent.model import AttemptKey, DeviceRequestSpec, NodeCount, Order, PodSetOrder
+from extender.agent.status import ReplicaView
 from placement.errors import PodSpecError
 from placement.model import WHOLE_GPU_MILLI, DraRequest, PodShape
 from placement.podspec import shape_from_pod
@@ -33,7 +34,6 @@ __all__ = [
     "Rejection",
     "NodeResult",
     "KnownAttempt",
-    "ReplicaReport",
     "WorkloadReport",
     "PodFeedback",
     "PROTOCOL_VERSION",
@@ -228,27 +228,11 @@ class KnownAttempt:
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicaReport:
-    pod_set: str
-    index: int
-    pod: str = ""
-    node: str = ""
-    phase: str = "ABSENT"
-    """ReplicaPhase name without its prefix."""
-    exit_code: int | None = None
-    reason: str = ""
-    message: str = ""
-    start_time: float | None = None
-    finish_time: float | None = None
-    restarts: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class WorkloadReport:
     key: AttemptKey
     phase: str
     """WorkloadPhase name without its prefix."""
-    replicas: tuple[ReplicaReport, ...] = ()
+    replicas: tuple[ReplicaView, ...] = ()
     namespace: str = ""
     rendezvous: str = ""
     outcome: str = ""
