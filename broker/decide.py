@@ -20,7 +20,7 @@ from broker.records import ReplicaPlacement
 
 __all__ = [
     "Wait", "Choice", "Decision", "decide", "could_ever_fit", "demands_of", "overlaid_nodes",
-    "Verdict", "ClusterVerdict", "cluster_verdicts",
+    "Verdict", "ClusterVerdict", "cluster_verdicts", "within_policy", "NO_ALLOWED_MODEL",
 ]
 
 _PRUNE_ABOVE = 4
@@ -37,6 +37,32 @@ class Wait(enum.Enum):
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     RETRY_BACKOFF = "RETRY_BACKOFF"
     QUEUED_BEHIND_OTHERS = "QUEUED_BEHIND_OTHERS"
+    NOT_ALLOWED = "NOT_ALLOWED"
+
+
+NO_ALLOWED_MODEL = "(no GPU model the tenant may use)"
+"""A model no node has: what a GPU pod set may get when its named models and the tenant's allowed ones do
+not meet (an empty set would mean "any model")."""
+
+
+def within_policy(req: JobRequest, allowed_models: Collection[str] | None) -> JobRequest:
+    """The request as the tenancy policy lets it be placed: every pod set that takes GPUs may get only a
+    model the tenant may use, whatever the request named or did not name (named models are narrowed to the
+    allowed ones; none named means exactly the allowed ones; a template's `nvidia.com/gpu.product` node
+    selector still applies on top). The fit then refuses every other node, so the model a job is given —
+    and charged quota for — is always one its tenant may use. None: the tenant may use any model."""
+    if allowed_models is None:
+        return req
+    allowed = frozenset(allowed_models)
+    pod_sets = []
+    for ps in req.pod_sets:
+        shape = ps.shape
+        if shape.wants_gpu:
+            models = (shape.gpu_models & allowed if shape.gpu_models else allowed) or frozenset({NO_ALLOWED_MODEL})
+            if models != shape.gpu_models:
+                ps = dataclasses.replace(ps, shape=dataclasses.replace(shape, gpu_models=models))
+        pod_sets.append(ps)
+    return dataclasses.replace(req, pod_sets=tuple(pod_sets))
 
 
 @dataclass(frozen=True, slots=True)

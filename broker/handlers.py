@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from broker import errors
 from broker.auth import Caller, CallerKind
 from broker.catalog import ClusterEntry, Usability
-from broker.decide import could_ever_fit
+from broker.decide import could_ever_fit, within_policy
 from broker.errors import ErrorDetails, PolicyViolation, QuotaViolation
 from broker.hub import Hub
 from broker.jobstatus import QueueView
@@ -95,7 +95,8 @@ def _policy_check(hub: Hub, item: ParsedItem, tenant: str) -> None:
                     details=ErrorDetails(quota_violations=(
                         QuotaViolation(f"tenant/{tenant}", f"gpu/{m}", 0.0, float(lim or 0), gpus),)))
     allows = tp.allows_cluster
-    fits, why = could_ever_fit(hub.catalog, item.request, allows)
+    placeable = within_policy(item.request, None if "*" in tp.gpu_models else tp.gpu_models)
+    fits, why = could_ever_fit(hub.catalog, placeable, allows)
     if fits is False:
         raise errors.Unschedulable(f"job could not fit in any allowed cluster even if empty: {why}",
                                    details=ErrorDetails(reason="UNFITTABLE"))

@@ -15,7 +15,7 @@ from placement.model import JobRequest
 from broker import catalog as cat
 from broker import errors, lifecycle, serde
 from broker import queue as q
-from broker.decide import ClusterVerdict, Decision, Wait, cluster_verdicts, decide
+from broker.decide import ClusterVerdict, Decision, Wait, cluster_verdicts, decide, within_policy
 from broker.policy import PolicyFile
 from broker.records import JobRecord, ReplicaPlacement
 from broker.states import HOLDS_CAPACITY, JobState
@@ -104,18 +104,23 @@ class Placer:
     def _request(self, job: JobRecord) -> JobRequest:
         req = self.requests.get(job.job_id)
         if req is None:
-            band = self.policy.current().band_priority(job.priority_band) or 0
-            req = serde.request_from_record(job)
-            req = dataclasses.replace(req, priority=job.priority + band * 10000)
+            req = self._placeable(job, serde.request_from_record(job))
             self.requests[job.job_id] = req
         return req
+
+    def _placeable(self, job: JobRecord, req: JobRequest) -> JobRequest:
+        """The request as the current policy lets the placer see it: band priority, tenant's GPU models."""
+        pol = self.policy.current()
+        band = pol.band_priority(job.priority_band) or 0
+        tenant = pol.tenants.get(job.tenant)
+        models = None if tenant is None or "*" in tenant.gpu_models else tenant.gpu_models
+        return within_policy(dataclasses.replace(req, job_id=job.job_id, priority=job.priority + band * 10000),
+                             models)
 
     def remember(self, job: JobRecord, req: JobRequest) -> None:
         """The request parsed at submission, so the placer does not decode the spec again."""
         if job.job_id not in self.requests:
-            band = self.policy.current().band_priority(job.priority_band) or 0
-            self.requests[job.job_id] = dataclasses.replace(req, job_id=job.job_id,
-                                                            priority=job.priority + band * 10000)
+            self.requests[job.job_id] = self._placeable(job, req)
 
     def _hold(self, job: JobRecord, cluster: str, attempt: int, assignments: tuple[ReplicaPlacement, ...],
               gpu_model: str) -> None:
@@ -172,6 +177,8 @@ class Placer:
             self._policy_seen = pol
             self.book.set_policy(q.policy_from_tenancy(pol))
             self._version += 1
+            self.requests.clear()  # band priorities and allowed models are the policy's: derive them again
+            self.capacity_changed()
         t = self.clock() if now is None else now
         cached = self._snap
         if cached is not None and cached[0] == self._version and 0 <= t - cached[1] < 0.25:
@@ -212,6 +219,10 @@ class Placer:
     def decide_one(self, job: JobRecord, now: float, snap: q.QueueSnapshot | None = None,
                    usage: q.Usage | None = None) -> Decision:
         """Placement for one job, with the quota checked for the model it would actually get."""
+        tenant = self.policy.current().tenants.get(job.tenant)
+        if tenant is None or not tenant.allows_band(job.priority_band):
+            return Decision(None, Wait.NOT_ALLOWED, f"the tenancy policy no longer allows tenant {job.tenant} "
+                            f"in band {job.priority_band or 'default'}")
         req = self._request(job)
         if job.not_before > now:
             return Decision(None, Wait.RETRY_BACKOFF, f"retry back-off until {job.not_before:.0f}")

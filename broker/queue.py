@@ -66,6 +66,7 @@ class WaitReason(enum.StrEnum):
     RETRY_BACKOFF = "RETRY_BACKOFF"
     RATE_LIMITED = "RATE_LIMITED"
     CLUSTERS_CORDONED = "CLUSTERS_CORDONED"
+    NOT_ALLOWED = "NOT_ALLOWED"
 
 
 @dataclass(frozen=True, slots=True)

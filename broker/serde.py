@@ -9,7 +9,7 @@ from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from placement.errors import PodSpecError
-from placement.model import WHOLE_GPU_MILLI, DraRequest, JobRequest, PodSet, PodShape
+from placement.model import GPU_PRODUCT_LABEL, WHOLE_GPU_MILLI, DraRequest, JobRequest, PodSet, PodShape
 from placement.podspec import shape_from_pod
 from tandem.v1 import common_pb2, job_pb2, job_service_pb2
 
@@ -76,15 +76,25 @@ def _shape(shape: job_pb2.PodShape, template: dict[str, object], path: str) -> t
     except PodSpecError as exc:
         out.append(FieldViolation(f"{path}.pod_template_json.{exc.field}", str(exc)))
     milli = shape.gpu_milli or WHOLE_GPU_MILLI
+    declared = frozenset(shape.allowed_gpu_models)
+    models = declared
     if tpl_shape is not None:
         out.extend(_template_disagrees(shape, tpl_shape, milli, path))
+        # A model named only by the template's nvidia.com/gpu.product selector or affinity is still a
+        # constraint of the job: the broker places (and the policy judges) by it too.
+        templated = tpl_shape.gpu_models
+        if declared and templated and not declared & templated:
+            out.append(FieldViolation(f"{path}.shape.allowed_gpu_models",
+                                      f"none of {sorted(declared)} is allowed by the pod template's "
+                                      f"{GPU_PRODUCT_LABEL} selector ({sorted(templated)})"))
+        models = declared & templated if declared and templated else declared or templated
     dra = tuple(
         DraRequest(r.device_class_name, tuple(r.selectors), max(r.count, 1)) for r in shape.device_requests
     )
     core = PodShape(
         gpus=shape.gpu_count,
         gpu_milli=milli,
-        gpu_models=frozenset(shape.allowed_gpu_models),
+        gpu_models=models,
         min_gpu_memory_mib=shape.min_gpu_memory_mib,
         mig_profile=shape.mig_profile or None,
         mig_count=shape.mig_count,

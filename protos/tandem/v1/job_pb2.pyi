@@ -331,6 +331,11 @@ class _WaitReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WaitReason
     """Tenant rate limit."""
     WAIT_REASON_CLUSTERS_CORDONED: _WaitReason.ValueType  # 10
     """Every allowed cluster is cordoned."""
+    WAIT_REASON_NOT_ALLOWED: _WaitReason.ValueType  # 11
+    """The tenancy policy no longer allows the job as submitted (its tenant or
+    priority band was removed since); it waits until the policy allows it
+    again or it is cancelled.
+    """
 
 class WaitReason(_WaitReason, metaclass=_WaitReasonEnumTypeWrapper):
     """Why a queued job is not placed yet. Only facts about the caller's own
@@ -365,6 +370,11 @@ WAIT_REASON_RATE_LIMITED: WaitReason.ValueType  # 9
 """Tenant rate limit."""
 WAIT_REASON_CLUSTERS_CORDONED: WaitReason.ValueType  # 10
 """Every allowed cluster is cordoned."""
+WAIT_REASON_NOT_ALLOWED: WaitReason.ValueType  # 11
+"""The tenancy policy no longer allows the job as submitted (its tenant or
+priority band was removed since); it waits until the policy allows it
+again or it is cancelled.
+"""
 Global___WaitReason: _TypeAlias = WaitReason  # noqa: Y015
 
 class _ClusterVerdictReason:
