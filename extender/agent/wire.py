@@ -130,8 +130,10 @@ def _pod_set(ps: cs.PodSetDispatch, path: str) -> PodSetOrder:
                           r.allocation_mode == job_pb2.DEVICE_ALLOCATION_MODE_ALL)
         for i, r in enumerate(s.device_requests)
     )
+    declared, templated = frozenset(s.allowed_gpu_models), from_template.gpu_models
+    models = declared & templated if declared and templated else declared or templated
     shape = PodShape(
-        gpus=s.gpu_count, gpu_milli=s.gpu_milli or WHOLE_GPU_MILLI, gpu_models=frozenset(s.allowed_gpu_models),
+        gpus=s.gpu_count, gpu_milli=s.gpu_milli or WHOLE_GPU_MILLI, gpu_models=models,
         min_gpu_memory_mib=s.min_gpu_memory_mib, mig_profile=s.mig_profile or None, mig_count=s.mig_count,
         dra=tuple(DraRequest(r.device_class, r.selectors, r.count) for r in requests),
         cpu_milli=s.cpu_milli, memory=s.memory_bytes, extended=tuple(sorted(s.extended_resources.items())),
