@@ -37,7 +37,7 @@ from placement.overlay import Reservation, ReservedPart
 from placement.podspec import shape_from_pod
 
 __all__ = [
-    "GATE", "DISPATCH_ANNOTATION", "RESERVED_PREFIXES", "WorkloadRenderer", "Rendered", "IndexedJobRenderer",
+    "GATE", "DISPATCH_ANNOTATION", "RESERVED_DOMAINS", "is_reserved_key", "WorkloadRenderer", "Rendered", "IndexedJobRenderer",
     "rendezvous_host", "replica_host", "json_pointer", "pin_patch", "ungate_patch", "pod_for_dry_run",
     "admitted_shape_problem",
 ]
@@ -51,9 +51,15 @@ QUEUE_ANNOTATION = "tandem.dev/queue"
 TENANT_ANNOTATION = "tandem.dev/tenant"
 PREEMPTIBLE_LABEL = "tandem.dev/preemptible"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tandem"}
-RESERVED_PREFIXES = ("tandem.dev/", "kubernetes.io/", "k8s.io/", "batch.kubernetes.io/", "kueue.x-k8s.io/",
-                     "jobset.sigs.k8s.io/")
-"""H-4: label and annotation keys a template or user may not set (dropped whatever they say)."""
+RESERVED_DOMAINS = ("tandem.dev", "kubernetes.io", "k8s.io", "kueue.x-k8s.io", "jobset.sigs.k8s.io")
+"""H-4: label and annotation key domains a template or user may not set (dropped whatever they say). A
+subdomain is reserved too (`node.kubernetes.io/x`, `batch.kubernetes.io/x`); `app.kubernetes.io/*` is left
+to users (the recommended labels) except `managed-by`, which Tandem sets. The broker refuses these keys at
+submission; the agent drops them again because it must not trust the broker's version to be its own."""
+_USER_DOMAIN = "app.kubernetes.io"
+USER_SETTABLE_KEYS = frozenset({"kubectl.kubernetes.io/default-container",
+                                "kubectl.kubernetes.io/default-logs-container"})
+"""Keys under a reserved domain that users are meant to set (kubectl's hints of which container to use)."""
 INDEX_ENV = "JOB_COMPLETION_INDEX"
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 MAX_INDEXED_COMPLETIONS = 100_000
@@ -101,11 +107,22 @@ def rendezvous_host(order: Order) -> str:
     return replica_host(order, order.pod_sets[0].name, 0)
 
 
+def is_reserved_key(key: str) -> bool:
+    """Whether a label / annotation key falls under RESERVED_DOMAINS (domain or subdomain)."""
+    prefix, slash, name = key.rpartition("/")
+    if not slash or key in USER_SETTABLE_KEYS:
+        return False
+    domain = prefix.lower()
+    if domain == _USER_DOMAIN:
+        return name == "managed-by"
+    return any(domain == reserved or domain.endswith("." + reserved) for reserved in RESERVED_DOMAINS)
+
+
 def _user(values: Any) -> dict[str, str]:
-    """Labels or annotations from an untrusted source, without the reserved prefixes."""
+    """Labels or annotations from an untrusted source, without the reserved keys."""
     if not isinstance(values, Mapping):
         return {}
-    return {str(k): str(v) for k, v in values.items() if not str(k).startswith(RESERVED_PREFIXES)}
+    return {str(k): str(v) for k, v in values.items() if not is_reserved_key(str(k))}
 
 
 def _procs(ps: PodSetOrder) -> int:

@@ -236,7 +236,9 @@ RESERVED_TEMPLATE = template()
 RESERVED_TEMPLATE["metadata"] = {
     "labels": {"tandem.dev/job": "someone-else", "kueue.x-k8s.io/queue-name": "q", "team": "vision",
                "batch.kubernetes.io/job-name": "x", "kubernetes.io/hostname": "h", "jobset.sigs.k8s.io/jobset-name": "j",
-               "k8s.io/x": "y", "app.kubernetes.io/name": "trainer"},
+               "k8s.io/x": "y", "app.kubernetes.io/name": "trainer", "node.kubernetes.io/instance-type": "h100",
+               "topology.k8s.io/zone": "z", "NODE.Kubernetes.IO/x": "y", "app.kubernetes.io/managed-by": "me",
+               "x-k8s.io/team": "a"},
     "annotations": {"tandem.dev/dispatch": "forged", "kubectl.kubernetes.io/default-container": "trainer"},
 }
 
@@ -259,6 +261,10 @@ RESERVED_TEMPLATE["metadata"] = {
     ("annotations", "tandem.dev/job-set", "llama-sweep"),
     ("annotations", "tandem.dev/queue", "research-main"),
     ("annotations", "kubectl.kubernetes.io/default-container", "trainer"),
+    ("labels", "node.kubernetes.io/instance-type", None),  # a subdomain of a reserved domain
+    ("labels", "topology.k8s.io/zone", None),
+    ("labels", "NODE.Kubernetes.IO/x", None),  # domains are case-insensitive
+    ("labels", "x-k8s.io/team", "a"),  # not a subdomain of k8s.io
     ("annotations", "example.com/note", "hi"),  # order.annotations
 ])
 def test_labels_and_annotations_drop_reserved_prefixes_and_carry_tandems(where: str, key: str,
