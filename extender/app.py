@@ -112,11 +112,17 @@ def _json(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
+_POD_KEY_MAX = 63 + 1 + 253
+"""namespace/name at the API's own length limits: what the recent decisions keep of a pod's key."""
+
+
 def _pod_name(pod: Any) -> str | None:
-    if isinstance(pod, dict):
-        meta = pod.get("metadata") or {}
-        return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    return None
+    """`namespace/name` of a decoded pod, from string fields only, cut to a real pod key's length."""
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    ns, name = meta.get("namespace"), meta.get("name")
+    return f"{ns if isinstance(ns, str) else ''}/{name if isinstance(name, str) else ''}"[:_POD_KEY_MAX]
 
 
 def make_app(

@@ -5,6 +5,7 @@ No I/O, no clock, no logging: the app times, logs and counts what these return.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ import orjson
 
 from extender.errors import BadRequest, NotSynced
 from extender.inventory import Inventory
-from extender.names import RawNames, find_raw_names
+from extender.names import RawNames, ends_with_member, find_raw_names
 from extender.nodefit import Query
 from extender.podreq import gang_of
 from extender.protocol import (
@@ -51,20 +52,29 @@ def _claim_resolver(pod: dict[str, Any], inv: Inventory) -> tuple[dict[str, tupl
     refs = pod["spec"].get("resourceClaims") or []
     if not refs:
         return {}, None
-    ns = str(pod["metadata"].get("namespace") or "default")
-    statuses = {s.get("name"): s.get("resourceClaimName")
-                for s in ((pod.get("status") or {}).get("resourceClaimStatuses") or []) if isinstance(s, dict)}
+    if not isinstance(refs, list):
+        raise BadRequest("Pod.spec.resourceClaims must be a list")
+    ns = pod["metadata"].get("namespace") or "default"  # a string: checked with the pod
+    generated = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    if not isinstance(generated, list):
+        raise BadRequest("Pod.status.resourceClaimStatuses must be a list")
+    statuses = {s["name"]: s.get("resourceClaimName")
+                for s in generated if isinstance(s, dict) and isinstance(s.get("name"), str)}
     out: dict[str, tuple[DraRequest, ...]] = {}
     allowed: frozenset[str] | None = None
     for ref in refs:
         if not isinstance(ref, dict):
             raise BadRequest("Pod.spec.resourceClaims entries must be objects")
-        name = ref.get("resourceClaimName") or statuses.get(ref.get("name"))
+        entry = ref.get("name")
+        name = ref.get("resourceClaimName") or (statuses.get(entry) if isinstance(entry, str) else None)
+        if not isinstance(entry, str) or not isinstance(name, (str, type(None))):
+            raise BadRequest("Pod.spec.resourceClaims entries need a name and string claim names")
         if not name:
-            if ref.get("resourceClaimTemplateName"):
-                raise BadRequest(f"claim {ref.get('name')!r} from template {ref['resourceClaimTemplateName']!r} "
+            template = ref.get("resourceClaimTemplateName")
+            if template:
+                raise BadRequest(f"claim {entry!r} from template {str(template)[:253]!r} "
                                  "is not created yet (pod.status.resourceClaimStatuses has no name)")
-            raise BadRequest(f"resourceClaims entry {ref.get('name')!r} names no claim")
+            raise BadRequest(f"resourceClaims entry {entry!r} names no claim")
         claim = inv.claim(ns, name)
         if claim is None:
             raise BadRequest(f"ResourceClaim {ns}/{name} is not in the inventory")
@@ -89,21 +99,40 @@ def _claim_resolver(pod: dict[str, Any], inv: Inventory) -> tuple[dict[str, tupl
 _QUERY_CACHE_LIMIT = 1024
 
 
+def _fingerprint(pod: dict[str, Any]) -> bytes | None:
+    """A digest of everything a Query is computed from (spec, labels, namespace, generated claim
+    names). None: too deeply nested to write, so not cached."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    try:
+        blob = orjson.dumps([pod["spec"], meta.get("labels"), meta.get("namespace"),
+                             status.get("resourceClaimStatuses")])
+    except orjson.JSONEncodeError:
+        return None
+    return hashlib.blake2b(blob, digest_size=16).digest()
+
+
 def query_for(pod: dict[str, Any], inv: Inventory) -> Query:
     """The question a pod asks, cached per (uid, resourceVersion) and, for pods with claims, the
-    claims' version: filter and prioritize of one cycle, and retries, parse the pod once."""
+    claims' version: filter and prioritize of one cycle, and retries, parse the pod once. The entry
+    also holds a digest of the pod's content, so a body that reuses a real pod's uid and version
+    with another spec gets its own answer and leaves the real pod's alone."""
     meta = pod["metadata"]
     uid, rv = meta.get("uid"), meta.get("resourceVersion")
     if not isinstance(uid, str) or not isinstance(rv, str) or not uid or not rv:
         return _query_for(pod, inv)
+    fp = _fingerprint(pod)
+    if fp is None:
+        return _query_for(pod, inv)
     cache = inv.query_cache
     key = (uid, rv, inv.claims_version if pod["spec"].get("resourceClaims") else -1)
-    q = cache.get(key)
-    if q is None:
-        q = _query_for(pod, inv)
-        if len(cache) >= _QUERY_CACHE_LIMIT:
-            cache.clear()
-        cache[key] = q
+    hit = cache.get(key)
+    if hit is not None and hit[0] == fp:
+        q: Query = hit[1]
+        return q
+    q = _query_for(pod, inv)
+    if len(cache) >= _QUERY_CACHE_LIMIT:
+        cache.clear()
+    cache[key] = (fp, q)
     return q
 
 
@@ -119,7 +148,10 @@ def _query_for(pod: dict[str, Any], inv: Inventory) -> Query:
                 core_dra.check_selector(expr)
             except PlacementError as e:
                 raise BadRequest(f"ResourceClaim of class {req.device_class}: {e}") from e
-    gang = gang_of(pod, inv.config)
+    try:
+        gang = gang_of(pod, inv.config)
+    except ValueError as e:  # e.g. a replica-index label of digits int() does not read ("²")
+        raise BadRequest(f"Pod gang labels: {e}") from e
     return Query(
         shape=shape,
         gang=None if gang is None else (gang.job, gang.attempt),
@@ -163,7 +195,14 @@ def _positions(snap: Snapshot, args: ExtenderArgs, span: RawNames | None) -> np.
 
 
 def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
-    """ExtenderFilterResult: the candidates that fit, the others with a reason each."""
+    """ExtenderFilterResult: the candidates that fit, the others with a reason each.
+
+    A candidate the inventory does not know (a node the watch has not delivered yet) is refused in
+    FailedAndUnresolvableNodes, "not in the extender's inventory yet", even when no candidate is
+    known: the pod is then Unschedulable with that reason and is retried when nodes change, where
+    a whole-request Error from a non-ignorable extender would fail the cycle and retry with
+    back-off like an outage (FLEET-NOTES H-6). Error is kept for requests the extender cannot
+    judge at all: inventory not synced yet, a pod it cannot read."""
     snap = _require_ready(inv)
     q = query_for(args.pod, inv)
     sv = snap.verdict(q)
@@ -172,15 +211,15 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     pos = _positions(snap, args, span)
     known = pos >= 0
     all_known = bool(known.all())
-    if count and not known.any():
-        raise BadRequest(f"none of the {count} candidate nodes is in the extender's inventory")
     try:
         sv.ensure(pos if all_known else pos[known])
     except PlacementError as e:  # e.g. a DRA selector that does not compile
         raise BadRequest(str(e)) from e
-    ok = sv.ok[pos]
-    if not all_known:
-        ok &= known
+    if all_known:
+        ok = sv.ok[pos]
+    else:  # -1 must not index a row (nor an empty snapshot)
+        ok = np.zeros(count, np.bool_)
+        ok[known] = sv.ok[pos[known]]
     passed_at = np.flatnonzero(ok)
     every = all_known and count == len(snap) and _names_every_row(snap, pos)
     passed_names = passed_nodes = None
@@ -222,7 +261,7 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
         if not all_known:
             names = args.node_names
             missing = [names[j] for j in np.flatnonzero(~known).tolist()]
-            unres_parts += [orjson.dumps(n) + b":" + orjson.dumps(f"node {n} is not in the extender's inventory")
+            unres_parts += [orjson.dumps(n) + b":" + orjson.dumps(f"node {n} is not in the extender's inventory yet")
                             for n in missing]
             reasons[UNKNOWN_NODE] += len(missing)
         unres = b",".join(unres_parts)
@@ -263,26 +302,23 @@ def _gang_domain_note(inv: Inventory, snap: Snapshot, q: Query) -> str:
 
 def _remembered_rows(snap: Snapshot, q: Query, args: ExtenderArgs) -> tuple[np.ndarray, bool] | None:
     """The rows of the list the last filter passed, when this body carries exactly that list, and
-    whether they are all the nodes that fit (that filter named every node)."""
+    whether they are all the nodes that fit (that filter named every node).
+
+    "Carries" means the remembered `"NodeNames":[...]` is the body's last top-level member, byte
+    for byte (one comparison from the end, where Go writes it): the parse read that member as
+    NodeNames (the last duplicate wins), so the rows are the names asked, wherever else the bytes
+    occur (inside the pod, in an earlier duplicate). Anything else is looked up name by name."""
     last = snap.last_passed
     if last is None or last[0] != q or args.nodes is not None or args.count != len(last[2]):
         return None
-    rows = last[2]
-    rn = args.raw_names
-    if rn is not None:  # the body's array, checked to be the top-level one: compare it whole
-        same = args.raw[rn.start - len(b'"NodeNames":['):rn.end + 1] == last[1]
-        return (rows, last[3]) if same else None
-    at = args.raw.rfind(b'"NodeNames":[')  # Go writes NodeNames last: found from the end at once
-    if not len(rows) or at < 0 or args.raw[at:at + len(last[1])] != last[1]:
-        return None
-    nj = snap.name_json
-    if nj[rows[0]] != orjson.dumps(args.node_names[0]) or nj[rows[-1]] != orjson.dumps(args.node_names[-1]):
-        return None
-    return rows, last[3]
+    return (last[2], last[3]) if ends_with_member(args.raw, last[1]) else None
 
 
 def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
-    """HostPriorityList for the candidates (0..10; 0 for nodes that do not fit or are unknown)."""
+    """HostPriorityList for the candidates, one entry each in request order (0..10; 0 for nodes that
+    do not fit or that the inventory does not know). kube-scheduler adds an extender's score to each
+    host it names and nothing for a host left out, so 0 and omission weigh the same; one entry per
+    node asked keeps the reply checkable against the request."""
     snap = _require_ready(inv)
     q = query_for(args.pod, inv)
     hit = _remembered_rows(snap, q, args)
@@ -304,19 +340,24 @@ def decide_prioritize(inv: Inventory, args: ExtenderArgs) -> Decision:
     return Decision(b"[" + b",".join(parts) + b"]", int(known.sum()))
 
 
+def _obj(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
 def _is_gang_member(inv: Inventory, uid: str, full: dict[str, dict[str, Any]]) -> bool:
     pod = inv.pod_by_uid(uid) or full.get(uid)
     if pod is None:
         return False
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    phase = (pod.get("status") or {}).get("phase")
-    bound = bool((pod.get("spec") or {}).get("nodeName"))
+    labels = _obj(_obj(pod.get("metadata")).get("labels"))  # a victim sent in full may be any shape
+    phase = _obj(pod.get("status")).get("phase")
+    bound = bool(_obj(pod.get("spec")).get("nodeName"))
     return inv.config.gang_job_label in labels and bound and phase not in ("Succeeded", "Failed")
 
 
 def decide_preempt(inv: Inventory, args: PreemptionArgs) -> Decision:
     """Keep a node only if its victims spare every running gang member and removing them makes the
-    preemptor fit; every node kept keeps at least one victim."""
+    preemptor fit; every node kept keeps at least one victim. A node the inventory does not know is
+    dropped, as filter refuses it as unresolvable: nothing says evictions there would help."""
     snap = _require_ready(inv)
     q = query_for(args.pod, inv)
     kept: dict[str, VictimSet] = {}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NameTable", "RawNames", "find_raw_names", "MAX_WIDTH"]
+__all__ = ["NameTable", "RawNames", "find_raw_names", "ends_with_member", "MAX_WIDTH"]
 
 MAX_WIDTH = 128
 """Longest name (UTF-8 bytes) the table handles; longer node lists use the dict lookup."""
@@ -46,6 +46,26 @@ def _hash(words: Words, level: int) -> npt.NDArray[np.uint64]:
 
 
 _KEY = b'"NodeNames":['
+_JSON_SPACE = b" \t\r\n"  # the only whitespace JSON allows (bytes.strip would also take \v and \f)
+
+
+def _doc_end(raw: bytes) -> int:
+    """Index just past the last byte of `raw` that is not JSON whitespace (no copy unless there is some)."""
+    return len(raw.rstrip(_JSON_SPACE))
+
+
+def ends_with_member(raw: bytes, member: bytes) -> bool:
+    """Whether `raw`, a JSON object the caller has decoded, ends with `member` (`"key":value`, compact)
+    as its last top-level member: `...,member}`, nothing but JSON whitespace after.
+
+    Sound for valid JSON: the final `}` closes the top-level object, so the member's value ends at
+    that level; the member's first quote, not escaped, must open a string (a closing quote there
+    would leave the key's letters outside any string), so the key is a key of that object and no
+    string swallows it. As Go's decoder lets the last of duplicate keys win, this member is what a
+    full parse reads for its key."""
+    end = _doc_end(raw) - 1
+    at = end - len(member)
+    return at > 0 and raw[end] == 0x7D and raw.startswith(member, at) and raw[at - 1] != 0x5C
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -61,16 +81,23 @@ def find_raw_names(raw: bytes, count: int | None = None) -> RawNames | None:
     """The top-level NodeNames array of `raw` when it is what Go writes for `count` plain names:
     the body's last member, compact, no escapes (`"a","b",...`). That slice is then byte for byte
     the names' JSON encodings joined by commas, so a reply may echo it. None for any other shape
-    (the caller then works from the decoded names). count None: as many as the array holds."""
+    (the caller then works from the decoded names). count None: as many as the array holds.
+
+    Only valid JSON may be trusted to this scan (the caller decodes the rest of the body, or all
+    of it): then the array found is the top-level object's last member, the one a full parse
+    reads as NodeNames (Go's decoder, like ours, lets the last of duplicate keys win)."""
+    if count is not None and count < 1:
+        return None
     at = raw.find(_KEY)  # Go writes Pod, Nodes, NodeNames: found just past the pod
-    if (count is not None and count < 1) or at < 0 or (at > 0 and raw[at - 1] == 0x5C):
+    if at <= 0 or raw[at - 1] == 0x5C:
         return None
     start = at + len(_KEY)
-    end = raw.rfind(b"]")
+    close = _doc_end(raw) - 1  # the document's closing `}`
+    end = close - 1
     # `]` then `}` closes the document, so the array is the top-level object's last member; with
     # no backslash, exactly 2*count quotes each pair joined by one comma leave room for nothing
     # but count plain strings (a key found inside the pod would bring more quotes along).
-    if (end <= start or raw[end + 1:].strip() != b"}" or raw[start] != 0x22 or raw[end - 1] != 0x22
+    if (end <= start or raw[close] != 0x7D or raw[end] != 0x5D or raw[start] != 0x22 or raw[end - 1] != 0x22
             or raw.find(b"\\", start, end) >= 0):
         return None
     seg = np.frombuffer(raw, np.uint8, end - start, start)

@@ -5,6 +5,11 @@ the top-level fields are PascalCase (`Pod`, `NodeNames`, ...) while the embedded
 are ordinary camelCase Kubernetes JSON. Go's decoder matches field names case-insensitively, so we
 accept any casing on the way in and always write PascalCase on the way out.
 
+Duplicate keys, which JSON allows, are read as Go's decoder reads them: of the top-level keys that
+match one field (any casing, Go's folding), the last in the document wins (for the Pod, an object,
+Go would merge the two; the last one is taken whole here). The raw-bytes shortcuts
+(extender/names.py) only ever read the body's last member, so they and a full parse agree.
+
 Hot path: requests are parsed with orjson and checked by hand (a pydantic model over 5,000 node
 names would cost more than the whole decision); the preemption arguments, which are small and rare,
 go through pydantic.
@@ -13,6 +18,7 @@ go through pydantic.
 from __future__ import annotations
 
 import gc
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,18 +103,66 @@ def _decode(body: bytes) -> Any:
             gc.enable()
 
 
-def _field(obj: Mapping[str, Any], name: str) -> Any:
-    """Top-level field by Go's case-insensitive rule (PascalCase first, the common case)."""
-    if name in obj:
-        return obj[name]
-    low = name.lower()
-    for k, v in obj.items():
-        if k.lower() == low:
-            return v
-    return None
+_GO_FOLD = str.maketrans({"\u017f": "s", "\u212a": "k", "\u0131": "i", "\u0130": "i"})
+"""The non-ASCII runes Go's key folding (ToUpper(ToLower(r))) turns into ASCII letters."""
+
+_FIELD_NAMES = ("Pod", "Nodes", "NodeNames", "NodeNameToMetaVictims", "NodeNameToVictims",
+                "Pods", "NumPDBViolations", "UID")
+_FIELD_OF: dict[str, str] = {n: n for n in _FIELD_NAMES}
+_FOLDED: dict[str, str] = {n.lower(): n for n in _FIELD_NAMES}
+
+
+def go_fold(key: str) -> str:
+    """`key` as Go's encoding/json compares it with a field name, for our ASCII field names ("" for
+    a key that can match none of them)."""
+    k = key.translate(_GO_FOLD)
+    return k.lower() if k.isascii() else ""
+
+
+_TOKEN = re.compile(rb'(?P<s>"[^"\\]*(?:\\.[^"\\]*)*")(?P<colon>[ \t\r\n]*:)?|[\[\]{}]', re.DOTALL)
+
+
+def _key_order(doc: bytes) -> dict[str, int]:
+    """Position of the last occurrence of each top-level key of a valid JSON object. Rare: only
+    when keys differing in case both name one field; one regex pass over the document, about three
+    times what decoding it costs."""
+    order: dict[str, int] = {}
+    depth = 0
+    for i, m in enumerate(_TOKEN.finditer(doc)):
+        c = doc[m.start()]
+        if c == 0x22:
+            if depth == 1 and m.group("colon") is not None:
+                order[orjson.loads(m.group("s"))] = i
+        elif c in (0x7B, 0x5B):
+            depth += 1
+        else:
+            depth -= 1
+    return order
+
+
+def _fields(obj: Mapping[str, Any], doc: bytes, names: tuple[str, ...]) -> dict[str, Any]:
+    """The fields `names` of a decoded object as Go's decoder fills a struct: a key names a field
+    in any casing and, of several keys naming one field, the last in the document wins (orjson
+    already keeps the last value of keys that are exactly equal). `doc` is what obj was decoded from."""
+    hits: dict[str, list[str]] = {}
+    for k in obj:
+        f = _FIELD_OF.get(k) or _FOLDED.get(go_fold(k))
+        if f is not None and f in names:
+            hits.setdefault(f, []).append(k)
+    out: dict[str, Any] = {}
+    order: dict[str, int] | None = None
+    for f, keys in hits.items():
+        if len(keys) > 1:
+            if order is None:
+                order = _key_order(doc)
+            rank = order
+            keys.sort(key=lambda k: rank.get(k, -1))
+        out[f] = obj[keys[-1]]
+    return out
 
 
 def _check_pod(pod: Any) -> dict[str, Any]:
+    """The Pod, checked in the fields the extender reads (Go's decoder would refuse other types)."""
     if pod is None:
         raise BadRequest("Pod is missing")
     if not isinstance(pod, dict):
@@ -116,10 +170,21 @@ def _check_pod(pod: Any) -> dict[str, Any]:
     meta = pod.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
         raise BadRequest("Pod.metadata.name is missing")
+    for key in ("namespace", "uid", "resourceVersion"):
+        if not isinstance(meta.get(key), (str, type(None))):
+            raise BadRequest(f"Pod.metadata.{key} must be a string")
+    labels = meta.get("labels")
+    if labels is not None and (not isinstance(labels, dict) or not all(type(v) is str for v in labels.values())):
+        raise BadRequest("Pod.metadata.labels must map strings to strings")
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         raise BadRequest("Pod.spec is missing")
+    if not isinstance(pod.get("status"), (dict, type(None))):
+        raise BadRequest("Pod.status must be an object")
     return pod
+
+
+_ARGS_FIELDS = ("Pod", "Nodes", "NodeNames")
 
 
 def parse_extender_args(body: bytes) -> ExtenderArgs:
@@ -127,18 +192,20 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     if len(body) > _LAZY_BYTES:
         rn = find_raw_names(body)
         if rn is not None:  # decode the rest only: the pod, and `"NodeNames":null` in the array's place
+            rest = body[:rn.start - 1] + b"null}"
             try:
-                obj = orjson.loads(body[:rn.start - 1] + b"null}")
+                obj = orjson.loads(rest)
             except orjson.JSONDecodeError:
                 obj = None
-            if isinstance(obj, dict):
-                return ExtenderArgs(_check_pod(_field(obj, "Pod")), None, None, body, rn)
+            if isinstance(obj, dict):  # the array is the last member: NodeNames, whatever came before
+                return ExtenderArgs(_check_pod(_fields(obj, rest, ("Pod",)).get("Pod")), None, None, body, rn)
     obj = _decode(body)
     if not isinstance(obj, dict):
         raise BadRequest(f"ExtenderArgs must be an object, got {type(obj).__name__}")
-    pod = _check_pod(_field(obj, "Pod"))
-    names = _field(obj, "NodeNames")
-    node_list = _field(obj, "Nodes")
+    fields = _fields(obj, body, _ARGS_FIELDS)
+    pod = _check_pod(fields.get("Pod"))
+    names = fields.get("NodeNames")
+    node_list = fields.get("Nodes")
     if names is not None:
         if not isinstance(names, list):  # element types are checked where a name is not found
             raise BadRequest("NodeNames must be a list of strings")
@@ -169,12 +236,15 @@ class MetaPod(BaseModel):
     uid: str = Field(alias="UID")
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1  # NumPDBViolations is an int64 in Go
+
+
 class MetaVictims(BaseModel):
     """extenderv1.MetaVictims."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
     pods: list[MetaPod] = Field(default_factory=list, alias="Pods")
-    num_pdb_violations: int = Field(0, alias="NumPDBViolations")
+    num_pdb_violations: int = Field(0, alias="NumPDBViolations", ge=_INT64_MIN, le=_INT64_MAX)
 
 
 class Victims(BaseModel):
@@ -182,7 +252,7 @@ class Victims(BaseModel):
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
     pods: list[dict[str, Any]] = Field(default_factory=list, alias="Pods")
-    num_pdb_violations: int = Field(0, alias="NumPDBViolations")
+    num_pdb_violations: int = Field(0, alias="NumPDBViolations", ge=_INT64_MIN, le=_INT64_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +295,7 @@ def _casefold_keys(v: Any) -> Any:
     canon = {"pods": "Pods", "numpdbviolations": "NumPDBViolations", "uid": "UID"}
     out: dict[str, Any] = {}
     for k, val in v.items():
-        key: str = canon.get(str(k).lower(), str(k))
+        key = canon.get(go_fold(str(k))) or str(k)
         if key == "Pods" and isinstance(val, list):
             val = [_casefold_keys(p) if isinstance(p, dict) and "metadata" not in p else p for p in val]
         out[key] = val
@@ -237,9 +307,10 @@ def parse_preemption_args(body: bytes) -> PreemptionArgs:
     obj = _decode(body)
     if not isinstance(obj, dict):
         raise BadRequest(f"ExtenderPreemptionArgs must be an object, got {type(obj).__name__}")
-    pod = _check_pod(_field(obj, "Pod"))
-    meta = _victims_map(_field(obj, "NodeNameToMetaVictims"), MetaVictims, "NodeNameToMetaVictims")
-    full = _victims_map(_field(obj, "NodeNameToVictims"), Victims, "NodeNameToVictims")
+    fields = _fields(obj, body, ("Pod", "NodeNameToMetaVictims", "NodeNameToVictims"))
+    pod = _check_pod(fields.get("Pod"))
+    meta = _victims_map(fields.get("NodeNameToMetaVictims"), MetaVictims, "NodeNameToMetaVictims")
+    full = _victims_map(fields.get("NodeNameToVictims"), Victims, "NodeNameToVictims")
     victims: dict[str, VictimSet] = {}
     for node, mv in meta.items():
         assert isinstance(mv, MetaVictims)
@@ -250,7 +321,8 @@ def parse_preemption_args(body: bytes) -> PreemptionArgs:
             continue
         uids = []
         for p in fv.pods:
-            uid = (p.get("metadata") or {}).get("uid") if isinstance(p, dict) else None
+            pm = p.get("metadata")
+            uid = pm.get("uid") if isinstance(pm, dict) else None
             if not isinstance(uid, str):
                 raise BadRequest(f"NodeNameToVictims[{node}] has a pod without metadata.uid")
             uids.append(uid)
@@ -272,7 +344,11 @@ def encode_filter_result(
     array (quoted names joined by commas; names mode), passed_nodes the Node objects to echo as a
     NodeList (NodeList mode); failed / unresolvable are the insides of the two maps."""
     if passed_nodes is not None:
-        head = [b'{"Nodes":', orjson.dumps({"metadata": {}, "items": passed_nodes}), b',"NodeNames":null']
+        try:
+            echo = orjson.dumps({"metadata": {}, "items": passed_nodes})
+        except orjson.JSONEncodeError as e:  # decodable, yet nested deeper than the encoder writes
+            raise BadRequest(f"a passing node cannot be written back: {e}") from e
+        head = [b'{"Nodes":', echo, b',"NodeNames":null']
     else:
         head = [b'{"Nodes":null,"NodeNames":[', passed_names or b"", b"]"]
     # One join: the parts can be hundreds of kilobytes, copied once rather than once per `+`.

@@ -101,8 +101,10 @@ class WebhookSettings(BaseModel):
 
 
 def _positive(value: Any) -> bool:
+    if not isinstance(value, (str, int, float)):
+        return True  # not a quantity at all: as malformed quantities, route it
     try:
-        return parse_quantity(value) > 0
+        return parse_quantity(str(value) if isinstance(value, float) else value) > 0
     except (QuantityError, TypeError, ValueError):
         return True  # a malformed quantity still names a GPU resource: route it; the API server validates
 
@@ -117,7 +119,8 @@ def _gpu_resource(name: str, config: RoutingConfig) -> bool:
 
 def _containers(spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
     for field in ("containers", "initContainers"):
-        for c in spec.get(field) or ():
+        items = spec.get(field)
+        for c in items if isinstance(items, list) else ():
             if isinstance(c, Mapping):
                 yield c
 
@@ -181,6 +184,8 @@ def review(body: Any, config: RoutingConfig) -> dict[str, Any]:
 
     spec = pod["spec"]
     current = spec.get("schedulerName") or DEFAULT_SCHEDULER
+    if not isinstance(current, str):
+        return _answer(api_version, uid, None, ["tandem webhook: spec.schedulerName is not a string; pod left unchanged"])
     if current == config.scheduler_name or spec.get("nodeName"):
         return _answer(api_version, uid, None, [])  # already routed, or bound by hand: nothing to schedule
     if current != DEFAULT_SCHEDULER:
@@ -208,8 +213,10 @@ def _handler(config: RoutingConfig) -> Callable[[web.Request], Any]:
             answer = review(body, config)
         except Exception:  # a bug here must still not block pod creation: allow, unchanged
             log.exception("admission review failed", extra={"pod": _pod_ref(body)})
-            uid = body.get("request", {}).get("uid", "") if isinstance(body, dict) and isinstance(body.get("request"), dict) else ""
-            answer = _answer(ADMISSION_VERSIONS[0], str(uid), None, ["tandem webhook: internal error; pod left unchanged"])
+            req = body.get("request") if isinstance(body, dict) else None
+            uid = req.get("uid") if isinstance(req, dict) else None
+            answer = _answer(ADMISSION_VERSIONS[0], uid if isinstance(uid, str) else "", None,
+                             ["tandem webhook: internal error; pod left unchanged"])
         resp = answer["response"]
         if "patch" in resp or resp.get("warnings"):
             log.info(
@@ -221,13 +228,22 @@ def _handler(config: RoutingConfig) -> Callable[[web.Request], Any]:
     return mutate
 
 
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def _pod_ref(body: Any) -> str | None:
+    """`namespace/name` of the reviewed pod for the log, from string fields only, cut to a real key's length."""
     if isinstance(body, Mapping) and isinstance(body.get("request"), Mapping):
         req = body["request"]
         obj: Mapping[str, Any] = req["object"] if isinstance(req.get("object"), Mapping) else {}
         meta: Mapping[str, Any] = obj["metadata"] if isinstance(obj.get("metadata"), Mapping) else {}
-        return f"{req.get('namespace', '')}/{req.get('name') or meta.get('name') or meta.get('generateName', '')}"
+        name = _text(req.get("name")) or _text(meta.get("name")) or _text(meta.get("generateName"))
+        return f"{_text(req.get('namespace'))}/{name}"[:_REF_MAX]
     return None
+
+
+_REF_MAX = 63 + 1 + 253
 
 
 class CertReloader:

@@ -47,11 +47,13 @@ async def test_wrong_types_are_200_with_error(client: Client, body: object) -> N
     assert reply["NodeNames"] is None
 
 
-async def test_unknown_nodes_only_is_200_with_error(client: Client) -> None:
+async def test_unknown_nodes_only_are_refused_per_node(client: Client) -> None:
+    # H-6: an Error would fail kube-scheduler's whole cycle; per-node refusals let it retry when they appear
     args = fixture_json("args-want-8-names.json")
     args["NodeNames"] = ["nope-1", "nope-2"]
     status, reply = await client.post("filter", args)
-    assert status == 200 and "none of the 2 candidate nodes" in reply["Error"]
+    assert status == 200 and reply["Error"] == "" and reply["NodeNames"] == []
+    assert sorted(reply["FailedAndUnresolvableNodes"]) == ["nope-1", "nope-2"]
 
 
 async def test_unknown_node_among_known_is_unresolvable(client: Client) -> None:
