@@ -74,7 +74,7 @@ class Listens(BaseModel):
     @classmethod
     def _listen(cls, v: str) -> str:
         host, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit():
+        if not sep or not (port.isascii() and port.isdigit()):
             raise ValueError("listen must be HOST:PORT")
         return v
 

@@ -78,7 +78,7 @@ def gang_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GangRef | None:
         return None
     attempt = str(labels.get(config.gang_attempt_label, ""))
     raw_index = labels.get(INDEX_LABEL)
-    index = int(raw_index) if isinstance(raw_index, str) and raw_index.isdigit() else None
+    index = int(raw_index) if isinstance(raw_index, str) and raw_index.isascii() and raw_index.isdigit() else None
     return GangRef(job, attempt, pinned_node(pod), str(labels.get(POD_SET_LABEL, "")), index)
 
 

@@ -186,7 +186,7 @@ def parse_reservation(cm: Mapping[str, Any]) -> HeldReservation:
         if not isinstance(job, str) or not job:
             raise InventoryError(f"reservation {key[1]}: data.job must be a non-empty string")
         raw_attempt = str(data.get("attempt", "0") or "0")
-        if not raw_attempt.isdigit():
+        if not (raw_attempt.isascii() and raw_attempt.isdigit()):
             raise InventoryError(f"reservation {key[1]}: data.attempt must be a number, not {raw_attempt!r}")
         if "pod_sets" in data:
             docs = [_PodSetDoc.model_validate(d) for d in orjson.loads(data["pod_sets"])]

@@ -24,7 +24,7 @@ def mig_fraction(profile: str, model: str | None) -> float:
     if cls is not None:
         return cls.compute / (4 if cls.total_slices == 4 else 7)
     head = profile.split("g.", 1)[0]
-    return int(head) / 7 if head.isdigit() else 1.0
+    return int(head) / 7 if head.isascii() and head.isdigit() else 1.0
 
 
 def _dra_cost(device: DraDevice) -> tuple[str, float]:

@@ -119,7 +119,7 @@ def completion_index(pod: Mapping[str, Any]) -> int | None:
     """The pod's completion index from its annotation (label as fallback); None if absent or invalid."""
     meta = pod.get("metadata") or {}
     raw = (meta.get("annotations") or {}).get(INDEX_KEY) or (meta.get("labels") or {}).get(INDEX_KEY)
-    if raw is None or not str(raw).isdigit():
+    if raw is None or not (str(raw).isascii() and str(raw).isdigit()):
         return None
     return int(raw)
 

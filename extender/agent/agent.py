@@ -179,7 +179,7 @@ class Agent:
         for cm in self.inv.objects("ConfigMap"):
             data = cm.get("data") or {}
             attempt = str(data.get("attempt", ""))
-            if data.get("job") and attempt.isdigit():
+            if data.get("job") and attempt.isascii() and attempt.isdigit():
                 keys[(str(data["job"]), int(attempt))] = str(data.get("dispatch", ""))
         for key in self.tracker.attempts():
             jobs = self.tracker.jobs(key)

@@ -62,7 +62,7 @@ def order_from_jobs(key: AttemptKey, jobs: Iterable[Mapping[str, Any]], config: 
         pod_sets.append((position, PodSetOrder(name, len(nodes), PodShape(), template, runs_of(nodes))))
         deadline = _time(str(ann.get(f"{_ANN}start-deadline", ""))) or deadline
         fw, _, p = str(ann.get(f"{_ANN}framework", "")).partition(":")
-        framework, port = fw or framework, int(p) if p.isdigit() else port
+        framework, port = fw or framework, int(p) if p.isascii() and p.isdigit() else port
         dispatch_id = str(ann.get(f"{_ANN}dispatch", "")) or dispatch_id
     if not pod_sets:
         return None

@@ -224,7 +224,7 @@ def _gang_replicas(facts: NodeFacts) -> tuple[tuple[AttemptKey, Replica], ...]:
     out = []
     for p in facts.pods:
         g = p.gang
-        if g is None or g.index is None or not g.attempt.isdigit():
+        if g is None or g.index is None or not (g.attempt.isascii() and g.attempt.isdigit()):
             continue
         out.append(((g.job, int(g.attempt)), (g.pod_set, g.index, facts.name)))
     return tuple(out)

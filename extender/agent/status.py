@@ -170,7 +170,7 @@ def replica_of(pod: Pod) -> tuple[str, int] | None:
     labels = _meta(pod).get("labels") or {}
     raw = labels.get(INDEX_LABEL) or (_meta(pod).get("annotations") or {}).get(INDEX_LABEL)
     pod_set = labels.get(POD_SET_LABEL)
-    if not isinstance(pod_set, str) or not isinstance(raw, str) or not raw.isdigit():
+    if not isinstance(pod_set, str) or not isinstance(raw, str) or not (raw.isascii() and raw.isdigit()):
         return None
     return pod_set, int(raw)
 

@@ -38,7 +38,7 @@ def _pointer(path: object) -> list[str]:
 def _index(container: list[Any], token: str, *, for_add: bool) -> int:
     if token == "-" and for_add:
         return len(container)
-    if not token.isdigit() or (len(token) > 1 and token.startswith("0")):
+    if not (token.isascii() and token.isdigit()) or (len(token) > 1 and token.startswith("0")):
         raise PatchError(f"invalid array index {token!r}")
     i = int(token)
     if i > len(container) or (i == len(container) and not for_add):
