@@ -457,7 +457,9 @@ class KubeClient:
             if (resp.status == 429 or resp.status >= 500) and attempt < self.retries:
                 retry_after = resp.headers.get("Retry-After", "")
                 resp.release()
-                await self._sleep(float(retry_after) if retry_after.isascii() and retry_after.isdigit() else min(8.0, 0.2 * 2 ** attempt))
+                told = retry_after.isascii() and retry_after.isdigit()
+                # the server's hint, but not an unbounded one (a proxy's Retry-After may say anything)
+                await self._sleep(min(30.0, float(retry_after)) if told else min(8.0, 0.2 * 2 ** attempt))
                 continue
             raise await _error_of(resp)
         raise KubeError(0, "unreachable")  # pragma: no cover - the loop returns or raises

@@ -21,7 +21,9 @@ def attempt_of(obj: Mapping[str, Any], job_label: str, attempt_label: str) -> At
     if not isinstance(labels, Mapping):
         return None
     job, attempt = labels.get(job_label), labels.get(attempt_label)
-    if not isinstance(job, str) or not job or not isinstance(attempt, str) or not (attempt.isascii() and attempt.isdigit()):
+    if not isinstance(job, str) or not job or not isinstance(attempt, str):
+        return None
+    if not (attempt.isascii() and attempt.isdigit()):
         return None
     return (job, int(attempt))
 
