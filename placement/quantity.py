@@ -38,10 +38,13 @@ _DECIMAL: dict[str, Fraction] = {
 # Same grammar as k8s.io/apimachinery resource.Quantity: a signed decimal number
 # followed by a binary SI suffix, a decimal SI suffix, or a decimal exponent.
 _QUANTITY = re.compile(
-    r"^(?P<sign>[+-]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<dec>[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]+))?$"
-)
+    r"(?P<sign>[+-]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<dec>[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]+))?"
+)  # applied with fullmatch: `$` would also take "16Gi\n"
 _MAX_EXPONENT = 64  # far beyond anything real; keeps "1e999999" from eating memory
+_MAX_LENGTH = 128
+"""Characters of a quantity string: real ones stay under 30; a 4,000-digit one is an attack on whatever
+formats it (Python refuses to print ints past 4,300 digits)."""
 
 
 def parse_quantity(value: Quantityish) -> Fraction:
@@ -57,7 +60,9 @@ def parse_quantity(value: Quantityish) -> Fraction:
         return Fraction(value)
     if not isinstance(value, str):
         raise QuantityError(f"quantity must be a string or int, got {type(value).__name__}")
-    m = _QUANTITY.match(value)
+    if len(value) > _MAX_LENGTH:
+        raise QuantityError(f"quantity of {len(value)} characters (at most {_MAX_LENGTH})")
+    m = _QUANTITY.fullmatch(value)
     if m is None:
         raise QuantityError(f"invalid quantity {value!r}")
     number = Fraction(m.group("num"))
