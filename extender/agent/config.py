@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -58,6 +58,15 @@ class AgentConfig(Listens):
     tenants: dict[str, list[str]] = Field(default_factory=dict)
     """Tenant -> namespaces this cluster allows for it (the first is the default). A tenant not listed is
     refused (TENANT_NOT_ALLOWED); the agent never creates anything elsewhere."""
+    tenant_pod_security: dict[str, Literal["baseline", "restricted"]] = Field(default_factory=dict)
+    """Tenant -> the Pod Security level the broker judges its templates by (its policy's `pod_security`); a
+    tenant not listed is baseline. Every namespace of the tenant must enforce at least that level (label
+    pod-security.kubernetes.io/enforce), else the agent refuses the tenant at start (FLEET-NOTES H-2)."""
+    tenant_extra_capabilities: dict[str, list[str]] = Field(default_factory=dict)
+    """Tenant -> the extra capabilities its broker policy allows (e.g. [IPC_LOCK] for NCCL over InfiniBand).
+    Pod Security admission cannot allow them, so that tenant's namespaces must be labelled enforce=privileged,
+    warn and audit at its level, and tandem.dev/tenant-namespace=true (the ValidatingAdmissionPolicy that
+    fences Tandem's objects there); the agent checks those labels instead (H-1)."""
     priority_classes: dict[str, str] = Field(default_factory=dict)
     """Priority band -> PriorityClass of its gang pods; bands not listed use default_priority_class."""
     default_priority_class: str = "tandem-gang"
@@ -122,6 +131,10 @@ class AgentConfig(Listens):
         if not allowed:
             return None
         return hint if hint in allowed else allowed[0]
+
+    def pod_security(self, tenant: str) -> Literal["baseline", "restricted"]:
+        """The tenant's Pod Security level (baseline unless tenant_pod_security says otherwise)."""
+        return self.tenant_pod_security.get(tenant, "baseline")
 
     def priority_class(self, band: str, preemptible: bool) -> str:
         if preemptible and self.preemptible_priority_class:

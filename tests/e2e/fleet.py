@@ -275,8 +275,9 @@ async def start_cluster(name: str, nodes: Sequence[dict[str, Any]], broker: Brok
         sim = SimCluster(nodes, manifests=MANIFESTS, kubelet_auto_run=kubelet_auto_run, **(sim_options or {}))
     await sim.start()
     tenants = tenants or {"alpha": [TENANT_NAMESPACE]}
-    for ns in sorted({n for v in tenants.values() for n in v}):
-        await sim.create_namespace(ns)
+    for ns in sorted({n for v in tenants.values() for n in v}):  # labelled as the agent's start checks want
+        await sim.create_namespace(ns, labels={"pod-security.kubernetes.io/enforce": "baseline",
+                                               "tandem.dev/tenant-namespace": "true"})
     # What an operator applies: the agent's manifests, then the RoleBindings render-rbac prints.
     for doc in yaml.safe_load_all((MANIFESTS / "base" / "agent-rbac.yaml").read_text()):
         await sim.apply(doc)

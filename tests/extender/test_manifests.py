@@ -24,9 +24,12 @@ CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certifica
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*", "escalate", "bind", "impersonate"}
 
 
-def load_docs() -> list[tuple[Path, dict[str, Any]]]:
+def load_docs(under: Path = MANIFESTS) -> list[tuple[Path, dict[str, Any]]]:
+    """Every manifest the kustomizations install (examples/ holds what a site writes itself)."""
     docs = []
-    for path in sorted(MANIFESTS.rglob("*.yaml")):
+    for path in sorted(under.rglob("*.yaml")):
+        if under == MANIFESTS and path.is_relative_to(MANIFESTS / "examples"):
+            continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
                 docs.append((path, doc))
@@ -411,3 +414,194 @@ def test_agent_config_is_valid_and_agrees_with_the_extender_and_the_deployment()
     classes = {o["metadata"]["name"]: o for o in OBJECTS if o["kind"] == "PriorityClass"}
     assert cfg.default_priority_class in classes and cfg.preemptible_priority_class in classes
     assert classes[str(cfg.preemptible_priority_class)]["preemptionPolicy"] == "Never"
+
+
+# ------------------------------------------------------------------ admission policies and tenant namespaces (H-3)
+
+AGENT_USER = "system:serviceaccount:tandem-system:tandem-agent"
+JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
+KCM = "system:kube-controller-manager"
+GC = "system:serviceaccount:kube-system:generic-garbage-collector"
+TENANT_USER = "alice@example.com"
+POLICIES = {o["metadata"]["name"]: o for o in OBJECTS if o["kind"] == "ValidatingAdmissionPolicy"}
+EXPRESSIONS = [(name, where, e["expression"]) for name, p in POLICIES.items()
+               for where in ("variables", "validations") for e in p["spec"][where]]
+
+
+def test_admission_policies_are_bound_to_the_tenant_namespaces_only() -> None:
+    from extender.agent.preflight import TENANT_NAMESPACE_LABEL
+
+    assert set(POLICIES) == {"tandem-fencing-jobs", "tandem-fencing-pods"}
+    bindings = {o["spec"]["policyName"]: o for o in OBJECTS if o["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert set(bindings) == set(POLICIES)
+    for name, policy in POLICIES.items():
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert set(rule["operations"]) == {"CREATE", "UPDATE"} and "/" not in "".join(rule["resources"])
+        b = bindings[name]["spec"]
+        assert b["validationActions"] == ["Deny"]
+        assert b["matchResources"]["namespaceSelector"] == {"matchLabels": {TENANT_NAMESPACE_LABEL: "true"}}
+        text = json.dumps(policy)
+        assert AGENT_USER in text
+    agent = one("Deployment", "tandem-agent")
+    assert AGENT_USER == f"system:serviceaccount:{agent['metadata']['namespace']}:" \
+                         f"{agent['spec']['template']['spec']['serviceAccountName']}"
+
+
+@pytest.mark.parametrize(("policy", "where", "expression"), EXPRESSIONS,
+                         ids=[f"{n}-{w}-{i}" for i, (n, w, _) in enumerate(EXPRESSIONS)])
+def test_every_cel_expression_compiles(policy: str, where: str, expression: str) -> None:
+    import cel
+
+    cel.compile(expression)
+
+
+def admit(policy: str, operation: str, user: str, obj: dict[str, Any], old: dict[str, Any] | None = None, *,
+          dry_run: bool = False) -> list[str]:
+    """The messages of the validations that refuse this request (empty: admitted), evaluated as the API
+    server does: variables in order, each seeing the earlier ones, then every validation."""
+    import cel
+
+    spec = POLICIES[policy]["spec"]
+    request = {"operation": operation, "dryRun": dry_run, "userInfo": {"username": user, "groups": []},
+               "resource": {"group": "batch" if "jobs" in policy else "", "resource": policy.rsplit("-", 1)[1]}}
+    variables: dict[str, Any] = {}
+
+    def run(expression: str) -> Any:
+        ctx = cel.Context(variables={"request": request, "object": obj, "oldObject": old, "variables": variables})
+        return cel.compile(expression).execute(ctx)
+
+    for v in spec["variables"]:
+        variables[v["name"]] = run(v["expression"])
+    return [v["message"] for v in spec["validations"] if run(v["expression"]) is not True]
+
+
+def gang_objects() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A Job as the agent renders it, its pod as the Job controller creates it (gated), and that pod pinned."""
+    from extender.agent.render import pin_patch, pod_for_dry_run
+    from sim.kubeapi.patch import json_patch
+    from tests.extender.test_agent_render import render
+
+    job = render().jobs[0]
+    pod = pod_for_dry_run(job, 0)
+    pod["metadata"].update(name=pod["metadata"]["generateName"] + "x7k2p", resourceVersion="41")
+    pinned = json_patch(pod, pin_patch(pod, "node-0007"))
+    return job, pod, pinned
+
+
+def with_(obj: dict[str, Any], change: Any) -> dict[str, Any]:
+    out = json.loads(json.dumps(obj))
+    change(out)
+    return out
+
+
+def _ungated(pod: dict[str, Any]) -> dict[str, Any]:
+    from extender.agent.render import ungate_patch
+    from sim.kubeapi.patch import json_patch
+
+    ops = ungate_patch(pod)
+    assert ops is not None
+    return json_patch(pod, ops)
+
+
+def _relabel(job_id: str) -> Any:
+    def change(o: dict[str, Any]) -> None:
+        o["metadata"]["labels"]["tandem.dev/job"] = job_id
+    return change
+
+
+def _own_pod() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "notebook", "namespace": "team-a",
+                                                            "labels": {"app": "notebook"}},
+            "spec": {"containers": [{"name": "main", "image": "jupyter/base-notebook"}]}}
+
+
+def _own_job() -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "etl", "namespace": "team-a"},
+            "spec": {"template": {"metadata": {"labels": {"app": "etl"}},
+                                  "spec": {"restartPolicy": "Never",
+                                           "containers": [{"name": "main", "image": "etl:1"}]}}}}
+
+
+def admission_cases() -> list[tuple[str, str, str, str, Any, Any, bool, bool]]:
+    job, pod, pinned = gang_objects()
+    tandem_label_job = with_(_own_job(), lambda o: o["spec"]["template"]["metadata"]["labels"].update(
+        {"tandem.dev/job": "train-42"}))
+    finalized = with_(job, lambda o: o["metadata"].update(finalizers=["foregroundDeletion"]))
+    scaled = with_(job, lambda o: o["spec"].update(parallelism=0))
+    stranger = with_(_own_pod(), _relabel("train-42"))
+    moved = json.loads(json.dumps(pinned))
+    moved["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchFields"][0]["values"] = ["node-0001"]
+    selector = with_(pod, lambda o: o["spec"].update(nodeSelector={"kubernetes.io/hostname": "node-0001"}))
+    annotated = with_(pinned, lambda o: o["metadata"]["annotations"].update({"example.com/note": "x"}))
+    tracked_off = with_(_ungated(pinned), lambda o: o["metadata"].update(finalizers=[]))
+    # (id, policy, operation, user, object, old object, dryRun, admitted)
+    return [
+        ("the agent creates its Job", "tandem-fencing-jobs", "CREATE", AGENT_USER, job, None, False, True),
+        ("a tenant creates a Job with Tandem's labels", "tandem-fencing-jobs", "CREATE", TENANT_USER, job, None,
+         False, False),
+        ("a tenant's Job template with tandem.dev/job", "tandem-fencing-jobs", "CREATE", TENANT_USER,
+         tandem_label_job, None, False, False),
+        ("a tenant's own Job", "tandem-fencing-jobs", "CREATE", TENANT_USER, _own_job(), None, False, True),
+        ("a tenant scales a Tandem Job", "tandem-fencing-jobs", "UPDATE", TENANT_USER, scaled, job, False, False),
+        ("a tenant strips Tandem's labels off its Job", "tandem-fencing-jobs", "UPDATE", TENANT_USER,
+         with_(job, lambda o: o["metadata"]["labels"].clear()), job, False, False),
+        ("the agent updates its Job", "tandem-fencing-jobs", "UPDATE", AGENT_USER, scaled, job, False, True),
+        ("the garbage collector finalizes a Tandem Job", "tandem-fencing-jobs", "UPDATE", GC, finalized, job, False,
+         True),
+        ("the controller manager may not change the spec", "tandem-fencing-jobs", "UPDATE", KCM, scaled, job, False,
+         False),
+        ("the Job controller creates a gang pod", "tandem-fencing-pods", "CREATE", JOB_CONTROLLER, pod, None, False,
+         True),
+        ("the controller manager creates a gang pod", "tandem-fencing-pods", "CREATE", KCM, pod, None, False, True),
+        ("the agent's admission dry run", "tandem-fencing-pods", "CREATE", AGENT_USER, pod, None, True, True),
+        ("the agent creates a gang pod for real", "tandem-fencing-pods", "CREATE", AGENT_USER, pod, None, False,
+         False),
+        ("a tenant creates a pod in another gang", "tandem-fencing-pods", "CREATE", TENANT_USER, pod, None, False,
+         False),
+        ("a tenant's own pod", "tandem-fencing-pods", "CREATE", TENANT_USER, _own_pod(), None, False, True),
+        ("a tenant relabels its pod into a gang", "tandem-fencing-pods", "UPDATE", TENANT_USER, stranger, _own_pod(),
+         False, False),
+        ("a tenant moves a pod to another gang", "tandem-fencing-pods", "UPDATE", TENANT_USER,
+         with_(pod, _relabel("train-99")), pod, False, False),
+        ("the agent pins", "tandem-fencing-pods", "UPDATE", AGENT_USER, pinned, pod, False, True),
+        ("a tenant pins", "tandem-fencing-pods", "UPDATE", TENANT_USER, pinned, pod, False, False),
+        ("a tenant moves a pin", "tandem-fencing-pods", "UPDATE", TENANT_USER, moved, pinned, False, False),
+        ("a tenant narrows nodeSelector", "tandem-fencing-pods", "UPDATE", TENANT_USER, selector, pod, False, False),
+        ("the agent ungates", "tandem-fencing-pods", "UPDATE", AGENT_USER, _ungated(pinned), pinned, False, True),
+        ("a tenant ungates", "tandem-fencing-pods", "UPDATE", TENANT_USER, _ungated(pinned), pinned, False, False),
+        ("a tenant annotates a gated pod", "tandem-fencing-pods", "UPDATE", TENANT_USER, annotated, pinned, False,
+         True),
+        ("the Job controller drops its tracking finalizer", "tandem-fencing-pods", "UPDATE", JOB_CONTROLLER,
+         tracked_off, _ungated(pinned), False, True),
+        ("a tenant edits its own pod", "tandem-fencing-pods", "UPDATE", TENANT_USER,
+         with_(_own_pod(), lambda o: o["metadata"]["labels"].update(app="lab")), _own_pod(), False, True),
+    ]
+
+
+ADMISSION = admission_cases()
+
+
+@pytest.mark.parametrize(("policy", "operation", "user", "obj", "old", "dry_run", "admitted"),
+                         [c[1:] for c in ADMISSION], ids=[c[0] for c in ADMISSION])
+def test_admission_policy_decisions(policy: str, operation: str, user: str, obj: dict[str, Any],
+                                    old: dict[str, Any] | None, dry_run: bool, admitted: bool) -> None:
+    refused = admit(policy, operation, user, obj, old, dry_run=dry_run)
+    assert (not refused) == admitted, refused
+
+
+def test_the_example_tenant_namespace_is_what_the_agent_accepts() -> None:
+    from extender.agent.preflight import pod_security_problem
+
+    examples = [d for _, d in load_docs(MANIFESTS / "examples")]
+    assert examples and {d["kind"] for d in examples} == {"Namespace"}
+    for ns in examples:
+        kubernetes_validate.validate(ns, K8S_VERSION, strict=True)
+        labels = ns["metadata"]["labels"]
+        assert selector_matches({"matchLabels": {"tandem.dev/tenant-namespace": "true"}}, labels)
+        assert pod_security_problem(labels, "baseline", []) is None
+        assert pod_security_problem(labels, "baseline", ["IPC_LOCK"]) is not None  # the IPC_LOCK case differs
+    kustomized = {(MANIFESTS / k.parent / r).resolve() for k in MANIFESTS.rglob("kustomization.yaml")
+                  for r in yaml.safe_load(k.read_text())["resources"]}
+    assert not any(p.is_relative_to(MANIFESTS / "examples") for p in kustomized)
