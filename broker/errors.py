@@ -9,6 +9,7 @@ modules (queue, lifecycle) may raise and return these errors.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -168,8 +169,19 @@ class TandemError(Exception):
 
 
 class InvalidArgument(TandemError):
+    """A bad request. Every one names at least one field (google.rpc.BadRequest): give ``details`` with
+    field violations (``InvalidArgument.fields``), or a subclass sets ``default_field`` for the field it is about."""
+
     code = Code.INVALID_ARGUMENT
     default_reason = "INVALID_ARGUMENT"
+    default_field: ClassVar[str] = ""
+    """Field path used when the raiser names none (e.g. ``page_token``)."""
+
+    def __init__(self, message: str, *, details: ErrorDetails | None = None, **metadata: Any) -> None:
+        if self.default_field and (details is None or not details.field_violations):
+            details = dataclasses.replace(details or ErrorDetails(),
+                                          field_violations=(FieldViolation(self.default_field, message),))
+        super().__init__(message, details=details, **metadata)
 
     @classmethod
     def fields(cls, *violations: FieldViolation, message: str | None = None) -> "InvalidArgument":
@@ -179,6 +191,7 @@ class InvalidArgument(TandemError):
 
 class InvalidPageToken(InvalidArgument):
     default_reason = "INVALID_PAGE_TOKEN"
+    default_field = "page_token"
 
 
 class NotFound(TandemError):

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from broker import errors
+from broker import errors, validation
 from broker.auth import Caller, CallerKind
 from broker.catalog import ClusterEntry, Usability
 from broker.decide import could_ever_fit, within_policy
@@ -54,7 +54,8 @@ def _tenant_of(caller: Caller, requested: str) -> str:
 
 
 def _policy_check(hub: Hub, item: ParsedItem, tenant: str) -> None:
-    """Band, clusters, GPU models and quota ceiling from the tenancy policy; then never-fit."""
+    """Pod templates (Pod Security level, allow-lists), band, clusters, GPU models and quota ceiling from the
+    tenancy policy; then never-fit."""
     pol = hub.policy.current()
     tp = pol.tenants.get(tenant)
     if tp is None:
@@ -62,6 +63,7 @@ def _policy_check(hub: Hub, item: ParsedItem, tenant: str) -> None:
     assert item.spec is not None and item.request is not None and item.new_job is not None
     band = item.new_job.priority_band
     path = f"items[{item.index}].spec"
+    validation.raise_if(validation.check_untrusted(item.spec, tp, path))  # the templates, by this tenant's policy
     if pol.band_priority(band) is None or not tp.allows_band(band):
         raise errors.PolicyDenied(
             f"tenant {tenant} may not use priority band {band}",
@@ -251,14 +253,18 @@ def _view(hub: Hub, entry: ClusterEntry, now: float) -> ClusterView:
                        hub.cordon_reasons.get(entry.name, ""))
 
 
-def list_clusters(hub: Hub, caller: Caller) -> list[ClusterView]:
+def list_clusters(hub: Hub, caller: Caller, *, region: str = "", role: str = "") -> list[ClusterView]:
+    """The clusters the caller may see, sorted by name; `region` / `role` (from Hello) filter when set."""
     now = hub.clock()
     pol = hub.policy.current().tenants.get(caller.name) if caller.kind is CallerKind.TENANT else None
     out = []
     for name in sorted(hub.catalog.clusters):
         if pol is not None and not pol.allows_cluster(name):
             continue
-        out.append(_view(hub, hub.catalog.clusters[name], now))
+        entry = hub.catalog.clusters[name]
+        if (region and entry.meta.region != region) or (role and entry.meta.role != role):
+            continue
+        out.append(_view(hub, entry, now))
     return out
 
 

@@ -9,9 +9,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from broker.podsecurity import capability
 
 __all__ = [
     "RateLimit",
@@ -66,6 +69,25 @@ class TenantPolicy(_Strict):
     """Fair-share weight (dimensionless)."""
     rate_limit: RateLimit = RateLimit()
     """Limit on mutating calls."""
+    pod_security: Literal["baseline", "restricted"] = "baseline"
+    """Pod Security Standards level the tenant's pod templates are judged by (FLEET-NOTES H-1); its
+    namespaces in every cluster must enforce at least this level (the agent refuses the tenant otherwise)."""
+    extra_capabilities: list[str] = []
+    """Linux capabilities allowed on top of the level, e.g. [IPC_LOCK] for NCCL over InfiniBand (stored
+    upper case without `CAP_`). The tenant's namespaces then enforce `privileged` and warn / audit at the
+    level; the broker's check is what holds the rest of the level there."""
+    service_accounts: list[str] = ["default"]
+    """ServiceAccounts a pod template may name (serviceAccountName); an unset one is the namespace's default."""
+    runtime_classes: list[str] = []
+    """RuntimeClasses a pod template may name (runtimeClassName); none by default."""
+    toleration_keys: list[str] = ["nvidia.com/gpu"]
+    """Taint keys a pod template may tolerate ("*" = any, including the empty key that tolerates every taint):
+    a toleration for a dedicated taint reaches another team's nodes, and the broker's fit honours it."""
+
+    @field_validator("extra_capabilities")
+    @classmethod
+    def _capabilities(cls, v: list[str]) -> list[str]:
+        return [capability(c) for c in v]
 
     def allows_cluster(self, cluster: str) -> bool:
         return "*" in self.clusters or cluster in self.clusters

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass
+from typing import Literal
 from collections.abc import Iterable, Mapping, Sequence
 
 from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
@@ -32,6 +35,7 @@ __all__ = [
 
 pb = job_pb2
 svc = job_service_pb2
+_log = logging.getLogger("tandem.broker.serde")
 
 
 def ts(t: float) -> timestamp_pb2.Timestamp:
@@ -133,11 +137,25 @@ def request_from_spec(job_id: str, spec: job_pb2.JobSpec, tenant: str, base_prio
     pod_sets = []
     violations: list[FieldViolation] = []
     for i, ps in enumerate(spec.pod_sets):
+        path = f"spec.pod_sets[{i}]"
+        text = ps.pod_template_json
+        template: object = {}
+        too_deep = validation.check_json_depth(text, f"{path}.pod_template_json")
+        if too_deep:  # never handed to json.loads or the recursive pod walkers (check_spec refuses it first)
+            violations.extend(too_deep)
+            continue
         try:
-            template = json.loads(ps.pod_template_json) if ps.pod_template_json else {}
+            template = json.loads(text) if text else {}
         except ValueError:
-            template = {}
-        shape, bad = _shape(ps.shape, template if isinstance(template, dict) else {}, f"spec.pod_sets[{i}]")
+            pass
+        try:
+            shape, bad = _shape(ps.shape, template if isinstance(template, dict) else {}, path)
+        except Exception as exc:  # noqa: BLE001 - the template is untrusted: whatever it breaks is its fault
+            _log.warning("pod template could not be compared with its shape", extra={"error": repr(exc)[:200]})
+            violations.append(FieldViolation(f"{path}.pod_template_json",
+                                             "its requests cannot be compared with the shape (a quantity out of "
+                                             "range?)"))
+            continue
         violations.extend(bad)
         pod_sets.append(PodSet(ps.name, ps.count, shape))
     validation.raise_if(violations)
@@ -388,36 +406,80 @@ def bookmark(revision: int, now: float) -> job_service_pb2.JobEvent:
 # ----------------------------------------------------------------------------- errors
 
 
-def status_from_error(err: TandemError) -> status_pb2.Status:
-    """A google.rpc.Status with the error's structured details (BadRequest, QuotaFailure, ...)."""
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """Bounds on what an error echoes back (field paths and descriptions quote the caller's own input)."""
+
+    message: int
+    field: int
+    description: int
+    violations: int
+    meta: int
+
+
+_BODY = _Limits(message=2048, field=512, description=1024, violations=100, meta=256)
+"""A SubmitJobs item's error, inside the response message."""
+_TRAILER = _Limits(message=300, field=128, description=160, violations=8, meta=128)
+"""A call's error travels in its trailers (grpc-message and grpc-status-details-bin), and a client refuses
+trailers past 8 KiB (grpcio's default soft limit) as RESOURCE_EXHAUSTED: the error it was meant to read is
+lost. These bounds keep the worst case (every character outside ASCII, percent-encoded) under 6 KiB."""
+
+
+_MINIMAL = _Limits(message=120, field=128, description=120, violations=1, meta=64)
+"""A SubmitJobs item's error once the response's room for errors is spent (a thousand items each quoting
+their bad input must not make a response larger than the client may receive)."""
+_LIMITS = {"body": _BODY, "trailer": _TRAILER, "minimal": _MINIMAL}
+
+
+def _clip(text: str, limit: int) -> str:
+    """At most `limit` UTF-8 bytes, cut on a character boundary, an ellipsis marking the cut."""
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    return raw[:max(0, limit - 3)].decode("utf-8", "ignore") + "\u2026"
+
+
+def status_from_error(err: TandemError, *, size: Literal["body", "trailer", "minimal"] = "body") -> status_pb2.Status:
+    """A google.rpc.Status with the error's structured details (BadRequest, QuotaFailure, ...), every text bounded:
+    `size` "body" for an item's error in a response, "trailer" for a call's own error, "minimal" past a
+    response's room for errors (one field violation, still naming the field)."""
+    lim = _LIMITS[size]
     d = err.details
-    out = status_pb2.Status(code=err.code.value, message=err.message)
+    shown = d.field_violations[:lim.violations]
+    message = err.message
+    if len(d.field_violations) > len(shown):
+        message = f"{len(d.field_violations)} bad fields: {message}"
+    out = status_pb2.Status(code=err.code.value, message=_clip(message, lim.message))
 
     def add(msg: object) -> None:
         packed = any_pb2.Any()
         packed.Pack(msg)  # type: ignore[arg-type]
         out.details.append(packed)
 
-    if d.field_violations:
+    if shown:
         add(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-            for v in d.field_violations
+            error_details_pb2.BadRequest.FieldViolation(field=_clip(v.field, lim.field),
+                                                        description=_clip(v.description, lim.description))
+            for v in shown
         ]))
     if d.quota_violations:
         add(error_details_pb2.QuotaFailure(violations=[
-            error_details_pb2.QuotaFailure.Violation(subject=f"{v.subject}/{v.quota}",
-                                                     description=f"used {v.used:g} + {v.requested:g} > limit {v.limit:g}")
-            for v in d.quota_violations
+            error_details_pb2.QuotaFailure.Violation(
+                subject=_clip(f"{v.subject}/{v.quota}", lim.field),
+                description=f"used {v.used:g} + {v.requested:g} > limit {v.limit:g}")
+            for v in d.quota_violations[:lim.violations]
         ]))
     if d.policy_violations:
         add(error_details_pb2.PreconditionFailure(violations=[
-            error_details_pb2.PreconditionFailure.Violation(type=v.type, subject=v.subject, description=v.description)
-            for v in d.policy_violations
+            error_details_pb2.PreconditionFailure.Violation(type=v.type, subject=_clip(v.subject, lim.field),
+                                                            description=_clip(v.description, lim.description))
+            for v in d.policy_violations[:lim.violations]
         ]))
     if d.retry_after_s is not None:
         info = error_details_pb2.RetryInfo()
         info.retry_delay.FromNanoseconds(int(d.retry_after_s * 1e9))
         add(info)
-    add(error_details_pb2.ErrorInfo(reason=d.reason, domain="tandem.dev", metadata=dict(d.metadata)))
+    add(error_details_pb2.ErrorInfo(reason=d.reason, domain="tandem.dev",
+                                    metadata={k: _clip(v, lim.meta) for k, v in d.metadata}))
     assert code_pb2.OK == 0
     return out

@@ -17,6 +17,7 @@ from tandem.v1 import cluster_service_pb2, cluster_service_pb2_grpc, job_service
 from broker.config import BrokerConfig, ListenerConfig
 from broker.hub import Hub
 from broker.services.clusters import AgentServicer, ClusterAdminServicer
+from broker.services.edge import register
 from broker.services.jobs import JobServicer
 
 __all__ = ["Servers", "serve"]
@@ -83,11 +84,17 @@ async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
     await hub.start()
     tenant = grpc.aio.server(options=_options(cfg.tenant_listener))
     agent = grpc.aio.server(options=_options(cfg.agent_listener))
-    job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(hub), tenant)
+    # Every method decodes its request without raising and refuses a bad one as INVALID_ARGUMENT naming the
+    # field (broker.services.edge.register), never grpcio's UNKNOWN.
+    jobs = JobServicer(hub)
+    register(job_service_pb2_grpc.add_JobServiceServicer_to_server, jobs, job_service_pb2_grpc.JobServiceServicer,
+             jobs.edge, tenant, checked_per_item=JobServicer.CHECKED_PER_ITEM)
     # One service, two listeners: admin RPCs on the tenant side, Connect on the agents' mTLS side; the
-    # other half of each answers UNIMPLEMENTED (the generated base class).
-    cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterAdminServicer(hub), tenant)  # type: ignore[abstract]
-    cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(AgentServicer(hub), agent)  # type: ignore[abstract]
+    # other half of each answers UNIMPLEMENTED.
+    admin, agents = ClusterAdminServicer(hub), AgentServicer(hub)  # type: ignore[abstract]
+    for servicer, server in ((admin, tenant), (agents, agent)):
+        register(cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server, servicer,
+                 cluster_service_pb2_grpc.ClusterServiceServicer, servicer.edge, server)
     healths = []
     for server, services in ((tenant, (JOB_SERVICE, CLUSTER_SERVICE)), (agent, (CLUSTER_SERVICE,))):
         h = health.aio.HealthServicer()

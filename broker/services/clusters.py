@@ -12,11 +12,12 @@ import grpc
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
 
-from broker import errors, handlers, serde_agent
+from broker import errors, handlers, serde_agent, validation
 from broker.auth import Caller, Listener, Method
 from broker.dispatcher import Session
 from broker.hub import Hub
-from broker.services.edge import Edge, abort
+from broker.services.edge import Edge, abort, request_violations
+from broker.services.wire import Undecodable
 
 __all__ = ["AgentServicer", "ClusterAdminServicer"]
 
@@ -24,7 +25,16 @@ _log = logging.getLogger("tandem.broker.clusters")
 
 
 class AgentServicer(cs_grpc.ClusterServiceServicer):
-    """Connect only; the admin RPCs are not served on the agent listener."""
+    """Connect only; the admin RPCs are not served on the agent listener.
+
+    A message the broker cannot read — bytes that are not an AgentMessage, or an enum number the
+    negotiated protocol does not define — ends the stream with INVALID_ARGUMENT, its BadRequest naming
+    `messages[<position>]` (0 = the Hello) and the field, ErrorInfo metadata the position and the last
+    sequence read. Nothing of it is applied or acknowledged; the agent reconnects and the Hello
+    reconciliation recovers what it carried (skipping it instead would acknowledge a report the broker
+    never read). A message that reads but whose content the broker cannot apply is logged and skipped, as
+    before: one bad report must not drop the cluster.
+    """
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
@@ -35,15 +45,22 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
         caller: Caller | None = None
         session: Session | None = None
         reader: asyncio.Task[None] | None = None
+        refused: list[errors.InvalidArgument] = []
         try:
             caller = self.edge.caller(context, Method.CONNECT)
             first = await anext(aiter(request_iterator), None)
-            if first is None or first.WhichOneof("body") != "hello":
-                raise errors.FailedPrecondition("the first message must be a Hello")
+            bad = _unreadable(first, 0)
+            if bad:
+                raise _refusal(0, 0, bad)
+            assert isinstance(first, cs.AgentMessage)
+            if first.WhichOneof("body") != "hello":
+                raise errors.InvalidArgument.fields(errors.FieldViolation("messages[0].hello",
+                                                                          "the first message must be a Hello"))
             session = await self.hub.dispatcher.open_session(caller, serde_agent.hello_from_proto(first.hello),
                                                              first.sequence)
             self.hub.audit.record(caller, Method.CONNECT, "ok", session=session.session_id)
-            reader = asyncio.get_running_loop().create_task(self._read(session, request_iterator))
+            reader = asyncio.get_running_loop().create_task(
+                self._read(session, request_iterator, first.sequence, refused))
             sequence = 0
             while True:
                 out = await session.out.get()
@@ -51,6 +68,8 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
                     break
                 sequence += 1
                 yield serde_agent.broker_message(sequence, self.hub.clock(), out)
+            if refused:
+                await abort(context, refused[0])
             if session.aborted:  # a newer leader's stream took over: tell this agent why (ABORTED)
                 await abort(context, errors.Aborted(session.aborted,
                                                     details=errors.ErrorDetails(reason="STREAM_SUPERSEDED")))
@@ -68,9 +87,23 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
             if session is not None:
                 self.hub.dispatcher.close_session(session)
 
-    async def _read(self, session: Session, it: AsyncIterator[cs.AgentMessage]) -> None:
+    async def _read(self, session: Session, it: AsyncIterator[cs.AgentMessage | Undecodable], last: int,
+                    refused: list[errors.InvalidArgument]) -> None:
+        """Apply the agent's messages after the Hello; stop at the first one the broker cannot read (the
+        servicer then ends the stream with `refused`)."""
+        position = 0
         try:
             async for msg in it:
+                position += 1
+                bad = _unreadable(msg, position)
+                if bad:
+                    refused.append(_refusal(position, last, bad))
+                    _log.warning("unreadable agent message ends the stream",
+                                 extra={"cluster": session.cluster, "position": position, "after_sequence": last,
+                                        "fields": [v.field for v in bad]})
+                    return
+                assert isinstance(msg, cs.AgentMessage)
+                last = msg.sequence
                 try:
                     body = serde_agent.agent_message(msg, session.cluster, self.hub.clock())
                     await self.hub.dispatcher.receive(session, msg.sequence, body)
@@ -82,6 +115,22 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
             _log.warning("agent stream read ended", extra={"cluster": session.cluster, "error": repr(exc)}, exc_info=True)
         finally:
             session.close()
+
+
+def _unreadable(msg: cs.AgentMessage | Undecodable | None, position: int) -> list[errors.FieldViolation]:
+    """Why message `position` of an agent stream cannot be read (field paths `messages[<position>]...`)."""
+    root = f"messages[{position}]"
+    if msg is None:
+        return [errors.FieldViolation(f"{root}.hello", "the stream must start with a Hello")]
+    return request_violations(msg, root=root)
+
+
+def _refusal(position: int, last_sequence: int, bad: list[errors.FieldViolation]) -> errors.InvalidArgument:
+    what = "; ".join(f"{v.field}: {v.description}" for v in bad)
+    return errors.InvalidArgument(
+        f"agent message {position} (after sequence {last_sequence}) cannot be read: {what}",
+        details=errors.ErrorDetails(reason="AGENT_MESSAGE_UNREADABLE", field_violations=tuple(bad),
+                                    metadata=(("position", str(position)), ("after_sequence", str(last_sequence)))))
 
 
 class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
@@ -98,7 +147,8 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
     async def ListClusters(self, request: cs.ListClustersRequest, context: grpc.aio.ServicerContext) -> cs.ListClustersResponse:
         try:
             caller = self.edge.caller(context, Method.LIST_CLUSTERS)
-            views = handlers.list_clusters(self.hub, caller)
+            validation.raise_if(validation.check_list_clusters(request))
+            views = handlers.list_clusters(self.hub, caller, region=request.region, role=request.role)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.LIST_CLUSTERS)
         return cs.ListClustersResponse(clusters=[self._summary(v, False) for v in views])
@@ -106,16 +156,20 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
     async def GetCluster(self, request: cs.GetClusterRequest, context: grpc.aio.ServicerContext) -> cs.GetClusterResponse:
         try:
             caller = self.edge.caller(context, Method.GET_CLUSTER)
+            validation.raise_if(validation.check_cluster_request(request))
             view = handlers.get_cluster(self.hub, caller, request.name)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.GET_CLUSTER)
         return cs.GetClusterResponse(cluster=self._summary(view, True))
 
-    async def _cordon(self, name: str, reason: str, on: bool, context: grpc.aio.ServicerContext) -> cs.ClusterSummary:
+    async def _cordon(self, request: cs.CordonRequest | cs.UncordonRequest, on: bool,
+                      context: grpc.aio.ServicerContext) -> cs.ClusterSummary:
         method = Method.CORDON if on else Method.UNCORDON
+        name, reason = request.name, request.reason
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, method)
+            validation.raise_if(validation.check_cluster_request(request, reason=True))
             view = await handlers.cordon(self.hub, caller, name, on, reason)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, method, caller, cluster=name)
@@ -123,7 +177,7 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
         return self._summary(view, False)
 
     async def Cordon(self, request: cs.CordonRequest, context: grpc.aio.ServicerContext) -> cs.CordonResponse:
-        return cs.CordonResponse(cluster=await self._cordon(request.name, request.reason, True, context))
+        return cs.CordonResponse(cluster=await self._cordon(request, True, context))
 
     async def Uncordon(self, request: cs.UncordonRequest, context: grpc.aio.ServicerContext) -> cs.UncordonResponse:
-        return cs.UncordonResponse(cluster=await self._cordon(request.name, request.reason, False, context))
+        return cs.UncordonResponse(cluster=await self._cordon(request, False, context))

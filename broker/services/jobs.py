@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import ClassVar
 
 import grpc
 from google.protobuf import empty_pb2
@@ -10,7 +11,7 @@ from google.protobuf import empty_pb2
 from tandem.v1 import job_service_pb2 as svc
 from tandem.v1 import job_service_pb2_grpc as svc_grpc
 
-from broker import errors, handlers, serde, validation
+from broker import handlers, serde, validation
 from broker.auth import Caller, Listener, Method
 from broker.hub import Hub
 from broker.records import JobFilter, freeze_labels
@@ -20,6 +21,10 @@ __all__ = ["JobServicer"]
 
 
 class JobServicer(svc_grpc.JobServiceServicer):
+    CHECKED_PER_ITEM: ClassVar[Mapping[str, frozenset[str]]] = {"SubmitJobs": frozenset({"items"})}
+    """Fields whose enum numbers a method checks itself: one bad SubmitJobs item fails alone
+    (validation.check_spec), not the whole call (the edge checks every other field of every request)."""
+
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.edge = Edge(hub, Listener.TENANT)
@@ -33,10 +38,17 @@ class JobServicer(svc_grpc.JobServiceServicer):
         except Exception as exc:  # noqa: BLE001 - mapped at the edge
             await self.edge.fail(context, exc, Method.SUBMIT_JOBS, caller, job_set=request.job_set_id)
         out = svc.SubmitJobsResponse()
+        # Item errors quote the caller's input: past half the largest message the listener sends, each is
+        # cut to its first field violation, so the response always reaches the client.
+        room = self.hub.cfg.tenant_listener.max_message_bytes // 2
         for r in results:
             item = out.results.add(index=r.index, idempotency_key=r.key, duplicate=r.duplicate)
             if r.error is not None:
-                item.error.CopyFrom(serde.status_from_error(r.error))
+                status = serde.status_from_error(r.error)
+                if status.ByteSize() > room:
+                    status = serde.status_from_error(r.error, size="minimal")
+                room -= status.ByteSize()
+                item.error.CopyFrom(status)
             elif r.valid:
                 item.valid.CopyFrom(empty_pb2.Empty())
             else:
@@ -61,8 +73,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
     async def ListJobs(self, request: svc.ListJobsRequest, context: grpc.aio.ServicerContext) -> svc.ListJobsResponse:
         try:
             caller = self.edge.caller(context, Method.LIST_JOBS)
-            if request.page_size > 1000:
-                raise errors.InvalidArgument.fields(errors.FieldViolation("page_size", "must lie in 0..1000"))
+            validation.raise_if(validation.check_list_jobs(request))
             flt = JobFilter(
                 tenant=request.tenant or None,
                 states=frozenset(serde.state_from_proto(s) for s in request.states if s),
@@ -81,8 +92,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
     async def WatchJobs(self, request: svc.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[svc.JobEvent]:
         try:
             caller = self.edge.caller(context, Method.WATCH_JOBS)
-            for i, job_id in enumerate(request.job_ids):
-                validation.raise_if(validation.check_job_id(job_id, f"job_ids[{i}]"))
+            validation.raise_if(validation.check_watch_jobs(request))
             stream = handlers.watch_jobs(
                 self.hub, caller, request.from_revision, request.tenant, request.queue, request.job_set_id,
                 frozenset(request.job_ids), float(request.bookmark_interval_seconds or 30),
@@ -99,10 +109,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.CANCEL_JOB)
-            bad = validation.check_job_id(request.job_id)
-            if len(request.reason) > validation.MAX_REASON:
-                bad.append(errors.FieldViolation("reason", f"at most {validation.MAX_REASON} characters"))
-            validation.raise_if(bad)
+            validation.raise_if(validation.check_cancel_job(request))
             state, already = await handlers.cancel_job(self.hub, caller, request.job_id, request.reason)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.CANCEL_JOB, caller, job_id=request.job_id)
@@ -113,10 +120,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.CANCEL_JOB_SET)
-            bad = validation.check_submit(request.job_set_id, 1)
-            if len(request.reason) > validation.MAX_REASON:
-                bad.append(errors.FieldViolation("reason", f"at most {validation.MAX_REASON} characters"))
-            validation.raise_if(bad)
+            validation.raise_if(validation.check_cancel_job_set(request))
             ids, terminal = await handlers.cancel_job_set(self.hub, caller, request.tenant, request.job_set_id,
                                                           request.reason)
         except Exception as exc:  # noqa: BLE001

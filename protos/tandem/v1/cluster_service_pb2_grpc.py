@@ -39,8 +39,12 @@ class ClusterServiceStub:
     wins: the older one belongs to a previous leader or a half-open
     connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
     lower epoch than the live stream's is refused with FAILED_PRECONDITION +
-    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
-    admin RPCs.
+    ErrorInfo reason "DEPOSED_LEADER"). An AgentMessage that does not decode,
+    or holds a number its enum does not define, ends the stream with
+    INVALID_ARGUMENT (BadRequest naming messages[<position>].<field>; ErrorInfo
+    reason "AGENT_MESSAGE_UNREADABLE", metadata "position" and
+    "after_sequence", the last sequence read): nothing of it is applied or acknowledged, and the agent's
+    next Hello reconciles. NOT_FOUND for unknown clusters in the admin RPCs.
     """
 
     def __init__(self, channel):
@@ -90,8 +94,12 @@ class ClusterServiceServicer:
     wins: the older one belongs to a previous leader or a half-open
     connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
     lower epoch than the live stream's is refused with FAILED_PRECONDITION +
-    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
-    admin RPCs.
+    ErrorInfo reason "DEPOSED_LEADER"). An AgentMessage that does not decode,
+    or holds a number its enum does not define, ends the stream with
+    INVALID_ARGUMENT (BadRequest naming messages[<position>].<field>; ErrorInfo
+    reason "AGENT_MESSAGE_UNREADABLE", metadata "position" and
+    "after_sequence", the last sequence read): nothing of it is applied or acknowledged, and the agent's
+    next Hello reconciles. NOT_FOUND for unknown clusters in the admin RPCs.
     """
 
     def Connect(self, request_iterator, context):
@@ -185,8 +193,12 @@ class ClusterService:
     wins: the older one belongs to a previous leader or a half-open
     connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
     lower epoch than the live stream's is refused with FAILED_PRECONDITION +
-    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
-    admin RPCs.
+    ErrorInfo reason "DEPOSED_LEADER"). An AgentMessage that does not decode,
+    or holds a number its enum does not define, ends the stream with
+    INVALID_ARGUMENT (BadRequest naming messages[<position>].<field>; ErrorInfo
+    reason "AGENT_MESSAGE_UNREADABLE", metadata "position" and
+    "after_sequence", the last sequence read): nothing of it is applied or acknowledged, and the agent's
+    next Hello reconciles. NOT_FOUND for unknown clusters in the admin RPCs.
     """
 
     @staticmethod

@@ -43,8 +43,12 @@ class ClusterServiceStub:
     wins: the older one belongs to a previous leader or a half-open
     connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
     lower epoch than the live stream's is refused with FAILED_PRECONDITION +
-    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
-    admin RPCs.
+    ErrorInfo reason "DEPOSED_LEADER"). An AgentMessage that does not decode,
+    or holds a number its enum does not define, ends the stream with
+    INVALID_ARGUMENT (BadRequest naming messages[<position>].<field>; ErrorInfo
+    reason "AGENT_MESSAGE_UNREADABLE", metadata "position" and
+    "after_sequence", the last sequence read): nothing of it is applied or acknowledged, and the agent's
+    next Hello reconciles. NOT_FOUND for unknown clusters in the admin RPCs.
     """
 
     @_typing.overload
@@ -85,8 +89,12 @@ class ClusterServiceAsyncStub(ClusterServiceStub):
     wins: the older one belongs to a previous leader or a half-open
     connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
     lower epoch than the live stream's is refused with FAILED_PRECONDITION +
-    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
-    admin RPCs.
+    ErrorInfo reason "DEPOSED_LEADER"). An AgentMessage that does not decode,
+    or holds a number its enum does not define, ends the stream with
+    INVALID_ARGUMENT (BadRequest naming messages[<position>].<field>; ErrorInfo
+    reason "AGENT_MESSAGE_UNREADABLE", metadata "position" and
+    "after_sequence", the last sequence read): nothing of it is applied or acknowledged, and the agent's
+    next Hello reconciles. NOT_FOUND for unknown clusters in the admin RPCs.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -123,8 +131,12 @@ class ClusterServiceServicer(metaclass=_abc_1.ABCMeta):
     wins: the older one belongs to a previous leader or a half-open
     connection; "newer" is the higher Hello.leader_epoch, and a Hello with a
     lower epoch than the live stream's is refused with FAILED_PRECONDITION +
-    ErrorInfo reason "DEPOSED_LEADER"). NOT_FOUND for unknown clusters in the
-    admin RPCs.
+    ErrorInfo reason "DEPOSED_LEADER"). An AgentMessage that does not decode,
+    or holds a number its enum does not define, ends the stream with
+    INVALID_ARGUMENT (BadRequest naming messages[<position>].<field>; ErrorInfo
+    reason "AGENT_MESSAGE_UNREADABLE", metadata "position" and
+    "after_sequence", the last sequence read): nothing of it is applied or acknowledged, and the agent's
+    next Hello reconciles. NOT_FOUND for unknown clusters in the admin RPCs.
     """
 
     @_abc_1.abstractmethod

@@ -98,10 +98,10 @@ class SubmitJobItem(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
     idempotency_key: _builtins.str
-    """Client-chosen key, unique per tenant (at most 128 chars). The same key
-    with the same spec returns the original job (duplicate = true); with a
-    different spec it fails with FAILED_PRECONDITION, ErrorInfo reason
-    "IDEMPOTENCY_KEY_REUSED". Required.
+    """Client-chosen key, unique per tenant (at most 128 chars, no control
+    characters). The same key with the same spec returns the original job
+    (duplicate = true); with a different spec it fails with ALREADY_EXISTS,
+    ErrorInfo reason "IDEMPOTENCY_KEY_REUSED" (the item's error). Required.
     """
     @_builtins.property
     def spec(self) -> _job_pb2.JobSpec:

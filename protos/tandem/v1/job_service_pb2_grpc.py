@@ -35,12 +35,22 @@ class JobServiceStub:
     * INVALID_ARGUMENT + google.rpc.BadRequest: one FieldViolation per bad
     field, `field` being the path in the request, e.g.
     "items[3].spec.pod_sets[0].shape.gpu_count".
+    Bytes that are not the request message (corrupt or truncated wire
+    format, strings that are not UTF-8) and enum numbers the enum does not
+    define are refused the same way, naming the field ("request" when the
+    bytes break before any field).
     * RESOURCE_EXHAUSTED + google.rpc.QuotaFailure: the violated quota in
     `subject` (e.g. "tenant/acme/gpu/NVIDIA-H100") for quota or rate limits.
-    * FAILED_PRECONDITION + google.rpc.PreconditionFailure (type "POLICY",
-    subject the policy rule) and/or google.rpc.ErrorInfo (domain
-    "tandem.dev", reason an UPPER_SNAKE code such as "BAND_NOT_ALLOWED",
-    "UNFITTABLE", "IDEMPOTENCY_KEY_REUSED", metadata naming the policy).
+    * PERMISSION_DENIED + google.rpc.PreconditionFailure (type the kind of
+    rule, e.g. "PRIORITY_BAND", "CLUSTER", "GPU_MODEL"; subject the policy
+    rule) and google.rpc.ErrorInfo (domain "tandem.dev", reason an
+    UPPER_SNAKE code such as "BAND_NOT_ALLOWED") when the tenancy policy
+    forbids the request.
+    * FAILED_PRECONDITION + ErrorInfo, e.g. reason "UNFITTABLE" (the job could
+    not fit in any allowed cluster even if empty) or "JOB_FINISHED".
+    * ALREADY_EXISTS + ErrorInfo reason "IDEMPOTENCY_KEY_REUSED" (metadata
+    "job_id", "idempotency_key"): a SubmitJobs item reused a key with a
+    different spec.
     * OUT_OF_RANGE + ErrorInfo reason "REVISION_COMPACTED" (WatchJobs).
     * UNAVAILABLE: retryable (e.g. the store commit of a batch failed); resend
     with the same idempotency keys.
@@ -94,12 +104,22 @@ class JobServiceServicer:
     * INVALID_ARGUMENT + google.rpc.BadRequest: one FieldViolation per bad
     field, `field` being the path in the request, e.g.
     "items[3].spec.pod_sets[0].shape.gpu_count".
+    Bytes that are not the request message (corrupt or truncated wire
+    format, strings that are not UTF-8) and enum numbers the enum does not
+    define are refused the same way, naming the field ("request" when the
+    bytes break before any field).
     * RESOURCE_EXHAUSTED + google.rpc.QuotaFailure: the violated quota in
     `subject` (e.g. "tenant/acme/gpu/NVIDIA-H100") for quota or rate limits.
-    * FAILED_PRECONDITION + google.rpc.PreconditionFailure (type "POLICY",
-    subject the policy rule) and/or google.rpc.ErrorInfo (domain
-    "tandem.dev", reason an UPPER_SNAKE code such as "BAND_NOT_ALLOWED",
-    "UNFITTABLE", "IDEMPOTENCY_KEY_REUSED", metadata naming the policy).
+    * PERMISSION_DENIED + google.rpc.PreconditionFailure (type the kind of
+    rule, e.g. "PRIORITY_BAND", "CLUSTER", "GPU_MODEL"; subject the policy
+    rule) and google.rpc.ErrorInfo (domain "tandem.dev", reason an
+    UPPER_SNAKE code such as "BAND_NOT_ALLOWED") when the tenancy policy
+    forbids the request.
+    * FAILED_PRECONDITION + ErrorInfo, e.g. reason "UNFITTABLE" (the job could
+    not fit in any allowed cluster even if empty) or "JOB_FINISHED".
+    * ALREADY_EXISTS + ErrorInfo reason "IDEMPOTENCY_KEY_REUSED" (metadata
+    "job_id", "idempotency_key"): a SubmitJobs item reused a key with a
+    different spec.
     * OUT_OF_RANGE + ErrorInfo reason "REVISION_COMPACTED" (WatchJobs).
     * UNAVAILABLE: retryable (e.g. the store commit of a batch failed); resend
     with the same idempotency keys.
@@ -130,7 +150,7 @@ class JobServiceServicer:
 
     def WatchJobs(self, request, context):
         """Streams job events after a store revision. Fails with OUT_OF_RANGE
-        (ErrorInfo reason "REVISION_COMPACTED", metadata "compact_revision")
+        (ErrorInfo reason "REVISION_COMPACTED", metadata "compacted_revision")
         when from_revision is older than the oldest retained event: the client
         must ListJobs again and watch from the returned revision.
         """
@@ -204,12 +224,22 @@ class JobService:
     * INVALID_ARGUMENT + google.rpc.BadRequest: one FieldViolation per bad
     field, `field` being the path in the request, e.g.
     "items[3].spec.pod_sets[0].shape.gpu_count".
+    Bytes that are not the request message (corrupt or truncated wire
+    format, strings that are not UTF-8) and enum numbers the enum does not
+    define are refused the same way, naming the field ("request" when the
+    bytes break before any field).
     * RESOURCE_EXHAUSTED + google.rpc.QuotaFailure: the violated quota in
     `subject` (e.g. "tenant/acme/gpu/NVIDIA-H100") for quota or rate limits.
-    * FAILED_PRECONDITION + google.rpc.PreconditionFailure (type "POLICY",
-    subject the policy rule) and/or google.rpc.ErrorInfo (domain
-    "tandem.dev", reason an UPPER_SNAKE code such as "BAND_NOT_ALLOWED",
-    "UNFITTABLE", "IDEMPOTENCY_KEY_REUSED", metadata naming the policy).
+    * PERMISSION_DENIED + google.rpc.PreconditionFailure (type the kind of
+    rule, e.g. "PRIORITY_BAND", "CLUSTER", "GPU_MODEL"; subject the policy
+    rule) and google.rpc.ErrorInfo (domain "tandem.dev", reason an
+    UPPER_SNAKE code such as "BAND_NOT_ALLOWED") when the tenancy policy
+    forbids the request.
+    * FAILED_PRECONDITION + ErrorInfo, e.g. reason "UNFITTABLE" (the job could
+    not fit in any allowed cluster even if empty) or "JOB_FINISHED".
+    * ALREADY_EXISTS + ErrorInfo reason "IDEMPOTENCY_KEY_REUSED" (metadata
+    "job_id", "idempotency_key"): a SubmitJobs item reused a key with a
+    different spec.
     * OUT_OF_RANGE + ErrorInfo reason "REVISION_COMPACTED" (WatchJobs).
     * UNAVAILABLE: retryable (e.g. the store commit of a batch failed); resend
     with the same idempotency keys.
