@@ -141,6 +141,9 @@ recommended labels `app.kubernetes.io/*` that users and tools are meant to set, 
 `app.kubernetes.io/managed-by`, which Tandem sets on its objects."""
 _USER_DOMAIN = "app.kubernetes.io"
 _TANDEM_MANAGED_BY = "app.kubernetes.io/managed-by"
+_USER_SETTABLE_KEYS = frozenset({"kubectl.kubernetes.io/default-container",
+                                 "kubectl.kubernetes.io/default-logs-container"})
+"""Keys under a reserved domain that users are meant to set (kubectl's hints of which container to use)."""
 
 
 def raise_if(violations: list[FieldViolation]) -> None:
@@ -585,7 +588,7 @@ def _check_selector(expression: str, path: str, budget: list[int]) -> Iterator[F
 def reserved_key(key: str) -> str | None:
     """The reserved domain a label / annotation key falls under (RESERVED_DOMAINS), else None."""
     prefix, slash, _ = key.rpartition("/")
-    if not slash:
+    if not slash or key in _USER_SETTABLE_KEYS:
         return None
     domain = prefix.lower()
     if domain == _USER_DOMAIN and key != _TANDEM_MANAGED_BY:

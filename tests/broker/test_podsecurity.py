@@ -477,6 +477,7 @@ def test_tandem_rules_allow(changes: dict[str, Any], tenant: dict[str, Any]) -> 
     ("app.kubernetes.io/managed-by", "kubernetes.io"),
     ("app.kubernetes.io/name", None), ("x-k8s.io/y", None), ("example.com/kubernetes.io", None),
     ("notkubernetes.io/x", None), ("team", None), ("kubernetes.io", None), ("tandem.devx/y", None),
+    ("kubectl.kubernetes.io/default-container", None), ("kubectl.kubernetes.io/last-applied-configuration", "kubernetes.io"),
 ])
 def test_reserved_key_rule(key: str, domain: str | None) -> None:
     assert validation.reserved_key(key) == domain
