@@ -20,8 +20,11 @@ from broker.records import ReplicaPlacement
 
 __all__ = [
     "Wait", "Choice", "Decision", "decide", "could_ever_fit", "demands_of", "overlaid_nodes",
-    "Verdict", "ClusterVerdict", "cluster_verdicts", "within_policy", "NO_ALLOWED_MODEL",
+    "Verdict", "ClusterVerdict", "cluster_verdicts", "within_policy", "NO_ALLOWED_MODEL", "ClusterPredicate",
 ]
+
+ClusterPredicate = Callable[[ClusterEntry], bool]
+"""Whether the tenancy policy lets the job's tenant use a cluster (its name, region and role)."""
 
 _PRUNE_ABOVE = 4
 """Usable clusters above which the fleet-wide summary prune runs before the per-cluster checks."""
@@ -105,7 +108,7 @@ def maps_tenant(entry: ClusterEntry, tenant: str) -> bool:
     return entry.meta.tenants is None or not tenant or tenant in entry.meta.tenants
 
 
-def cluster_allowed(entry: ClusterEntry, req: JobRequest, policy_allows: Callable[[str], bool]) -> bool:
+def cluster_allowed(entry: ClusterEntry, req: JobRequest, policy_allows: ClusterPredicate) -> bool:
     if req.allowed_clusters and entry.name not in req.allowed_clusters:
         return False
     if not maps_tenant(entry, req.tenant):
@@ -114,7 +117,7 @@ def cluster_allowed(entry: ClusterEntry, req: JobRequest, policy_allows: Callabl
         return False
     if req.allowed_roles and entry.meta.role not in req.allowed_roles:
         return False
-    return policy_allows(entry.name)
+    return policy_allows(entry)
 
 
 def level_index(entry: ClusterEntry, level: str | None) -> int | None | bool:
@@ -246,7 +249,7 @@ def decide(
     req: JobRequest,
     now: float,
     *,
-    policy_allows: Callable[[str], bool] = lambda _c: True,
+    policy_allows: ClusterPredicate = lambda _c: True,
     excluded_clusters: Collection[str] = (),
     limit: int = 8,
     max_feasible: int = 2,
@@ -335,7 +338,7 @@ _NOT_USABLE = {
 
 
 def cluster_verdicts(
-    catalog: Catalog, req: JobRequest, now: float, *, policy_allows: Callable[[str], bool] = lambda _c: True,
+    catalog: Catalog, req: JobRequest, now: float, *, policy_allows: ClusterPredicate = lambda _c: True,
 ) -> tuple[ClusterVerdict, ...]:
     """Why a queued job goes to none of its allowed clusters now: per cluster, the core's own gang fit over
     that cluster's reported inventory minus reservations (what an extender would say, for a gang that has no
@@ -378,7 +381,7 @@ def cluster_verdicts(
 
 
 def could_ever_fit(
-    catalog: Catalog, req: JobRequest, policy_allows: Callable[[str], bool]
+    catalog: Catalog, req: JobRequest, policy_allows: ClusterPredicate
 ) -> tuple[bool | None, str]:
     """Could the job fit in some allowed cluster if it were empty? None = no cluster known yet (cannot tell)."""
     known = [e for e in catalog.clusters.values()

@@ -70,12 +70,16 @@ def _policy_check(hub: Hub, item: ParsedItem, tenant: str) -> None:
             details=ErrorDetails(reason="BAND_NOT_ALLOWED",
                                  policy_violations=(PolicyViolation("PRIORITY_BAND", f"tenant/{tenant}/band/{band}",
                                                                     f"{path}.priority_band not allowed"),)))
-    for name in item.request.allowed_clusters:
-        if not tp.allows_cluster(name):
-            raise errors.PolicyDenied(
-                f"tenant {tenant} may not use cluster {name}",
-                details=ErrorDetails(reason="CLUSTER_NOT_ALLOWED", policy_violations=(
-                    PolicyViolation("CLUSTER", f"tenant/{tenant}/cluster/{name}", f"{path}.cluster_selector"),)))
+    for kind, names, allows_name in (("cluster", item.request.allowed_clusters, tp.allows_cluster),
+                                     ("region", item.request.allowed_regions, tp.allows_region),
+                                     ("role", item.request.allowed_roles, tp.allows_role)):
+        for name in names:
+            if not allows_name(name):
+                raise errors.PolicyDenied(
+                    f"tenant {tenant} may not use {kind} {name}",
+                    details=ErrorDetails(reason=f"{kind.upper()}_NOT_ALLOWED", policy_violations=(
+                        PolicyViolation(kind.upper(), f"tenant/{tenant}/{kind}/{name}",
+                                        f"{path}.cluster_selector.{kind}s"),)))
     models: set[str] = set()
     for ps in item.request.pod_sets:
         for model in ps.shape.gpu_models:
@@ -96,7 +100,9 @@ def _policy_check(hub: Hub, item: ParsedItem, tenant: str) -> None:
                     f"job needs {gpus:g} GPUs, more than tenant {tenant}'s quota of {lim:g} for {m}",
                     details=ErrorDetails(quota_violations=(
                         QuotaViolation(f"tenant/{tenant}", f"gpu/{m}", 0.0, float(lim or 0), gpus),)))
-    allows = tp.allows_cluster
+    def allows(entry: ClusterEntry) -> bool:
+        return tp.allows_place(entry.name, entry.meta.region, entry.meta.role)
+
     placeable = within_policy(item.request, None if "*" in tp.gpu_models else tp.gpu_models)
     fits, why = could_ever_fit(hub.catalog, placeable, allows)
     if fits is False:
@@ -259,9 +265,9 @@ def list_clusters(hub: Hub, caller: Caller, *, region: str = "", role: str = "")
     pol = hub.policy.current().tenants.get(caller.name) if caller.kind is CallerKind.TENANT else None
     out = []
     for name in sorted(hub.catalog.clusters):
-        if pol is not None and not pol.allows_cluster(name):
-            continue
         entry = hub.catalog.clusters[name]
+        if pol is not None and not pol.allows_place(name, entry.meta.region, entry.meta.role):
+            continue
         if (region and entry.meta.region != region) or (role and entry.meta.role != role):
             continue
         out.append(_view(hub, entry, now))

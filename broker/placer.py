@@ -15,7 +15,7 @@ from placement.model import JobRequest
 from broker import catalog as cat
 from broker import errors, lifecycle, serde
 from broker import queue as q
-from broker.decide import ClusterVerdict, Decision, Wait, cluster_verdicts, decide, within_policy
+from broker.decide import ClusterPredicate, ClusterVerdict, Decision, Wait, cluster_verdicts, decide, within_policy
 from broker.policy import PolicyFile
 from broker.records import JobRecord, ReplicaPlacement
 from broker.states import HOLDS_CAPACITY, JobState
@@ -210,11 +210,11 @@ class Placer:
 
     # ------------------------------------------------------------------ the step
 
-    def _allows(self, job: JobRecord) -> Callable[[str], bool]:
+    def _allows(self, job: JobRecord) -> ClusterPredicate:
         tenant = self.policy.current().tenants.get(job.tenant)
         if tenant is None:
             return lambda _c: False
-        return tenant.allows_cluster
+        return lambda entry: tenant.allows_place(entry.name, entry.meta.region, entry.meta.role)
 
     def decide_one(self, job: JobRecord, now: float, snap: q.QueueSnapshot | None = None,
                    usage: q.Usage | None = None) -> Decision:

@@ -59,6 +59,11 @@ class TenantPolicy(_Strict):
     """Client certificate common names (or SAN DNS names) that act as this tenant."""
     clusters: list[str] = ["*"]
     """Clusters the tenant may use; "*" = all."""
+    regions: list[str] = ["*"]
+    """Regions (the agents' Hello.region) the tenant may use; "*" = all. A cluster that reports no region is
+    outside every list but "*"."""
+    roles: list[str] = ["*"]
+    """Cluster roles (Hello.role, e.g. training / inference) the tenant may use; "*" = all."""
     gpu_models: list[str] = ["*"]
     """GPU models (nvidia.com/gpu.product) the tenant may ask for; "*" = all."""
     priority_bands: list[str] = ["default"]
@@ -91,6 +96,16 @@ class TenantPolicy(_Strict):
 
     def allows_cluster(self, cluster: str) -> bool:
         return "*" in self.clusters or cluster in self.clusters
+
+    def allows_region(self, region: str) -> bool:
+        return "*" in self.regions or region in self.regions
+
+    def allows_role(self, role: str) -> bool:
+        return "*" in self.roles or role in self.roles
+
+    def allows_place(self, cluster: str, region: str, role: str) -> bool:
+        """Every cluster-level dimension at once: what placement asks of each candidate cluster."""
+        return self.allows_cluster(cluster) and self.allows_region(region) and self.allows_role(role)
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.gpu_models or model in self.gpu_models

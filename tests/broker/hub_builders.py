@@ -239,12 +239,13 @@ class ScriptedAgent:
         self.outbox.put_nowait(cs.AgentMessage(sequence=self.seq, **body))
 
     async def connect(self, nodes: Iterable[inv.NodeInventory] = (), *, known: Iterable[tuple[str, int]] = (),
-                      region: str = "eu", hello_name: str | None = None, snapshot: bool = True,
+                      region: str = "eu", role: str = "training", hello_name: str | None = None,
+                      snapshot: bool = True,
                       log_templates: Iterable[tuple[str, str]] = (), epoch: int = 0,
                       read_only: bool = False, tenants: dict[str, list[str]] | None = None) -> cs.Welcome:
         stub = cs_grpc.ClusterServiceStub(self.channel)
         self.call = stub.Connect(self._requests())
-        hello = cs.Hello(cluster_name=hello_name or self.cluster, region=region, role="training", protocol_version=1,
+        hello = cs.Hello(cluster_name=hello_name or self.cluster, region=region, role=role, protocol_version=1,
                          leader_epoch=epoch, leader_identity=f"{self.cluster}-agent-{epoch}")
         if read_only:
             hello.capabilities.dispatch = False

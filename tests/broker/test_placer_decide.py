@@ -92,7 +92,7 @@ def test_elastic_gang_starts_with_what_fits_down_to_min_available() -> None:
 
 def test_policy_and_selector_restrict_clusters() -> None:
     cat = fleet(a=[mk("a1")], b=[mk("b1")])
-    d = decide(cat, job(8), now=1.0, policy_allows=lambda c: c == "b")
+    d = decide(cat, job(8), now=1.0, policy_allows=lambda c: c.name == "b")
     assert d.choice is not None and d.choice.cluster == "b"
     d = decide(cat, job(8), now=1.0, excluded_clusters={"a", "b"})
     assert d.wait is Wait.NO_FRESH_INVENTORY

@@ -1,11 +1,13 @@
 """The tenancy policy is enforced where placement happens: the model a job gets (and is charged quota for)
-is one its tenant may use, whatever the request named or left out; a reloaded policy applies to queued jobs."""
+is one its tenant may use, whatever the request named or left out; so are the cluster, its region and its
+role; a reloaded policy applies to queued jobs."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import grpc
 from tandem.v1 import job_pb2
 
 from broker.client import SubmitItem
@@ -87,5 +89,56 @@ async def test_a_reloaded_policy_applies_to_jobs_already_queued(tmp_path: Path) 
         assert job.status.queue_info.reason == job_pb2.WAIT_REASON_NOT_ALLOWED
         assert not (await c.get(first.job_id)).status.attempts  # the A100 is not given
         await a.close()
+    finally:
+        await b.close()
+
+
+async def test_a_job_naming_no_cluster_is_placed_only_in_regions_and_roles_its_tenant_may_use(tmp_path: Path) -> None:
+    """alpha may use region eu and role training only. Its job names no cluster, region or role: the free
+    cluster in us and the free inference cluster are never chosen; it waits, then lands in eu-training."""
+    b = await start_broker(tmp_path, policy=policy_doc(alpha={"regions": ["eu"], "roles": ["training"]}))
+    try:
+        us, infer, eu = b.agent("us1"), b.agent("inf1"), b.agent("eu1")
+        await us.connect([node("us-h100", model=H100)], region="us")
+        await infer.connect([node("inf-h100", model=H100)], role="inference")
+        await eu.connect([node("eu-h100", model=H100, free=0)])
+        c = b.client("alpha")
+        [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])
+        assert j.job_id, j.error_message
+        await eventually(lambda: j.job_id in b.hub.placer.waits)
+        assert not (await c.get(j.job_id)).status.attempts  # neither us1 nor inf1
+        verdicts = {v.cluster for v in (await c.get(j.job_id)).status.queue_info.clusters}
+        assert verdicts == {"eu1"}  # the others are not alpha's to know about
+        assert [cl.name for cl in (await c.list_clusters()).clusters] == ["eu1"]
+        eu.snapshot([node("eu-h100", model=H100)])
+        d = await eu.expect("dispatch")
+        assert [n.node for ps in d.pod_sets for n in ps.nodes] == ["eu-h100"]
+        [ok] = await b.client("beta").submit("s", [SubmitItem("k", spec(gpus=8))])  # beta: any region
+        assert ok.job_id
+        beta = b.client("beta")
+        attempts = []
+
+        async def dispatched() -> bool:
+            attempts[:] = (await beta.get(ok.job_id)).status.attempts
+            return bool(attempts)
+
+        await eventually(dispatched)
+        assert attempts[0].cluster in {"us1", "inf1"}
+        for agent in (us, infer, eu):
+            await agent.close()
+    finally:
+        await b.close()
+
+
+async def test_a_selector_naming_a_region_or_role_the_tenant_may_not_use_is_denied(tmp_path: Path) -> None:
+    b = await start_broker(tmp_path, policy=policy_doc(alpha={"regions": ["eu"], "roles": ["training"]}))
+    try:
+        c = b.client("alpha")
+        for field, value in (("regions", "us"), ("roles", "inference")):
+            s = spec(gpus=8)
+            getattr(s.cluster_selector, field).append(value)
+            [res] = await c.submit("s", [SubmitItem(f"k-{field}", s)])
+            assert not res.job_id and res.error_code == grpc.StatusCode.PERMISSION_DENIED.value[0], res
+            assert f"may not use {field[:-1]} {value}" in res.error_message
     finally:
         await b.close()
