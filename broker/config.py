@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "TlsConfig",
     "ListenerConfig",
+    "MtlsListenerConfig",
     "RetryPolicy",
     "BrokerConfig",
     "load_config",
@@ -42,6 +43,24 @@ class TlsConfig(_Strict):
     def enabled(self) -> bool:
         return bool(self.cert_file and self.key_file)
 
+    @property
+    def mutual(self) -> bool:
+        return self.enabled and bool(self.client_ca_file) and self.require_client_cert
+
+    @model_validator(mode="after")
+    def _check_client_certs(self) -> TlsConfig:
+        # gRPC's Python server API either demands a client certificate or never asks for one: a client CA
+        # with require_client_cert false would silently turn every certificate tenant away (FLEET-NOTES H-5)
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("tls: cert_file and key_file go together")
+        if self.client_ca_file and not self.require_client_cert:
+            raise ValueError("tls: client_ca_file needs require_client_cert: true — a gRPC server cannot ask for an "
+                             "optional client certificate, so it would never see one; serve certificate tenants "
+                             "on tenant_mtls_listener and token tenants on tenant_listener")
+        if self.require_client_cert and not (self.client_ca_file and self.enabled):
+            raise ValueError("tls: require_client_cert needs cert_file, key_file and client_ca_file")
+        return self
+
 
 class ListenerConfig(_Strict):
     """One gRPC listener."""
@@ -52,6 +71,22 @@ class ListenerConfig(_Strict):
     """TLS settings; plaintext when no certificate is given."""
     max_message_bytes: int = Field(default=4 * MIB, gt=1024)
     """Largest request/response message accepted, in bytes (larger ones fail RESOURCE_EXHAUSTED)."""
+
+
+class MtlsListenerConfig(_Strict):
+    """A second port of the tenant server for launchers that authenticate by client certificate: the same
+    services and message limit as `tenant_listener`, with mutual TLS (bearer tokens are accepted there too)."""
+
+    address: str
+    """HOST:PORT to bind; port 0 picks a free port (tests)."""
+    tls: TlsConfig
+    """Must be mutual: cert_file, key_file, client_ca_file and require_client_cert: true."""
+
+    @model_validator(mode="after")
+    def _check_mutual(self) -> MtlsListenerConfig:
+        if not self.tls.mutual:
+            raise ValueError("tenant_mtls_listener.tls needs cert_file, key_file and client_ca_file (mutual TLS)")
+        return self
 
 
 class RetryPolicy(_Strict):
@@ -78,6 +113,8 @@ class BrokerConfig(_Strict):
 
     tenant_listener: ListenerConfig = ListenerConfig()
     """JobService listener for launchers (TLS optional, bearer tokens; small messages)."""
+    tenant_mtls_listener: MtlsListenerConfig | None = None
+    """Optional second JobService port for launchers with client certificates (mutual TLS); None = off."""
     agent_listener: ListenerConfig = ListenerConfig(address="127.0.0.1:50052", max_message_bytes=64 * MIB)
     """ClusterService listener for cluster agents (mutual TLS; large messages for inventory)."""
     agent_insecure: bool = False
@@ -149,6 +186,10 @@ def build_arg_parser(prog: str = "tandem-broker") -> argparse.ArgumentParser:
     p.add_argument("--agent-key", help="agent listener key (PEM)")
     p.add_argument("--agent-ca", help="CA that agent client certificates chain to (PEM)")
     p.add_argument("--agent-insecure", action="store_true", default=None, help="plaintext agent listener (dev only)")
+    p.add_argument("--mtls-listen", help="tenant API HOST:PORT for launchers with client certificates (mutual TLS)")
+    p.add_argument("--mtls-cert", help="certificate of the --mtls-listen port (PEM)")
+    p.add_argument("--mtls-key", help="key of the --mtls-listen port (PEM)")
+    p.add_argument("--mtls-ca", help="CA that launchers' client certificates chain to (PEM)")
     return p
 
 
@@ -172,6 +213,10 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "agent_key": ("agent_listener", "tls", "key_file"),
     "agent_ca": ("agent_listener", "tls", "client_ca_file"),
     "agent_insecure": ("agent_insecure",),
+    "mtls_listen": ("tenant_mtls_listener", "address"),
+    "mtls_cert": ("tenant_mtls_listener", "tls", "cert_file"),
+    "mtls_key": ("tenant_mtls_listener", "tls", "key_file"),
+    "mtls_ca": ("tenant_mtls_listener", "tls", "client_ca_file"),
 }
 
 
@@ -200,7 +245,9 @@ def load_config(argv: Sequence[str] | None = None) -> BrokerConfig:
         agent["max_message_bytes"] = BrokerConfig().agent_listener.max_message_bytes
     if isinstance(agent, dict) and "address" not in agent:
         agent["address"] = BrokerConfig().agent_listener.address
-    tls = (tree.get("agent_listener") or {}).get("tls") if isinstance(tree.get("agent_listener"), dict) else None
-    if isinstance(tls, dict) and tls.get("client_ca_file"):
-        tls.setdefault("require_client_cert", True)
+    for mutual in ("agent_listener", "tenant_mtls_listener"):  # a client CA on these means mutual TLS
+        listener = tree.get(mutual)
+        tls = listener.get("tls") if isinstance(listener, dict) else None
+        if isinstance(tls, dict) and tls.get("client_ca_file"):
+            tls.setdefault("require_client_cert", True)
     return BrokerConfig.model_validate(tree)

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection
 
 from tandem.v1 import cluster_service_pb2, cluster_service_pb2_grpc, job_service_pb2, job_service_pb2_grpc
 
-from broker.config import BrokerConfig, ListenerConfig
+from broker.config import BrokerConfig, ListenerConfig, TlsConfig
 from broker.hub import Hub
 from broker.services.clusters import AgentServicer, ClusterAdminServicer
 from broker.services.edge import register
@@ -26,8 +26,7 @@ JOB_SERVICE = job_service_pb2.DESCRIPTOR.services_by_name["JobService"].full_nam
 CLUSTER_SERVICE = cluster_service_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name
 
 
-def _credentials(lc: ListenerConfig) -> grpc.ServerCredentials | None:
-    tls = lc.tls
+def _credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
     if not tls.enabled:
         return None
     assert tls.cert_file and tls.key_file
@@ -35,7 +34,7 @@ def _credentials(lc: ListenerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials(
         [(Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())],
         root_certificates=ca,
-        require_client_auth=bool(ca) and tls.require_client_cert,
+        require_client_auth=tls.mutual,  # TlsConfig refuses a client CA that would not be required
     )
 
 
@@ -49,11 +48,11 @@ def _options(lc: ListenerConfig) -> list[tuple[str, int]]:
     ]
 
 
-def _bind(server: grpc.aio.Server, lc: ListenerConfig) -> int:
-    creds = _credentials(lc)
-    port: int = server.add_secure_port(lc.address, creds) if creds else server.add_insecure_port(lc.address)
+def _bind(server: grpc.aio.Server, address: str, tls: TlsConfig) -> int:
+    creds = _credentials(tls)
+    port: int = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     if port == 0:
-        raise OSError(f"cannot bind {lc.address}")
+        raise OSError(f"cannot bind {address}")
     return port
 
 
@@ -65,6 +64,8 @@ class Servers:
     tenant_port: int
     agent_port: int
     health: Any = None
+    tenant_mtls_port: int | None = None
+    """The tenant server's mutual-TLS port for certificate launchers (None: not configured)."""
 
     async def stop(self, grace_s: float) -> None:
         """Graceful: report NOT_SERVING, close agent streams, let in-flight calls finish, then close the store."""
@@ -103,13 +104,17 @@ async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
             await h.set(name, health_pb2.HealthCheckResponse.SERVING)
         reflection.enable_server_reflection(services + (reflection.SERVICE_NAME, health.SERVICE_NAME), server)
         healths.append(h)
-    tport = _bind(tenant, cfg.tenant_listener)
-    aport = _bind(agent, cfg.agent_listener)
+    tport = _bind(tenant, cfg.tenant_listener.address, cfg.tenant_listener.tls)
+    # Certificate launchers get a port of their own on the same server: gRPC cannot make a client
+    # certificate optional on one port, and a required one would turn token launchers away (H-5).
+    mtls = cfg.tenant_mtls_listener
+    mport = _bind(tenant, mtls.address, mtls.tls) if mtls is not None else None
+    aport = _bind(agent, cfg.agent_listener.address, cfg.agent_listener.tls)
     await tenant.start()
     await agent.start()
     if cfg.metrics_port:
         with contextlib.suppress(OSError):
             hub.metrics.serve(cfg.metrics_port)
-    servers = Servers(hub, tenant, agent, tport, aport, healths[0])
+    servers = Servers(hub, tenant, agent, tport, aport, healths[0], mport)
     servers._agent_health = healths[1]  # type: ignore[attr-defined]
     return servers

@@ -25,7 +25,7 @@ from tandem.v1 import inventory_pb2 as inv
 from tandem.v1 import job_pb2
 
 from broker.client import BrokerClient
-from broker.config import BrokerConfig, ListenerConfig, TlsConfig
+from broker.config import BrokerConfig, ListenerConfig, MtlsListenerConfig, TlsConfig
 from broker.hub import Hub
 from broker.server import Servers, serve
 
@@ -163,6 +163,11 @@ class Broker:
         return f"127.0.0.1:{self.servers.tenant_port}"
 
     @property
+    def tenant_mtls_addr(self) -> str:
+        assert self.servers.tenant_mtls_port is not None
+        return f"127.0.0.1:{self.servers.tenant_mtls_port}"
+
+    @property
     def agent_addr(self) -> str:
         return f"127.0.0.1:{self.servers.agent_port}"
 
@@ -182,7 +187,8 @@ class Broker:
 
 
 async def start_broker(tmp: Path, *, policy: dict[str, Any] | None = None, clock: Callable[[], float] | None = None,
-                       tenant_tls: bool = False, tenant_client_certs: bool = False, **cfg_fields: Any) -> Broker:
+                       tenant_tls: bool = False, tenant_client_certs: bool = False, tenant_mtls_port: bool = False,
+                       **cfg_fields: Any) -> Broker:
     pki = Pki.create(tmp)
     scert, skey = pki.issue("broker", server=True)
     write_policy(tmp / "policy.yaml", policy or policy_doc())
@@ -191,6 +197,11 @@ async def start_broker(tmp: Path, *, policy: dict[str, Any] | None = None, clock
         tenant_tls_cfg = TlsConfig(cert_file=str(scert), key_file=str(skey),
                                    client_ca_file=str(pki.dir / "test-root-ca.pem") if tenant_client_certs else None,
                                    require_client_cert=tenant_client_certs)
+    if tenant_mtls_port:  # token launchers on the TLS tenant port, certificate launchers on a second one
+        tenant_tls_cfg = TlsConfig(cert_file=str(scert), key_file=str(skey))
+        cfg_fields["tenant_mtls_listener"] = MtlsListenerConfig(address="127.0.0.1:0", tls=TlsConfig(
+            cert_file=str(scert), key_file=str(skey), client_ca_file=str(pki.dir / "test-root-ca.pem"),
+            require_client_cert=True))
     cfg = BrokerConfig(
         tenant_listener=ListenerConfig(address="127.0.0.1:0", tls=tenant_tls_cfg),
         agent_listener=ListenerConfig(address="127.0.0.1:0", max_message_bytes=64 << 20, tls=TlsConfig(

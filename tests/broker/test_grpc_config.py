@@ -44,3 +44,31 @@ def test_bad_config_is_refused(tmp_path: Path, text: str) -> None:
 def test_retry_backoff_grows_and_caps() -> None:
     r = RetryPolicy(backoff_initial_s=5, backoff_factor=2, backoff_max_s=30)
     assert [r.delay_s(n) for n in (1, 2, 3, 4, 5)] == [0.0, 5.0, 10.0, 20.0, 30.0]
+
+
+@pytest.mark.parametrize(("tls", "says"), [
+    ({"cert_file": "s.pem", "key_file": "s.key", "client_ca_file": "ca.pem", "require_client_cert": False},
+     "client_ca_file needs require_client_cert: true"),
+    ({"cert_file": "s.pem", "key_file": "s.key", "require_client_cert": True}, "require_client_cert needs"),
+    ({"client_ca_file": "ca.pem", "require_client_cert": True}, "require_client_cert needs"),
+    ({"cert_file": "s.pem"}, "cert_file and key_file go together"),
+])
+def test_a_tenant_listener_that_could_not_authenticate_as_written_is_refused(tmp_path: Path, tls: dict[str, object],
+                                                                            says: str) -> None:
+    """H-5: a client CA whose certificates gRPC would never ask for, or a demand with nothing to verify
+    against, is refused at start naming the fix, not discovered as UNAUTHENTICATED by launchers."""
+    import yaml
+
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({"tenant_listener": {"tls": tls}}))
+    with pytest.raises(pydantic.ValidationError, match=says):
+        load_config(["--config", str(tmp_path / "b.yaml")])
+
+
+def test_the_mtls_port_from_flags_is_mutual(tmp_path: Path) -> None:
+    cfg = load_config(["--mtls-listen", "0.0.0.0:50443", "--mtls-cert", "s.pem", "--mtls-key", "s.key",
+                       "--mtls-ca", "launchers-ca.pem"])
+    assert cfg.tenant_mtls_listener is not None and cfg.tenant_mtls_listener.address == "0.0.0.0:50443"
+    assert cfg.tenant_mtls_listener.tls.mutual  # a client CA there means mutual TLS
+    with pytest.raises(pydantic.ValidationError, match="tenant_mtls_listener.tls needs"):
+        load_config(["--mtls-listen", "0.0.0.0:50443", "--mtls-cert", "s.pem", "--mtls-key", "s.key"])
+    assert load_config([]).tenant_mtls_listener is None

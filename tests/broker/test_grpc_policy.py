@@ -298,3 +298,37 @@ async def test_launcher_authenticated_by_client_certificate(tmp_path: Path) -> N
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         await b.close()
+
+
+async def test_token_and_certificate_launchers_each_on_their_port(tmp_path: Path) -> None:
+    """H-5: gRPC cannot make a client certificate optional, so certificate launchers get a mutual-TLS port
+    of the same server: a token on the TLS port and a certificate (or a token) on the mTLS port both work;
+    without a certificate the mTLS handshake fails, and a certificate sent to the TLS port is never asked
+    for (the call is then a call without credentials)."""
+    from broker.client import BrokerClient
+
+    doc = policy_doc(alpha={"cert_subjects": ["launcher-alpha"]})
+    b = await start_broker(tmp_path, policy=doc, tenant_mtls_port=True)
+    try:
+        cert, key = b.pki.issue("launcher-alpha")
+        certs = {"client_cert_pem": cert.read_bytes(), "client_key_pem": key.read_bytes()}
+        tls = dict(ca_pem=b.pki.ca_pem, server_name="localhost", timeout_s=5)
+        token_tls = BrokerClient(b.tenant_addr, token="token-beta", **tls)
+        cert_mtls = BrokerClient(b.tenant_mtls_addr, **certs, **tls)
+        token_and_cert_mtls = BrokerClient(b.tenant_mtls_addr, token="token-beta", **certs, **tls)
+        token_only_mtls = BrokerClient(b.tenant_mtls_addr, token="token-beta", **tls)
+        cert_on_tls = BrokerClient(b.tenant_addr, **certs, **tls)
+        b.clients += [token_tls, cert_mtls, token_and_cert_mtls, token_only_mtls, cert_on_tls]
+        [beta_job] = await token_tls.submit("s", [SubmitItem("k", spec(gpus=1))])
+        [alpha_job] = await cert_mtls.submit("s", [SubmitItem("k", spec(gpus=1))])
+        assert beta_job.job_id and alpha_job.job_id
+        assert (await cert_mtls.get(alpha_job.job_id)).spec.tenant == "alpha"
+        assert [j.job_id for j in (await token_and_cert_mtls.list()).jobs] == [beta_job.job_id]  # the token's
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await token_only_mtls.list()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # no certificate: no handshake
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await cert_on_tls.list()
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await b.close()
