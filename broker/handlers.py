@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker import errors, validation
@@ -179,11 +179,26 @@ def queue_info(hub: Hub, job: JobRecord, *, per_cluster: bool = False) -> QueueV
     return QueueView(info.position, info.reason.value, info.message, clusters)
 
 
-async def list_jobs(hub: Hub, caller: Caller, flt: JobFilter, page_size: int, page_token: str) -> tuple[JobPage, int]:
+async def list_jobs(hub: Hub, caller: Caller, flt: JobFilter, page_size: int, page_token: str, *,
+                    size_of: Callable[[JobRecord], int] | None = None, max_bytes: int = 0) -> tuple[JobPage, int]:
+    """One page of the caller's jobs. With `size_of` and `max_bytes`, the page is cut to the jobs whose encoded
+    sizes fit in `max_bytes` (at least one: validation bounds a job's size), with the token that resumes
+    after the last one kept, so a page of large jobs never exceeds what the server may send."""
     tenant = _tenant_of(caller, flt.tenant or "") or None
     flt = JobFilter(tenant=tenant, states=flt.states, queue=flt.queue, job_set=flt.job_set, labels=flt.labels)
     revision = await hub.store.current_revision()
     page = await hub.store.list_jobs(flt, page_size=page_size, page_token=page_token)
+    if size_of is not None and max_bytes > 0:
+        used = keep = 0
+        for job in page.jobs:
+            used += size_of(job)
+            if used > max_bytes and keep:
+                break
+            keep += 1
+        if keep < len(page.jobs):
+            # The store's own token for "after the last job kept": the same query cut at `keep`. (Jobs only
+            # join the order at its end, so the first `keep` are the ones measured unless one changed state.)
+            page = await hub.store.list_jobs(flt, page_size=keep, page_token=page_token)
     return page, revision
 
 

@@ -47,6 +47,9 @@ MAX_JOB_ID = 40
 MAX_POD_SET_NAME = 12
 MAX_KEY = 128
 MAX_TEMPLATE_BYTES = 256 * 1024
+MAX_SPEC_BYTES = 1536 * 1024
+"""A whole JobSpec, serialized: what etcd keeps of one object (the agent renders the templates into Jobs), and
+small enough that any one job fits in a response (ListJobs pages are cut by size, never below one job)."""
 MAX_REASON = 1024
 MAX_NAME = 63
 """DNS-1123 labels and label values (queues, tenants, bands, regions, roles, GPU models)."""
@@ -421,6 +424,8 @@ def check_key(key: str, path: str) -> list[FieldViolation]:
 
 def check_spec(spec: Any, path: str) -> list[FieldViolation]:
     """Schema checks on a tandem.v1.JobSpec (duck-typed: only attribute reads, no proto imports)."""
+    if spec.ByteSize() > MAX_SPEC_BYTES:
+        return [V(path, f"at most {MAX_SPEC_BYTES} bytes serialized (templates, labels and annotations in all)")]
     out: list[FieldViolation] = unknown_enums(spec, path)
     if spec.tenant:
         out.extend(_name(spec.tenant, f"{path}.tenant"))

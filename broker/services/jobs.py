@@ -8,16 +8,22 @@ from typing import ClassVar
 import grpc
 from google.protobuf import empty_pb2
 
+from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 from tandem.v1 import job_service_pb2_grpc as svc_grpc
 
 from broker import handlers, serde, validation
 from broker.auth import Caller, Listener, Method
 from broker.hub import Hub
-from broker.records import JobFilter, freeze_labels
+from broker.records import JobFilter, JobRecord, freeze_labels
 from broker.services.edge import Edge
 
 __all__ = ["JobServicer"]
+
+_REPEATED_OVERHEAD = 6
+"""Bytes a repeated message field adds per entry beyond the entry itself (tag and length)."""
+_RESPONSE_MARGIN = 64 * 1024
+"""Room kept in a ListJobs response for its other fields and gRPC's framing."""
 
 
 class JobServicer(svc_grpc.JobServiceServicer):
@@ -80,13 +86,25 @@ class JobServicer(svc_grpc.JobServiceServicer):
                 queue=request.queue or None, job_set=request.job_set_id or None,
                 labels=freeze_labels(dict(request.label_selector)),
             )
-            page, revision = await handlers.list_jobs(self.hub, caller, flt, request.page_size, request.page_token)
+            full = request.view == svc.JOB_VIEW_FULL
+            built: dict[str, tuple[JobRecord, job_pb2.Job]] = {}
+
+            def encoded_size(job: JobRecord) -> int:
+                message = serde.job_to_proto(job, queue_info=handlers.queue_info(self.hub, job), full=full)
+                built[job.job_id] = (job, message)
+                return message.ByteSize() + _REPEATED_OVERHEAD
+
+            page, revision = await handlers.list_jobs(
+                self.hub, caller, flt, request.page_size, request.page_token,
+                size_of=encoded_size, max_bytes=self.hub.cfg.tenant_listener.max_message_bytes - _RESPONSE_MARGIN)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.LIST_JOBS)
-        full = request.view == svc.JOB_VIEW_FULL
         out = svc.ListJobsResponse(next_page_token=page.next_page_token, revision=revision)
         for job in page.jobs:
-            out.jobs.append(serde.job_to_proto(job, queue_info=handlers.queue_info(self.hub, job), full=full))
+            record, message = built.get(job.job_id, (None, None))
+            if record is not job or message is None:  # a cut page was read again: build from what it read
+                message = serde.job_to_proto(job, queue_info=handlers.queue_info(self.hub, job), full=full)
+            out.jobs.append(message)
         return out
 
     async def WatchJobs(self, request: svc.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[svc.JobEvent]:

@@ -19,7 +19,7 @@ from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
 from broker import errors, serde
-from broker.client import BrokerClient, status_details
+from broker.client import BrokerClient, SubmitItem, status_details
 from tests.broker.hub_builders import Broker, ScriptedAgent, node, spec, start_broker, template
 from tests.protos import builders as pb
 from tests.protos import builders_cluster as pbc
@@ -651,3 +651,52 @@ def test_proto_comment_and_readme_give_the_same_code_for_a_reused_key() -> None:
     readme = (ROOT / "README.md").read_text()
     sentence = " ".join(readme[readme.index("Idempotency keys are per tenant"):].split(". ")[0].split())
     assert "another body is `ALREADY_EXISTS`" in sentence and "IDEMPOTENCY_KEY_REUSED" in sentence, sentence
+
+
+# ----------------------------------------------------------------------------- response sizes
+
+
+def _large_spec(i: int, pod_sets: int, blob: int) -> job_pb2.JobSpec:
+    """A job near the size bounds: `pod_sets` templates of ~`blob` bytes each (a big env value) and a job
+    annotation of ~200 KiB."""
+    s = spec(gpus=1)
+    del s.pod_sets[:]
+    for k in range(pod_sets):
+        tpl = json.loads(template(1))
+        tpl["spec"]["containers"][0]["env"] = [{"name": "BLOB", "value": "x" * blob}]
+        ps = s.pod_sets.add(name=f"w{k}", count=1, pod_template_json=json.dumps(tpl))
+        ps.shape.gpu_count = 1
+    s.annotations["example.com/blob"] = f"{i}" + "y" * (200 * 1024)
+    return s
+
+
+@pytest.mark.parametrize(("view", "jobs", "pod_sets"), [
+    (svc.JOB_VIEW_FULL, 5, 5),  # each job ~1.4 MiB in full: a page of 100 would be ~7 MiB
+    (svc.JOB_VIEW_BASIC, 24, 1),  # ~200 KiB of annotations each: ~5 MiB in a default page
+])
+async def test_list_pages_are_cut_to_what_the_server_may_send(broker: Broker, view: int, jobs: int,
+                                                              pod_sets: int) -> None:
+    c = broker.client("alpha", timeout_s=30)
+    ids = []
+    for i in range(jobs):
+        [res] = await c.submit("big", [SubmitItem(f"k{i}", _large_spec(i, pod_sets, 240 * 1024))])
+        assert res.job_id, res.error_message
+        ids.append(res.job_id)
+    seen: list[str] = []
+    token, pages = "", 0
+    while True:
+        page = await c.list(view=view, page_token=token)
+        assert page.jobs  # never an empty page before the end
+        assert page.ByteSize() <= broker.cfg.tenant_listener.max_message_bytes
+        seen += [j.job_id for j in page.jobs]
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == ids and pages > 1
+
+
+async def test_a_spec_past_the_size_bound_is_refused_naming_it(broker: Broker) -> None:
+    [res] = await broker.client("alpha").submit("big", [SubmitItem("k", _large_spec(0, 7, 240 * 1024))])
+    assert not res.job_id and res.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "items[0].spec" in res.error_message and "bytes serialized" in res.error_message
