@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,demo]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -30,7 +30,7 @@ lint: setup
 
 ## mypy --strict on the core and every shell.
 typecheck: setup
-	$(VENV)/bin/mypy placement broker extender sim scripts
+	$(VENV)/bin/mypy placement fleetplan broker extender sim fleetsim scripts
 
 test: setup protos-check lint typecheck
 	$(PY) -m pytest -q

@@ -8,7 +8,7 @@ and bench/results/broker.json.
    connected cluster (a scripted agent that accepts every dispatch). This process submits over
    gRPC from many concurrent calls; a submission counts once its SubmitJobs call returned a job id
    (the broker acknowledges only after the commit).
-2. Decisions: ``broker.decide.decide`` over a catalog of 100 clusters x 1,000 nodes (8 GPUs each,
+2. Decisions: ``fleetplan.decide.decide`` over a catalog of 100 clusters x 1,000 nodes (8 GPUs each,
    random occupancy, zone/rack/host topology), for a mix of gangs including ones that fit nowhere.
 """
 
@@ -232,7 +232,7 @@ async def _submissions(total: int, concurrency: int, batch: int, cluster: bool =
 def _catalog(clusters: int, nodes: int, seed: int) -> Any:
     from placement.model import Gpu, Node
 
-    from broker.catalog import Catalog, ClusterMeta, InventoryReport, Level
+    from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Level
 
     rng = random.Random(seed)
     levels = (Level("zone", "z"), Level("rack", "r"), Level("host", "h"))
@@ -273,7 +273,8 @@ def _jobs() -> list[tuple[str, Any]]:
 
 
 def _decisions(clusters: int, nodes: int, reps: int) -> dict[str, Any]:
-    from broker.decide import decide
+    from fleetplan.decide import decide
+    from fleetplan.view import FleetView
 
     t0 = time.perf_counter()
     cat = _catalog(clusters, nodes, seed=7)
@@ -285,10 +286,10 @@ def _decisions(clusters: int, nodes: int, reps: int) -> dict[str, Any]:
         lat = []
         cpu = []
         outcome = ""
-        decide(cat, req, now=1.0)  # warm the lazily built domain summaries once
+        decide(FleetView(cat, 1.0), req)  # warm the lazily built domain summaries once
         for _ in range(reps):
             t, c = time.perf_counter(), time.thread_time()
-            d = decide(cat, req, now=1.0)
+            d = decide(FleetView(cat, 1.0), req)
             lat.append(time.perf_counter() - t)
             cpu.append(time.thread_time() - c)
             outcome = f"{d.choice.cluster} ({len(d.choice.assignments)} replicas)" if d.choice else f"wait: {d.wait.value}"  # type: ignore[union-attr]

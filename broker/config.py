@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -158,6 +158,9 @@ class BrokerConfig(_Strict):
     """Most jobs the placer decides per loop step (count); their reservations commit in chunks as it goes."""
     candidate_domains: int = Field(default=8, ge=1)
     """Most candidate domains per cluster the exact gang fit is run on (count)."""
+    cluster_choice: Literal["tandem", "aggregate", "round-robin"] = "tandem"
+    """How a job's cluster is chosen (fleetplan.choice): Tandem's node-level decision, or a baseline it is
+    measured against — `aggregate` (Karmada-style replica estimate per cluster) or `round-robin`."""
     grace_period_s: float = Field(default=30.0, ge=0)
     """Grace given to workloads on cancel or preemption, in seconds."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
@@ -190,6 +193,8 @@ def build_arg_parser(prog: str = "tandem-broker") -> argparse.ArgumentParser:
     p.add_argument("--mtls-cert", help="certificate of the --mtls-listen port (PEM)")
     p.add_argument("--mtls-key", help="key of the --mtls-listen port (PEM)")
     p.add_argument("--mtls-ca", help="CA that launchers' client certificates chain to (PEM)")
+    p.add_argument("--cluster-choice", choices=("tandem", "aggregate", "round-robin"),
+                   help="how a job's cluster is chosen: tandem (default), or a baseline (aggregate, round-robin)")
     return p
 
 
@@ -217,6 +222,7 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "mtls_cert": ("tenant_mtls_listener", "tls", "cert_file"),
     "mtls_key": ("tenant_mtls_listener", "tls", "key_file"),
     "mtls_ca": ("tenant_mtls_listener", "tls", "client_ca_file"),
+    "cluster_choice": ("cluster_choice",),
 }
 
 

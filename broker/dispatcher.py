@@ -13,11 +13,11 @@ from typing import Any
 
 import cachetools
 
-from broker import catalog as cat
+from fleetplan import catalog as cat
 from broker import errors, lifecycle, link, serde
 from broker.auth import Caller, check_agent_speaks_for
 from broker.config import BrokerConfig
-from broker.placer import Placer
+from broker.events import CapacityChanged, JobChanged, ToDispatcher, ToPlacer
 from broker.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
 from broker.states import PRE_START, AttemptOutcome, JobState
 from broker.store.base import Delivery, Store
@@ -74,12 +74,14 @@ class Dispatcher:
     """Serves every agent session and keeps job state following what clusters report."""
 
     def __init__(
-        self, store: Store, catalog: cat.Catalog, placer: Placer, config: BrokerConfig,
-        *, clock: Callable[[], float] = time.time, metrics: Any = None,
+        self, store: Store, catalog: cat.Catalog, config: BrokerConfig,
+        *, send: Callable[[ToPlacer], None] = lambda _e: None, clock: Callable[[], float] = time.time,
+        metrics: Any = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
-        self.placer = placer
+        self.send = send
+        """Where job changes and capacity changes go (the hub hands them to the placer)."""
         self.cfg = config
         self.clock = clock
         self.metrics = metrics
@@ -256,14 +258,14 @@ class Dispatcher:
             session.send(link.ResyncOut(inventory=True, workloads=False, reason=str(exc)))
             return
         session.inventory_sequence = report.sequence
-        self.placer.capacity_changed()
+        self.send(CapacityChanged(session.cluster, "inventory report"))
 
     async def _apply(self, event: lifecycle.Event) -> JobRecord | None:
         try:
             job, reaction = await self.store.apply_event(event)
         except errors.JobNotFound:
             return None
-        self.placer.observe(job)
+        self.send(JobChanged(job))
         t = reaction.transition
         if t is not None:
             if job.state is S.RUNNING and self.metrics is not None:
@@ -288,7 +290,7 @@ class Dispatcher:
             self.metrics.rejected(session.cluster)
         job = await self._apply(lifecycle.DispatchRejected(ack.job_id, ack.attempt, ack.reason, ack.message, ack.nodes))
         if job is not None:
-            self.placer.capacity_changed()  # re-plan at once, without the named nodes
+            self.send(CapacityChanged(session.cluster, "dispatch rejected"))  # re-plan at once, without those nodes
 
     async def _workload(self, session: Session, w: link.WorkloadReport) -> None:
         try:
@@ -336,6 +338,10 @@ class Dispatcher:
             session.send(link.CancelOut(job.job_id, attempt, why, self.cfg.grace_period_s, message))
 
     # ------------------------------------------------------------------ broker -> agent
+
+    def on_event(self, event: ToDispatcher) -> None:
+        """A reservation the placer committed: deliver it to its cluster."""
+        self.kick(event.cluster)
 
     def kick(self, cluster: str) -> None:
         """Schedule one delivery pass for the cluster; kicks while one is pending coalesce into it."""

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from broker import errors, validation
 from broker.auth import Caller, CallerKind
-from broker.catalog import ClusterEntry, Usability
-from broker.decide import could_ever_fit, within_policy
+from fleetplan.catalog import ClusterEntry, Usability
+from fleetplan.decide import could_ever_fit, within_policy
+from fleetplan.view import ClusterState, FleetView
 from broker.errors import ErrorDetails, PolicyViolation, QuotaViolation
 from broker.hub import Hub
 from broker.jobstatus import QueueView
@@ -100,11 +101,11 @@ def _policy_check(hub: Hub, item: ParsedItem, tenant: str) -> None:
                     f"job needs {gpus:g} GPUs, more than tenant {tenant}'s quota of {lim:g} for {m}",
                     details=ErrorDetails(quota_violations=(
                         QuotaViolation(f"tenant/{tenant}", f"gpu/{m}", 0.0, float(lim or 0), gpus),)))
-    def allows(entry: ClusterEntry) -> bool:
+    def allows(entry: ClusterState) -> bool:
         return tp.allows_place(entry.name, entry.meta.region, entry.meta.role)
 
     placeable = within_policy(item.request, None if "*" in tp.gpu_models else tp.gpu_models)
-    fits, why = could_ever_fit(hub.catalog, placeable, allows)
+    fits, why = could_ever_fit(FleetView(hub.catalog, hub.clock()), placeable, allows)
     if fits is False:
         raise errors.Unschedulable(f"job could not fit in any allowed cluster even if empty: {why}",
                                    details=ErrorDetails(reason="UNFITTABLE"))

@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable
 
 from broker import auth
-from broker.catalog import Catalog
+from fleetplan.catalog import Catalog
+from fleetplan.choice import make_choice
 from broker.config import BrokerConfig
 from broker.dispatcher import Dispatcher
+from broker.events import ToDispatcher, ToPlacer
 from broker.lifecycle import RetryPolicy
 from broker.metrics import Metrics
 from broker.placer import Placer
@@ -39,13 +41,14 @@ class Hub:
         self.audit = auth.AuditLog(audit_path, clock=clock)
         self.catalog = Catalog(stale_after_s=cfg.cluster_stale_after_s)
         self.cordon_reasons: dict[str, str] = {}
+        # The placer and the dispatcher hold no reference to each other: each sends the other events.
         self.placer = Placer(
-            store, self.catalog, self.policy, clock=clock, batch=cfg.placement_batch,
+            store, self.catalog, self.policy, send=self._to_dispatcher, clock=clock, batch=cfg.placement_batch,
             candidate_domains=cfg.candidate_domains, reservation_ttl_s=cfg.dispatch_ack_timeout_s * 2,
-            metrics=self.metrics,
+            metrics=self.metrics, choice=make_choice(cfg.cluster_choice, cfg.candidate_domains),
         )
-        self.dispatcher = Dispatcher(store, self.catalog, self.placer, cfg, clock=clock, metrics=self.metrics)
-        self.placer.on_reserved = self._reserved
+        self.dispatcher = Dispatcher(store, self.catalog, cfg, send=self._to_placer, clock=clock,
+                                     metrics=self.metrics)
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -83,8 +86,11 @@ class Hub:
             loop.create_task(self._gauges()),
         ]
 
-    def _reserved(self, cluster: str) -> None:
-        self.dispatcher.kick(cluster)
+    def _to_dispatcher(self, event: ToDispatcher) -> None:
+        self.dispatcher.on_event(event)
+
+    def _to_placer(self, event: ToPlacer) -> None:
+        self.placer.on_event(event)
 
     async def _gauges(self, every_s: float = 5.0) -> None:
         """Queue, demand, reservation and staleness gauges, and new group-commit batch sizes."""

@@ -6,7 +6,7 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from broker.decide import ClusterVerdict
+from fleetplan.decide import ClusterVerdict
 from broker.records import AttemptRecord, JobRecord
 from broker.states import JobState
 

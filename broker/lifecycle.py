@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from fleetplan.catalog import ReplicaPlacement
 from broker.records import (
     AttemptClose,
     AttemptRecord,
@@ -18,7 +19,6 @@ from broker.records import (
     JobRecord,
     OrderKind,
     OrderSpec,
-    ReplicaPlacement,
     Transition,
 )
 from broker.states import PRE_START, AttemptOutcome, JobState, is_allowed, spends_retry

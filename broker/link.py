@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.catalog import ClusterMeta, InventoryReport
-from broker.records import ReplicaPlacement, ReplicaRecord
+from fleetplan.catalog import ClusterMeta, InventoryReport
+from fleetplan.catalog import ReplicaPlacement
+from broker.records import ReplicaRecord
 from broker.states import AttemptOutcome
 
 __all__ = [

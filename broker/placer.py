@@ -1,4 +1,4 @@
-"""The scheduling loop: next job by band, fair share and priority; decide over the catalog; persist, then dispatch."""
+"""The scheduling loop: next job by band, fair share and priority; decide over a fleet view; persist, then dispatch."""
 
 from __future__ import annotations
 
@@ -12,12 +12,17 @@ from dataclasses import dataclass
 
 from placement.model import JobRequest
 
-from broker import catalog as cat
+from fleetplan import catalog as cat
+from fleetplan.catalog import ReplicaPlacement
+from fleetplan.choice import ClusterChoice, TandemChoice
+from fleetplan.decide import ClusterPredicate, ClusterVerdict, Decision, Wait, cluster_verdicts, within_policy
+from fleetplan.view import FleetView
+
 from broker import errors, lifecycle, serde
 from broker import queue as q
-from broker.decide import ClusterPredicate, ClusterVerdict, Decision, Wait, cluster_verdicts, decide, within_policy
+from broker.events import JobChanged, ReservationMade, ToDispatcher, ToPlacer
 from broker.policy import PolicyFile
-from broker.records import JobRecord, ReplicaPlacement
+from broker.records import JobRecord
 from broker.states import HOLDS_CAPACITY, JobState
 from broker.store.base import Store
 
@@ -54,7 +59,8 @@ class Placer:
         catalog: cat.Catalog,
         policy: PolicyFile,
         *,
-        on_reserved: Callable[[str], None] = lambda _c: None,
+        send: Callable[[ToDispatcher], None] = lambda _e: None,
+        choice: ClusterChoice | None = None,
         clock: Callable[[], float] = time.time,
         batch: int = 64,
         candidate_domains: int = 8,
@@ -64,10 +70,11 @@ class Placer:
         self.store = store
         self.catalog = catalog
         self.policy = policy
-        self.on_reserved = on_reserved
+        self.send = send
+        """Where reservations go once committed (the hub hands them to the dispatcher)."""
+        self.choice = choice or TandemChoice(candidate_domains)
         self.clock = clock
         self.batch = batch
-        self.limit = candidate_domains
         self.reservation_ttl_s = reservation_ttl_s
         self.metrics = metrics
         self.book = q.QueueBook(q.policy_from_tenancy(policy.current()))
@@ -99,7 +106,8 @@ class Placer:
         for res in await self.store.active_reservations():
             held_job = jobs.get(res.job_id)
             if held_job is not None:
-                self._hold(held_job, res.cluster, res.attempt, res.assignments, res.gpu_model)
+                self.catalog.add_reservation(self._reservation(held_job, res.cluster, res.attempt, res.assignments,
+                                                               res.gpu_model))
 
     def _request(self, job: JobRecord) -> JobRequest:
         req = self.requests.get(job.job_id)
@@ -122,12 +130,12 @@ class Placer:
         if job.job_id not in self.requests:
             self.requests[job.job_id] = self._placeable(job, req)
 
-    def _hold(self, job: JobRecord, cluster: str, attempt: int, assignments: tuple[ReplicaPlacement, ...],
-              gpu_model: str) -> None:
+    def _reservation(self, job: JobRecord, cluster: str, attempt: int, assignments: tuple[ReplicaPlacement, ...],
+                     gpu_model: str) -> cat.Reservation:
         req = self._request(job)
         shapes = {ps.name: ps.shape for ps in req.pod_sets}
         replicas = tuple(cat.ReservedReplica(a.pod_set, a.index, a.node) for a in assignments)
-        self.catalog.add_reservation(cat.Reservation(job.job_id, attempt, cluster, replicas, shapes, gpu_model))
+        return cat.Reservation(job.job_id, attempt, cluster, replicas, shapes, gpu_model)
 
     def _entry(self, job: JobRecord) -> None:
         self._version += 1
@@ -159,6 +167,13 @@ class Placer:
             self.requests.pop(job.job_id, None)
         self._entry(job)
         self._wake.set()
+
+    def on_event(self, event: ToPlacer) -> None:
+        """An event from the dispatcher: a job change it committed, or capacity that changed."""
+        if isinstance(event, JobChanged):
+            self.observe(event.job)
+        else:
+            self.capacity_changed()
 
     def capacity_changed(self) -> None:
         """Inventory, cordon or holds changed: every waiting job deserves another look."""
@@ -206,7 +221,8 @@ class Placer:
 
     def cluster_verdicts(self, job: JobRecord) -> tuple[ClusterVerdict, ...]:
         """Each allowed cluster's verdict on a queued job now (the core's fit over its reported inventory)."""
-        return cluster_verdicts(self.catalog, self._request(job), self.clock(), policy_allows=self._allows(job))
+        return cluster_verdicts(FleetView(self.catalog, self.clock()), self._request(job),
+                                policy_allows=self._allows(job))
 
     # ------------------------------------------------------------------ the step
 
@@ -216,7 +232,7 @@ class Placer:
             return lambda _c: False
         return lambda entry: tenant.allows_place(entry.name, entry.meta.region, entry.meta.role)
 
-    def decide_one(self, job: JobRecord, now: float, snap: q.QueueSnapshot | None = None,
+    def decide_one(self, job: JobRecord, view: FleetView, snap: q.QueueSnapshot | None = None,
                    usage: q.Usage | None = None) -> Decision:
         """Placement for one job, with the quota checked for the model it would actually get."""
         tenant = self.policy.current().tenants.get(job.tenant)
@@ -224,9 +240,10 @@ class Placer:
             return Decision(None, Wait.NOT_ALLOWED, f"the tenancy policy no longer allows tenant {job.tenant} "
                             f"in band {job.priority_band or 'default'}")
         req = self._request(job)
+        now = view.now
         if job.not_before > now:
             return Decision(None, Wait.RETRY_BACKOFF, f"retry back-off until {job.not_before:.0f}")
-        d = decide(self.catalog, req, now, policy_allows=self._allows(job), limit=self.limit)
+        d = self.choice.decide(view, req, policy_allows=self._allows(job))
         if d.choice is not None:
             snap = snap or self.snapshot(now)
             adm = snap.admit(job.tenant, d.choice.gpu_model, d.choice.gpus, preemptible=job.preemptible, usage=usage)
@@ -237,9 +254,13 @@ class Placer:
         return d
 
     async def step(self) -> int:
-        """Decide the next batch of jobs that need a look; persist every reservation before it is dispatched."""
+        """Decide the next batch of jobs that need a look; persist every reservation before it is dispatched.
+
+        Decisions run over a fleet view taken when the step starts and again after each yield to the event
+        loop (reports and releases may land then); the step's own holds go through the view."""
         now = self.clock()
         self.catalog.sweep(now)
+        view = FleetView(self.catalog, now)
         t_snap = time.perf_counter()
         snap = self.snapshot(now)
         self.snapshot_cost_s = time.perf_counter() - t_snap
@@ -257,11 +278,12 @@ class Placer:
                     commits.append(loop.create_task(self._commit(pending)))
                     pending = []
                 await asyncio.sleep(0)  # let RPCs in between decisions; every hold is already in the overlay
+                view = FleetView(self.catalog, now)
             if job.job_id not in self.queued:
                 continue  # cancelled (or otherwise moved) while we yielded
             self._todo.discard(job.job_id)
             t0 = time.perf_counter()
-            d = self.decide_one(job, now, snap, usage)
+            d = self.decide_one(job, view, snap, usage)
             if self.metrics is not None:
                 self.metrics.decision_seconds.observe(time.perf_counter() - t0)  # type: ignore[attr-defined]
             if d.choice is None:
@@ -272,7 +294,7 @@ class Placer:
             c = d.choice
             usage = snap.charge(usage, job.tenant, c.gpu_model, c.gpus)
             # Hold it in the overlay now so the next decision in this batch sees it taken.
-            self._hold(job, c.cluster, job.attempt + 1, c.assignments, c.gpu_model)
+            view.hold((self._reservation(job, c.cluster, job.attempt + 1, c.assignments, c.gpu_model),))
             self.held[job.job_id] = Held(job.tenant, c.gpu_model, c.gpus)
             self.queued.pop(job.job_id, None)
             ev = lifecycle.Reserve(job.job_id, job.attempt, c.cluster, c.domain, c.assignments, c.gpu_model, c.gpus,
@@ -310,7 +332,7 @@ class Placer:
             self.waits.pop(job.job_id, None)
             if self.metrics is not None:
                 self.metrics.placed(job, now)  # type: ignore[attr-defined]
-            self.on_reserved(ev.cluster)
+            self.send(ReservationMade(ev.cluster, job.job_id, job.attempt + 1))
         return placed
 
     async def run(self, idle_s: float = 0.5, coalesce_s: float = 0.02) -> None:

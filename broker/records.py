@@ -11,6 +11,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fleetplan.catalog import ReplicaPlacement
+
 from broker.states import AttemptOutcome, JobState
 
 __all__ = [
@@ -42,15 +44,6 @@ def freeze_labels(labels: Mapping[str, str] | Labels) -> Labels:
     """Canonical, hashable label form: sorted (key, value) pairs."""
     items = labels.items() if isinstance(labels, Mapping) else labels
     return tuple(sorted((str(k), str(v)) for k, v in items))
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaPlacement:
-    """Replica ``index`` of pod set ``pod_set`` goes on ``node``."""
-
-    pod_set: str
-    index: int
-    node: str
 
 
 @dataclass(frozen=True, slots=True)

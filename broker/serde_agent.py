@@ -13,8 +13,9 @@ from tandem.v1 import inventory_pb2 as inv
 from tandem.v1 import job_pb2
 
 from broker import link
-from broker.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level
-from broker.records import ReplicaPlacement, ReplicaRecord
+from fleetplan.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level
+from fleetplan.catalog import ReplicaPlacement
+from broker.records import ReplicaRecord
 from broker.serde import spec_from_bytes, ts
 from broker.serde_inventory import node_from_proto
 from broker.states import AttemptOutcome

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from broker.errors import InvalidPageToken
+from fleetplan.catalog import ReplicaPlacement
 from broker.records import (
     AttemptRecord,
     DispatchOrder,
@@ -23,7 +24,6 @@ from broker.records import (
     JobRecord,
     NewJob,
     OrderKind,
-    ReplicaPlacement,
     ReplicaRecord,
     WatchEvent,
 )

@@ -15,7 +15,8 @@ import sys
 import time
 
 from broker import lifecycle
-from broker.records import NewJob, ReplicaPlacement
+from fleetplan.catalog import ReplicaPlacement
+from broker.records import NewJob
 from broker.store.base import StoreOptions
 from broker.store.sqlite import SqliteStore
 

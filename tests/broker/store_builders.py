@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.records import AttemptRecord, JobRecord, NewJob, ReplicaPlacement
+from fleetplan.catalog import ReplicaPlacement
+from broker.records import AttemptRecord, JobRecord, NewJob
 from broker.states import JobState
 from broker.store.base import StoreOptions
 from broker.store.sqlite import SqliteStore

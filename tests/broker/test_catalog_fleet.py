@@ -13,8 +13,8 @@ from placement.fit import capacity
 from placement.model import Gpu, Node, PodShape, TopologyLevels
 from placement.topology import group_by_level
 
-from broker.catalog import Catalog, ClusterMeta, DeltaGap, InventoryReport, Level, Reservation, ReservedReplica, Usability
-from broker.fleet import ClusterArrays, ModelTable
+from fleetplan.catalog import Catalog, ClusterMeta, DeltaGap, InventoryReport, Level, Reservation, ReservedReplica, Usability
+from fleetplan.arrays import ClusterArrays, ModelTable
 
 LEVELS = (Level("zone", "z"), Level("rack", "r"), Level("host", "h"))
 H100, A100 = "H100", "A100"
@@ -166,19 +166,17 @@ def test_numpy_capacity_equals_core_fit_for_whole_gpu_shapes(frees: list[int], w
 
 
 def test_memoised_overlay_matches_a_fresh_one(catalog: Catalog) -> None:
-    from broker.decide import overlaid_nodes
-
     catalog.apply_report(report("c1", 1, [mk("n1"), mk("n2", rack="r2")]), now=100.0)
     entry = catalog.clusters["c1"]
     rows = [0, 1]
-    overlaid_nodes(catalog, entry, rows)  # warm the memo
+    catalog.overlaid_nodes(entry.name, rows)  # warm the memo
     for i in range(5):
         catalog.add_reservation(Reservation(f"j{i}", 1, "c1", (ReservedReplica("w", 0, "n1"),), {"w": PodShape(gpus=2)}))
-        overlaid_nodes(catalog, entry, rows)
+        catalog.overlaid_nodes(entry.name, rows)
     catalog.drop_reservation(("j1", 1))
-    memo = [n.free_whole_gpus for n in overlaid_nodes(catalog, entry, rows)]
+    memo = [n.free_whole_gpus for n in catalog.overlaid_nodes(entry.name, rows)]
     entry.overlaid.clear()
-    fresh = [n.free_whole_gpus for n in overlaid_nodes(catalog, entry, rows)]
+    fresh = [n.free_whole_gpus for n in catalog.overlaid_nodes(entry.name, rows)]
     assert memo == fresh == [0, 8]  # after dropping j1, four holds of 2 GPUs fill n1
 
 

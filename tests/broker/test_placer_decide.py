@@ -6,8 +6,9 @@ import pytest
 
 from placement.model import Gpu, JobRequest, Node, PodSet, PodShape
 
-from broker.catalog import Catalog, ClusterMeta, InventoryReport, Level, Reservation, ReservedReplica
-from broker.decide import Wait, could_ever_fit, decide
+from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Level, Reservation, ReservedReplica
+from fleetplan.decide import Wait, could_ever_fit, decide
+from fleetplan.view import FleetView
 
 LEVELS = (Level("zone", "z"), Level("rack", "r"), Level("host", "h"))
 H100, A100 = "H100", "A100"
@@ -53,7 +54,7 @@ def job(gpus: int = 8, replicas: int = 1, *, level: str | None = None, models: t
 )
 def test_decisions(clusters: dict[str, list[Node]], request_: JobRequest, want_cluster: str,
                    want_nodes: list[str]) -> None:
-    d = decide(fleet(**clusters), request_, now=1.0)
+    d = decide(FleetView(fleet(**clusters), 1.0), request_)
     assert d.choice is not None, d
     assert d.choice.cluster == want_cluster
     assert sorted({p.node for p in d.choice.assignments}) == want_nodes
@@ -70,45 +71,45 @@ def test_decisions(clusters: dict[str, list[Node]], request_: JobRequest, want_c
     ],
 )
 def test_waits(clusters: dict[str, list[Node]], request_: JobRequest, wait: Wait) -> None:
-    d = decide(fleet(**clusters), request_, now=1.0)
+    d = decide(FleetView(fleet(**clusters), 1.0), request_)
     assert d.choice is None and d.wait is wait
 
 
 def test_pending_reservations_are_subtracted_by_the_exact_fit() -> None:
     cat = fleet(c=[mk("n1"), mk("n2", rack="r2")])
     cat.add_reservation(Reservation("other", 1, "c", (ReservedReplica("w", 0, "n1"),), {"w": PodShape(gpus=8)}))
-    d = decide(cat, job(8), now=1.0)
+    d = decide(FleetView(cat, 1.0), job(8))
     assert d.choice is not None and [p.node for p in d.choice.assignments] == ["n2"]
     cat.add_reservation(Reservation("third", 1, "c", (ReservedReplica("w", 0, "n2"),), {"w": PodShape(gpus=8)}))
-    assert decide(cat, job(8), now=1.0).choice is None
+    assert decide(FleetView(cat, 1.0), job(8)).choice is None
 
 
 def test_elastic_gang_starts_with_what_fits_down_to_min_available() -> None:
     cat = fleet(c=[mk("n1"), mk("n2", rack="r2"), mk("n3", free=0, rack="r3")])
-    d = decide(cat, job(8, 4, min_available=2), now=1.0)
+    d = decide(FleetView(cat, 1.0), job(8, 4, min_available=2))
     assert d.choice is not None and len(d.choice.assignments) == 2
-    assert decide(cat, job(8, 4, min_available=3), now=1.0).choice is None
+    assert decide(FleetView(cat, 1.0), job(8, 4, min_available=3)).choice is None
 
 
 def test_policy_and_selector_restrict_clusters() -> None:
     cat = fleet(a=[mk("a1")], b=[mk("b1")])
-    d = decide(cat, job(8), now=1.0, policy_allows=lambda c: c.name == "b")
+    d = decide(FleetView(cat, 1.0), job(8), policy_allows=lambda c: c.name == "b")
     assert d.choice is not None and d.choice.cluster == "b"
-    d = decide(cat, job(8), now=1.0, excluded_clusters={"a", "b"})
+    d = decide(FleetView(cat, 1.0), job(8), excluded_clusters={"a", "b"})
     assert d.wait is Wait.NO_FRESH_INVENTORY
 
 
 def test_locality_breaks_ties_between_equal_clusters() -> None:
     cat = fleet(a=[mk("a1")], b=[mk("b1")])
-    assert decide(cat, job(8, locality=("b",)), now=1.0).choice.cluster == "b"  # type: ignore[union-attr]
-    assert decide(cat, job(8, locality=("a",)), now=1.0).choice.cluster == "a"  # type: ignore[union-attr]
+    assert decide(FleetView(cat, 1.0), job(8, locality=("b",))).choice.cluster == "b"  # type: ignore[union-attr]
+    assert decide(FleetView(cat, 1.0), job(8, locality=("a",))).choice.cluster == "a"  # type: ignore[union-attr]
 
 
 def test_could_ever_fit_looks_at_empty_clusters() -> None:
     cat = fleet(c=[mk("n1", free=0), mk("n2", free=0, rack="r2")])
-    assert could_ever_fit(cat, job(8, 2), lambda _c: True)[0] is True
-    fits, why = could_ever_fit(cat, job(16), lambda _c: True)
+    assert could_ever_fit(FleetView(cat, 1.0), job(8, 2), lambda _c: True)[0] is True
+    fits, why = could_ever_fit(FleetView(cat, 1.0), job(16), lambda _c: True)
     assert fits is False and "even empty" in why
-    assert could_ever_fit(cat, job(8, 2, level="rack"), lambda _c: True)[0] is False
-    assert could_ever_fit(cat, job(8), lambda _c: False)[0] is False
-    assert could_ever_fit(fleet(), job(8), lambda _c: True)[0] is None
+    assert could_ever_fit(FleetView(cat, 1.0), job(8, 2, level="rack"), lambda _c: True)[0] is False
+    assert could_ever_fit(FleetView(cat, 1.0), job(8), lambda _c: False)[0] is False
+    assert could_ever_fit(FleetView(fleet(), 1.0), job(8), lambda _c: True)[0] is None

@@ -11,12 +11,12 @@ import pytest
 
 from broker import errors, lifecycle
 from broker.errors import Code
+from fleetplan.catalog import ReplicaPlacement
 from broker.records import (
     AttemptRecord,
     JobFilter,
     OrderKind,
     OrderSpec,
-    ReplicaPlacement,
     ReplicaRecord,
     Transition,
     WatchPage,

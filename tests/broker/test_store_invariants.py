@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import lifecycle as lc
-from broker.records import ReplicaPlacement
+from fleetplan.catalog import ReplicaPlacement
 from broker.states import HOLDS_CAPACITY, AttemptOutcome, JobState
 from broker.store.base import StoreOptions
 from broker.store.base import Store

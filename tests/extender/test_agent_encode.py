@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.catalog import Catalog, ClusterEntry, ClusterMeta, Level
+from fleetplan.catalog import Catalog, ClusterEntry, ClusterMeta, Level
 from broker.serde_agent import report_from_delta, report_from_snapshot
 from broker.serde_inventory import InventoryDecodeError, node_from_proto
 from extender.agent.encode import (

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from placement import overlay as core_overlay
 from placement.errors import CapacityError
 from placement.fit import allocate
 from placement.model import Node, PodShape
 
-from broker.fleet import ClusterArrays, Fleet
+from fleetplan.arrays import ClusterArrays, Fleet
 
 __all__ = [
+    "ReplicaPlacement",
     "Level",
     "ClusterMeta",
     "InventoryReport",
@@ -67,6 +69,15 @@ class InventoryReport:
     bound: Mapping[AttemptKey, frozenset[ReplicaKey]] = field(default_factory=dict)
     base_sequence: int = 0
     meta: ClusterMeta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPlacement:
+    """Replica ``index`` of pod set ``pod_set`` goes on ``node``."""
+
+    pod_set: str
+    index: int
+    node: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +179,14 @@ class Catalog:
         self._by_job: dict[str, set[AttemptKey]] = {}
         self._by_node: dict[tuple[str, str], set[AttemptKey]] = {}
         self.fleet = Fleet()
+        self.generation = 0
+        """Bumped by every change a placement view reads (see fleetplan.view: a view of an older one is stale)."""
 
     # ---------------------------------------------------------------- connections
 
     def connect(self, meta: ClusterMeta, now: float) -> ClusterEntry:
         """A cluster's stream opened: nothing is placed there until its snapshot arrives."""
+        self.generation += 1
         entry = self.clusters.get(meta.name)
         if entry is None:
             entry = ClusterEntry(meta.name, meta)
@@ -187,6 +201,7 @@ class Catalog:
     def disconnect(self, cluster: str, now: float) -> None:
         entry = self.clusters.get(cluster)
         if entry is not None and entry.connected:
+            self.generation += 1
             entry.connected = False
             entry.disconnected_at = now
             self.fleet.set_usable(cluster, False)
@@ -197,6 +212,7 @@ class Catalog:
             entry.last_seen = now
 
     def set_cordoned(self, cluster: str, cordoned: bool) -> ClusterEntry:
+        self.generation += 1
         entry = self.clusters.get(cluster)
         if entry is None:
             entry = ClusterEntry(cluster, ClusterMeta(cluster))
@@ -208,6 +224,7 @@ class Catalog:
 
     def apply_report(self, report: InventoryReport, now: float) -> ClusterEntry:
         """Apply a snapshot or delta; a newer report lifts rejection exclusions (raises DeltaGap)."""
+        self.generation += 1
         entry = self.clusters.get(report.cluster)
         if entry is None:
             entry = self.connect(report.meta or ClusterMeta(report.cluster), now)
@@ -235,6 +252,7 @@ class Catalog:
 
     def exclude_nodes(self, cluster: str, nodes: Iterable[str]) -> None:
         """Nodes a rejected dispatch named stay out of placement until the cluster's next report."""
+        self.generation += 1
         entry = self.clusters.get(cluster)
         if entry is None:
             return
@@ -247,6 +265,7 @@ class Catalog:
 
     def add_reservation(self, res: Reservation) -> None:
         """Hold a reservation in the overlay (incrementally: only its own replicas are touched)."""
+        self.generation += 1
         if res.key in self.reservations:
             self.drop_reservation(res.key)
         self.reservations[res.key] = res
@@ -260,6 +279,7 @@ class Catalog:
         res = self.reservations.pop(key, None)
         if res is None:
             return
+        self.generation += 1
         self._by_cluster.get(res.cluster, {}).pop(key, None)
         keys = self._by_job.get(res.job_id)
         if keys is not None:
@@ -328,6 +348,7 @@ class Catalog:
 
     def sweep(self, now: float) -> None:
         """Mark clusters silent past the bound as unusable in the fleet arrays."""
+        self.generation += 1
         for entry in self.clusters.values():
             usable = entry.usability(now, self.stale_after_s) is Usability.USABLE
             self.fleet.set_usable(entry.name, usable)
@@ -342,6 +363,43 @@ class Catalog:
         self.fleet.put(entry.name, arrays)
         self._reapply_overlay(entry.name)
         self.fleet.set_usable(entry.name, entry.usability(entry.last_seen, self.stale_after_s) is Usability.USABLE)
+
+    def overlaid_nodes(self, cluster: str, rows: Sequence[int]) -> list[Node]:
+        """Nodes of `rows` minus reserved-but-unbound replicas: the core's reservations overlay, memoised per node."""
+        entry = self.clusters[cluster]
+        arrays = entry.arrays
+        assert arrays is not None
+        out: list[Node] = []
+        for r in rows:
+            node = arrays.nodes[r]
+            done = entry.overlaid.get(node.name)
+            if done is None:
+                done = self._overlay_one(entry, node)
+                entry.overlaid[node.name] = done
+            out.append(done)
+        return out
+
+    def _overlay_one(self, entry: ClusterEntry, node: Node) -> Node:
+        touching = self.reservations_touching(entry.name, (node.name,))
+        if not touching:
+            return node
+        reservations = []
+        bound = []
+        for res in touching:
+            merged: dict[tuple[str, str], int] = {}
+            for r in res.replicas:
+                if r.node == node.name:
+                    merged[(r.pod_set, r.node)] = merged.get((r.pod_set, r.node), 0) + 1
+            parts = tuple(core_overlay.ReservedPart(ps, n, k, res.shapes[ps]) for (ps, n), k in merged.items())
+            reservations.append(core_overlay.Reservation(res.job_id, res.attempt, parts))
+            done = entry.bound.get(res.key, frozenset())
+            counts: dict[tuple[str, str], int] = {}
+            for r in res.replicas:
+                if (r.pod_set, r.index) in done and r.node == node.name:
+                    counts[(r.pod_set, r.node)] = counts.get((r.pod_set, r.node), 0) + 1
+            bound.append(core_overlay.BoundReplicas(res.job_id, res.attempt, counts))
+        report = core_overlay.InventoryReport(entry.name, entry.sequence, (node,), tuple(bound))
+        return core_overlay.effective_nodes(report, reservations)[0]
 
     def empty_arrays(self, entry: ClusterEntry) -> ClusterArrays:
         """The cluster as if nothing ran on it: what never-fit checks use."""

@@ -1,4 +1,4 @@
-"""The placement decision for one job over the catalog: prune with numpy, exact-fit candidate domains, rank."""
+"""The placement decision for one job over a cycle's fleet view: prune with numpy, exact-fit candidate domains, rank."""
 
 from __future__ import annotations
 
@@ -9,21 +9,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placement import overlay as core_overlay
-from placement.model import JobRequest, Node, PodShape, TopologyLevels
+from placement.model import JobRequest, PodShape, TopologyLevels
 from placement.ranking import ClusterOption, rank_clusters
 from placement.reasons import Reason
 from placement.topology import GangPlacement, fit_gang
 
-from broker.catalog import Catalog, ClusterEntry, Usability
-from broker.records import ReplicaPlacement
+from fleetplan.arrays import ClusterArrays
+from fleetplan.catalog import ReplicaPlacement, Usability
+from fleetplan.view import ClusterState, FleetView
 
 __all__ = [
-    "Wait", "Choice", "Decision", "decide", "could_ever_fit", "demands_of", "overlaid_nodes",
+    "Wait", "Choice", "Decision", "decide", "decide_in", "could_ever_fit", "demands_of",
     "Verdict", "ClusterVerdict", "cluster_verdicts", "within_policy", "NO_ALLOWED_MODEL", "ClusterPredicate",
 ]
 
-ClusterPredicate = Callable[[ClusterEntry], bool]
+ClusterPredicate = Callable[[ClusterState], bool]
 """Whether the tenancy policy lets the job's tenant use a cluster (its name, region and role)."""
 
 _PRUNE_ABOVE = 4
@@ -103,12 +103,12 @@ def _shrunk_counts(req: JobRequest) -> list[int] | None:
     return counts
 
 
-def maps_tenant(entry: ClusterEntry, tenant: str) -> bool:
+def maps_tenant(entry: ClusterState, tenant: str) -> bool:
     """The cluster's own configuration gives the tenant a namespace (its agent would refuse it otherwise)."""
     return entry.meta.tenants is None or not tenant or tenant in entry.meta.tenants
 
 
-def cluster_allowed(entry: ClusterEntry, req: JobRequest, policy_allows: ClusterPredicate) -> bool:
+def cluster_allowed(entry: ClusterState, req: JobRequest, policy_allows: ClusterPredicate) -> bool:
     if req.allowed_clusters and entry.name not in req.allowed_clusters:
         return False
     if not maps_tenant(entry, req.tenant):
@@ -120,7 +120,7 @@ def cluster_allowed(entry: ClusterEntry, req: JobRequest, policy_allows: Cluster
     return policy_allows(entry)
 
 
-def level_index(entry: ClusterEntry, level: str | None) -> int | None | bool:
+def level_index(entry: ClusterState, level: str | None) -> int | None | bool:
     """Index of a level (by name or label key); None when no level is asked; False when unknown here."""
     if not level:
         return None
@@ -128,44 +128,6 @@ def level_index(entry: ClusterEntry, level: str | None) -> int | None | bool:
         if level in (lvl.name, lvl.key):
             return i
     return False
-
-
-def overlaid_nodes(catalog: Catalog, entry: ClusterEntry, rows: Sequence[int]) -> list[Node]:
-    """Nodes of `rows` minus reserved-but-unbound replicas: the core's reservations overlay, memoised per node."""
-    arrays = entry.arrays
-    assert arrays is not None
-    out: list[Node] = []
-    for r in rows:
-        node = arrays.nodes[r]
-        done = entry.overlaid.get(node.name)
-        if done is None:
-            done = _overlay_one(catalog, entry, node)
-            entry.overlaid[node.name] = done
-        out.append(done)
-    return out
-
-
-def _overlay_one(catalog: Catalog, entry: ClusterEntry, node: Node) -> Node:
-    touching = catalog.reservations_touching(entry.name, (node.name,))
-    if not touching:
-        return node
-    reservations = []
-    bound = []
-    for res in touching:
-        merged: dict[tuple[str, str], int] = {}
-        for r in res.replicas:
-            if r.node == node.name:
-                merged[(r.pod_set, r.node)] = merged.get((r.pod_set, r.node), 0) + 1
-        parts = tuple(core_overlay.ReservedPart(ps, n, k, res.shapes[ps]) for (ps, n), k in merged.items())
-        reservations.append(core_overlay.Reservation(res.job_id, res.attempt, parts))
-        done = entry.bound.get(res.key, frozenset())
-        counts: dict[tuple[str, str], int] = {}
-        for r in res.replicas:
-            if (r.pod_set, r.index) in done and r.node == node.name:
-                counts[(r.pod_set, r.node)] = counts.get((r.pod_set, r.node), 0) + 1
-        bound.append(core_overlay.BoundReplicas(res.job_id, res.attempt, counts))
-    report = core_overlay.InventoryReport(entry.name, entry.sequence, (node,), tuple(bound))
-    return core_overlay.effective_nodes(report, reservations)[0]
 
 
 def _placements(req: JobRequest, placed: GangPlacement) -> tuple[ReplicaPlacement, ...]:
@@ -180,11 +142,9 @@ def _placements(req: JobRequest, placed: GangPlacement) -> tuple[ReplicaPlacemen
     return tuple(out)
 
 
-def _rows_for(entry: ClusterEntry, demands: Sequence[tuple[PodShape, int]], rows: np.ndarray) -> list[int]:
+def _rows_for(arrays: ClusterArrays, demands: Sequence[tuple[PodShape, int]], rows: np.ndarray) -> list[int]:
     """Within a big domain, the nodes worth exact-fitting: tightest numpy capacity first (best fit packs
     partly used nodes), just enough to cover the demand with some slack for what numpy cannot see."""
-    arrays = entry.arrays
-    assert arrays is not None
     score = np.zeros(len(rows), np.int64)
     need = 0
     for shape, count in demands:
@@ -199,7 +159,7 @@ def _rows_for(entry: ClusterEntry, demands: Sequence[tuple[PodShape, int]], rows
     return [int(r) for r in rows[keep[:cut]]]
 
 
-def _core_request(entry: ClusterEntry, req: JobRequest) -> JobRequest:
+def _core_request(entry: ClusterState, req: JobRequest) -> JobRequest:
     """The job with its levels named by this cluster's label keys (the core's vocabulary)."""
     keys = {l.name: l.key for l in entry.meta.levels}
     keys.update({l.key: l.key for l in entry.meta.levels})
@@ -208,34 +168,34 @@ def _core_request(entry: ClusterEntry, req: JobRequest) -> JobRequest:
         preferred_level=keys.get(req.preferred_level) if req.preferred_level else None)
 
 
-def _try_cluster(
-    catalog: Catalog, entry: ClusterEntry, req: JobRequest, limit: int
-) -> tuple[Choice | None, bool]:
+def decide_in(view: FleetView, cluster: str, req: JobRequest, limit: int = 8) -> tuple[Choice | None, bool]:
     """Best choice in one cluster; the flag says whether the cluster had the GPUs but not in one domain.
 
     numpy narrows the cluster to candidate domains (capacity sums at the required level); the
     core's exact gang fit runs only on those, over the overlaid nodes."""
+    entry = view.clusters[cluster]
+    arrays = view.arrays(cluster)
     lvl = level_index(entry, req.required_level)
-    if lvl is False or entry.arrays is None:
+    if lvl is False or arrays is None:
         return None, False
     level = lvl if isinstance(lvl, int) and not isinstance(lvl, bool) else None
     demands = demands_of(req, _shrunk_counts(req))
-    cands = entry.arrays.candidate_domains(demands, level, limit)
+    cands = arrays.candidate_domains(demands, level, limit)
     if not cands:
-        if level is not None and entry.arrays.candidate_domains(demands, None, 1):
+        if level is not None and arrays.candidate_domains(demands, None, 1):
             return None, True
         return None, False
     core_req = _core_request(entry, req)
     levels = TopologyLevels(tuple(l.key for l in entry.meta.levels))
     for cand in cands:
-        rows = _rows_for(entry, demands, cand.rows)
-        nodes = overlaid_nodes(catalog, entry, rows)
+        rows = _rows_for(arrays, demands, cand.rows)
+        nodes = view.overlaid_nodes(cluster, rows)
         placed = fit_gang(nodes, core_req, levels)
         if not isinstance(placed, GangPlacement):
             continue
         replicas = _placements(req, placed)
         shapes = {ps.name: ps.shape for ps in req.pod_sets}
-        models = {entry.arrays.nodes[entry.arrays.row[p.node]].gpu_model or "" for p in replicas
+        models = {arrays.nodes[arrays.row[p.node]].gpu_model or "" for p in replicas
                   if shapes[p.pod_set].wants_gpu}
         gpu_model = sorted(models - {""})[0] if models - {""} else ""
         gpus = sum(shapes[p.pod_set].gpu_cost for p in replicas)
@@ -245,9 +205,8 @@ def _try_cluster(
 
 
 def decide(
-    catalog: Catalog,
+    view: FleetView,
     req: JobRequest,
-    now: float,
     *,
     policy_allows: ClusterPredicate = lambda _c: True,
     excluded_clusters: Collection[str] = (),
@@ -255,9 +214,10 @@ def decide(
     max_feasible: int = 2,
 ) -> Decision:
     """Where the job goes now (feasible clusters ranked by the core: fit, locality, queue, freshness), or why it waits."""
-    allowed = [e for e in catalog.clusters.values()
+    now = view.now
+    allowed = [e for e in view.clusters.values()
                if cluster_allowed(e, req, policy_allows) and e.name not in excluded_clusters]
-    usable = [e for e in allowed if e.usability(now, catalog.stale_after_s) is Usability.USABLE]
+    usable = [e for e in allowed if e.usable]
     if not usable:
         if allowed and all(e.cordoned for e in allowed):
             return Decision(None, Wait.CLUSTERS_CORDONED, "every allowed cluster is cordoned")
@@ -265,34 +225,35 @@ def decide(
     fragmented = False
     demands = demands_of(req, _shrunk_counts(req))
     # The fleet summary prunes many clusters at once; for a few, the per-cluster checks below are cheaper.
-    pruned = set(catalog.fleet.prune(demands)) if len(usable) > _PRUNE_ABOVE else {e.name for e in usable}
-    ordered: list[tuple[tuple[int, int, str], ClusterEntry]] = []
+    pruned = set(view.prune(demands)) if len(usable) > _PRUNE_ABOVE else {e.name for e in usable}
+    ordered: list[tuple[tuple[int, int, str], ClusterState]] = []
     for entry in usable:
-        if entry.name not in pruned or entry.arrays is None:
+        arrays = view.arrays(entry.name)
+        if entry.name not in pruned or arrays is None:
             continue
         lvl = level_index(entry, req.required_level)
         if lvl is False:
             continue
         level = lvl if isinstance(lvl, int) and not isinstance(lvl, bool) else None
-        if not entry.arrays.could_hold(demands, level):
-            fragmented |= level is not None and entry.arrays.could_hold(demands, None)
+        if not arrays.could_hold(demands, level):
+            fragmented |= level is not None and arrays.could_hold(demands, None)
             continue
         loc = next((i for i, h in enumerate(req.locality) if h in (entry.name, entry.meta.region)), len(req.locality))
-        ordered.append(((loc, catalog.fleet.total_free(entry.name) if len(usable) > 1 else 0, entry.name), entry))
+        ordered.append(((loc, view.total_free(entry.name) if len(usable) > 1 else 0, entry.name), entry))
     # Exact fit in summary order (locality, then the fullest cluster first: packing keeps big ones free),
     # stopping after a few feasible clusters; the core ranks those.
     ordered.sort(key=lambda kv: kv[0])
     options: list[ClusterOption] = []
     found: dict[str, Choice] = {}
     for _, entry in ordered:
-        choice, frag = _try_cluster(catalog, entry, req, limit)
+        choice, frag = decide_in(view, entry.name, req, limit)
         fragmented |= frag
         if choice is None:
             continue
         found[entry.name] = choice
         options.append(ClusterOption(entry.name, entry.meta.region, entry.meta.role, feasible=True,
                                      fragmentation_cost=float(choice.leftover_gpus),
-                                     queue_length=catalog.reservation_count(entry.name),
+                                     queue_length=view.reservation_count(entry.name),
                                      report_age_s=max(0.0, now - entry.last_report)))
         # Big gangs cost a lot to exact-fit (one allocation per node): take the first feasible cluster.
         if len(options) >= (max_feasible if req.total_replicas <= 16 else 1):
@@ -338,21 +299,22 @@ _NOT_USABLE = {
 
 
 def cluster_verdicts(
-    catalog: Catalog, req: JobRequest, now: float, *, policy_allows: ClusterPredicate = lambda _c: True,
+    view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = lambda _c: True,
 ) -> tuple[ClusterVerdict, ...]:
     """Why a queued job goes to none of its allowed clusters now: per cluster, the core's own gang fit over
     that cluster's reported inventory minus reservations (what an extender would say, for a gang that has no
     pods yet). Costs one exact fit per cluster: for "why does it wait" views, not for the placement loop."""
     out: list[ClusterVerdict] = []
-    for entry in sorted(catalog.clusters.values(), key=lambda e: e.name):
+    for entry in sorted(view.clusters.values(), key=lambda e: e.name):
         if not cluster_allowed(entry, dataclasses.replace(req, tenant=""), policy_allows):
             continue  # not the job's to know about
         if not maps_tenant(entry, req.tenant):
             out.append(ClusterVerdict(entry.name, Verdict.TENANT_NOT_MAPPED,
                                       f"the cluster maps no namespace to tenant {req.tenant}"))
             continue
-        usability = entry.usability(now, catalog.stale_after_s)
-        if usability is not Usability.USABLE or entry.arrays is None:
+        usability = entry.usability
+        arrays = view.arrays(entry.name)
+        if usability is not Usability.USABLE or arrays is None:
             verdict, message = _NOT_USABLE.get(usability, (Verdict.NO_FRESH_INVENTORY, "no inventory"))
             out.append(ClusterVerdict(entry.name, verdict, message))
             continue
@@ -360,17 +322,16 @@ def cluster_verdicts(
             out.append(ClusterVerdict(entry.name, Verdict.UNKNOWN_TOPOLOGY_LEVEL,
                                       f"no topology level {req.required_level}", Reason.UNKNOWN_TOPOLOGY_LEVEL))
             continue
-        arrays = entry.arrays
-        rows = [i for i, n in enumerate(arrays.nodes) if n.name not in entry.excluded_nodes]
+        rows = view.usable_rows(entry.name)
         core_req = _core_request(entry, req)
         levels = TopologyLevels(tuple(l.key for l in entry.meta.levels))
-        placed = fit_gang(overlaid_nodes(catalog, entry, rows), core_req, levels)
+        placed = fit_gang(view.overlaid_nodes(entry.name, rows), core_req, levels)
         if isinstance(placed, GangPlacement):
             out.append(ClusterVerdict(entry.name, Verdict.FITS, "a domain has room for the gang now"))
             continue
         demands = demands_of(req, _shrunk_counts(req))
         verdict = Verdict.INSUFFICIENT_CAPACITY
-        if placed.reason is Reason.NO_FEASIBLE_NODE and not catalog.empty_arrays(entry).candidate_domains(
+        if placed.reason is Reason.NO_FEASIBLE_NODE and not view.empty_arrays(entry.name).candidate_domains(
                 demands, None, 1):
             verdict = Verdict.NO_FEASIBLE_NODE  # not even an empty node of this cluster could hold a replica
         elif req.required_level and placed.reason is Reason.DOMAIN_TOO_SMALL and arrays.candidate_domains(
@@ -381,12 +342,12 @@ def cluster_verdicts(
 
 
 def could_ever_fit(
-    catalog: Catalog, req: JobRequest, policy_allows: ClusterPredicate
+    view: FleetView, req: JobRequest, policy_allows: ClusterPredicate
 ) -> tuple[bool | None, str]:
     """Could the job fit in some allowed cluster if it were empty? None = no cluster known yet (cannot tell)."""
-    known = [e for e in catalog.clusters.values()
-             if e.nodes and not e.meta.read_only and cluster_allowed(e, req, policy_allows)]
-    if not [e for e in catalog.clusters.values() if e.nodes]:
+    known = [e for e in view.clusters.values()
+             if e.has_nodes and not e.meta.read_only and cluster_allowed(e, req, policy_allows)]
+    if not [e for e in view.clusters.values() if e.has_nodes]:
         return None, "no cluster inventory known yet"
     if not known:
         return False, "no allowed cluster (check cluster_selector and the tenant's clusters)"
@@ -398,7 +359,7 @@ def could_ever_fit(
         if lvl is False:
             reasons.append(f"{entry.name}: no topology level {req.required_level}")
             continue
-        empty = catalog.empty_arrays(entry)
+        empty = view.empty_arrays(entry.name)
         level = lvl if isinstance(lvl, int) and not isinstance(lvl, bool) else None
         key = (level, *demands)
         fits = empty.fits_cache.get(key)

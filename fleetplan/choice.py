@@ -1,0 +1,139 @@
+"""How a job's cluster is chosen, behind one interface: Tandem's decision and the baselines it is measured against.
+
+`ClusterChoice.decide(view, req, policy_allows=..., excluded_clusters=...)` is the seam: the broker's
+placer calls it once per job in a cycle (`--cluster-choice` picks the implementation), the fleet
+simulator's fast mode calls the same objects in virtual time. Only the cluster choice differs:
+
+* `tandem`: every allowed, fresh cluster's node-level inventory, exact gang fit in candidate domains,
+  ranked by the core (fit, locality, queue, freshness).
+* `aggregate` (Karmada-style): the allowed, fresh cluster whose nodes could take the most replicas of the
+  job, summed node by node with no regard to topology; the job goes there or waits for it.
+* `round-robin`: the allowed, fresh clusters in turn, one job each; the job goes to the next or waits.
+
+The baselines still return node assignments inside their chosen cluster (the cluster agent carries out
+pinned dispatches only); the fleet simulator's fast mode drops those and lets its kube-scheduler model
+place the pods unpinned, as those systems do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Protocol
+
+from placement.model import JobRequest
+
+from fleetplan.decide import (
+    ClusterPredicate,
+    Decision,
+    Wait,
+    cluster_allowed,
+    decide,
+    decide_in,
+    demands_of,
+    level_index,
+)
+from fleetplan.view import ClusterState, FleetView
+
+__all__ = ["ClusterChoice", "TandemChoice", "AggregateChoice", "RoundRobinChoice", "CHOICES", "make_choice"]
+
+
+class ClusterChoice(Protocol):
+    name: str
+
+    def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = ...,
+               excluded_clusters: Collection[str] = ...) -> Decision:
+        """Where the job goes in this cycle's view, or why it waits."""
+
+
+def _allow_all(_c: ClusterState) -> bool:
+    return True
+
+
+class TandemChoice:
+    name = "tandem"
+
+    def __init__(self, limit: int = 8) -> None:
+        self.limit = limit
+        """Candidate domains exact-fitted per cluster."""
+
+    def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = _allow_all,
+               excluded_clusters: Collection[str] = ()) -> Decision:
+        return decide(view, req, policy_allows=policy_allows, excluded_clusters=excluded_clusters, limit=self.limit)
+
+
+def _candidates(view: FleetView, req: JobRequest, policy_allows: ClusterPredicate,
+                excluded_clusters: Collection[str]) -> list[ClusterState] | Decision:
+    """Allowed, usable clusters that know the job's topology level; or why there are none."""
+    allowed = [e for e in view.clusters.values()
+               if cluster_allowed(e, req, policy_allows) and e.name not in excluded_clusters]
+    usable = [e for e in allowed if e.usable and level_index(e, req.required_level) is not False]
+    if usable:
+        return sorted(usable, key=lambda e: e.name)
+    if allowed and all(e.cordoned for e in allowed):
+        return Decision(None, Wait.CLUSTERS_CORDONED, "every allowed cluster is cordoned")
+    return Decision(None, Wait.NO_FRESH_INVENTORY, "no allowed cluster is connected with a fresh report")
+
+
+def _place_in(view: FleetView, cluster: str, req: JobRequest, limit: int, how: str) -> Decision:
+    choice, fragmented = decide_in(view, cluster, req, limit)
+    if choice is not None:
+        return Decision(choice)
+    if fragmented:
+        return Decision(None, Wait.TOPOLOGY_FRAGMENTED, f"{how} chose {cluster}; no domain there holds the gang")
+    return Decision(None, Wait.INSUFFICIENT_CAPACITY, f"{how} chose {cluster}; it has no room for the gang now")
+
+
+class AggregateChoice:
+    name = "aggregate"
+
+    def __init__(self, limit: int = 8) -> None:
+        self.limit = limit
+
+    def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = _allow_all,
+               excluded_clusters: Collection[str] = ()) -> Decision:
+        cands = _candidates(view, req, policy_allows, excluded_clusters)
+        if isinstance(cands, Decision):
+            return cands
+        demands = demands_of(req)
+
+        def replicas_free(state: ClusterState) -> int:
+            arrays = view.arrays(state.name)
+            if arrays is None:
+                return -1
+            # Replicas each node could take, summed over the cluster (as Karmada's replica estimator does):
+            # blind to whether they share one domain, so a gang may be sent where it cannot start.
+            return sum(int(arrays.capacity(shape).sum()) for shape, _ in demands)
+
+        best = max(cands, key=lambda e: (replicas_free(e), e.name))
+        return _place_in(view, best.name, req, self.limit, "aggregate count")
+
+
+class RoundRobinChoice:
+    """Each job gets the next cluster in name order (the cursor advances with every job decided)."""
+
+    name = "round-robin"
+
+    def __init__(self, limit: int = 8) -> None:
+        self.limit = limit
+        self._turn = 0
+
+    def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = _allow_all,
+               excluded_clusters: Collection[str] = ()) -> Decision:
+        cands = _candidates(view, req, policy_allows, excluded_clusters)
+        if isinstance(cands, Decision):
+            return cands
+        cluster = cands[self._turn % len(cands)].name
+        self._turn += 1
+        return _place_in(view, cluster, req, self.limit, "round-robin")
+
+
+CHOICES = ("tandem", "aggregate", "round-robin")
+
+
+def make_choice(name: str, limit: int = 8) -> ClusterChoice:
+    """The cluster choice named `name` (one of CHOICES)."""
+    kinds: dict[str, type[TandemChoice] | type[AggregateChoice] | type[RoundRobinChoice]] = {
+        "tandem": TandemChoice, "aggregate": AggregateChoice, "round-robin": RoundRobinChoice}
+    if name not in kinds:
+        raise ValueError(f"unknown cluster choice {name!r}: one of {', '.join(CHOICES)}")
+    return kinds[name](limit)

@@ -1,0 +1,113 @@
+"""What one placement cycle decides over: the fleet as the catalog held it when the cycle began.
+
+The catalog is the broker's live state; reports, reservations ending and cordons change it between
+cycles. A `FleetView` fixes, for one cycle, which clusters are usable, their metadata, report sequence
+and age, and reads their capacity (the numpy arrays and the reservations overlay). The cycle's own
+holds go through the view (`hold`), so the next decision in the same cycle sees them taken; any other
+change to the catalog makes the view stale, and using it then raises `StaleView` instead of deciding
+over a mix of two states. In the broker a cycle is the run of decisions between two yields of the
+event loop; in the fleet simulator's fast mode it is one virtual-time scheduling round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from placement.model import Node, PodShape
+
+from fleetplan.arrays import ClusterArrays
+from fleetplan.catalog import Catalog, ClusterMeta, Reservation, Usability
+
+__all__ = ["ClusterState", "FleetView", "StaleView"]
+
+
+class StaleView(RuntimeError):
+    """The catalog changed outside the view since the view was taken: take a new one."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """One cluster as the cycle sees it (its capacity is read through the view)."""
+
+    name: str
+    meta: ClusterMeta
+    usability: Usability
+    cordoned: bool
+    sequence: int
+    last_report: float
+    has_nodes: bool
+    reservations: int
+    """Reservations held on it when the view was taken (the ranking's queue length)."""
+
+    @property
+    def usable(self) -> bool:
+        return self.usability is Usability.USABLE
+
+
+class FleetView:
+    """The catalog frozen for one placement cycle; see the module docstring."""
+
+    __slots__ = ("now", "stale_after_s", "clusters", "_catalog", "_generation", "_held")
+
+    def __init__(self, catalog: Catalog, now: float) -> None:
+        self.now = now
+        self.stale_after_s = catalog.stale_after_s
+        self._catalog = catalog
+        self._generation = catalog.generation
+        self._held: dict[str, int] = {}
+        self.clusters: Mapping[str, ClusterState] = MappingProxyType({
+            e.name: ClusterState(e.name, e.meta, e.usability(now, catalog.stale_after_s), e.cordoned, e.sequence,
+                                 e.last_report, bool(e.nodes), catalog.reservation_count(e.name))
+            for e in catalog.clusters.values()})
+
+    def _live(self) -> Catalog:
+        if self._catalog.generation != self._generation:
+            raise StaleView("the catalog changed since this view was taken")
+        return self._catalog
+
+    # ------------------------------------------------------------------ capacity reads
+
+    def arrays(self, cluster: str) -> ClusterArrays | None:
+        """The cluster's capacity arrays (reported inventory minus reservations not yet bound)."""
+        entry = self._live().clusters.get(cluster)
+        return None if entry is None else entry.arrays
+
+    def empty_arrays(self, cluster: str) -> ClusterArrays:
+        """The cluster as if nothing ran on it (never-fit checks)."""
+        catalog = self._live()
+        return catalog.empty_arrays(catalog.clusters[cluster])
+
+    def overlaid_nodes(self, cluster: str, rows: Sequence[int]) -> list[Node]:
+        """The nodes of `rows` minus reserved-but-unbound replicas (the core's overlay, memoised per node)."""
+        return self._live().overlaid_nodes(cluster, rows)
+
+    def usable_rows(self, cluster: str) -> list[int]:
+        """Rows of the nodes placement may use now (not excluded after a rejected dispatch)."""
+        entry = self._live().clusters[cluster]
+        arrays = entry.arrays
+        if arrays is None:
+            return []
+        return [i for i, n in enumerate(arrays.nodes) if n.name not in entry.excluded_nodes]
+
+    def prune(self, demands: Sequence[tuple[PodShape, int]]) -> list[str]:
+        """Clusters whose fleet-wide summary could hold the demands (a cheap first cut over many clusters)."""
+        return self._live().fleet.prune(demands)
+
+    def total_free(self, cluster: str) -> int:
+        return self._live().fleet.total_free(cluster)
+
+    def reservation_count(self, cluster: str) -> int:
+        state = self.clusters.get(cluster)
+        return (state.reservations if state else 0) + self._held.get(cluster, 0)
+
+    # ------------------------------------------------------------------ the cycle's own holds
+
+    def hold(self, reservations: Iterable[Reservation]) -> None:
+        """Take capacity for decisions of this cycle, so the next decision in it sees them taken."""
+        catalog = self._live()
+        for res in reservations:
+            catalog.add_reservation(res)
+            self._held[res.cluster] = self._held.get(res.cluster, 0) + 1
+        self._generation = catalog.generation

@@ -1,0 +1,1 @@
+"""The fleet simulator: many simulated GPU clusters, one broker, real extenders and agents; wire and fast modes."""
