@@ -106,6 +106,10 @@ class SchedulerProfile:
     score_weights: Mapping[str, int] = dataclasses.field(default_factory=lambda: dict(DEFAULT_SCORE_WEIGHTS))
     fit_strategy: str = "LeastAllocated"
     fit_resources: tuple[tuple[str, int], ...] = (("cpu", 1), ("memory", 1))
+    fit_ignored: frozenset[str] = frozenset()
+    """NodeResourcesFitArgs.ignoredResources: extended resources the filter leaves to an extender."""
+    fit_ignored_groups: frozenset[str] = frozenset()
+    """NodeResourcesFitArgs.ignoredResourceGroups: prefixes (before "/") of such resources."""
     extenders: tuple[ExtenderSettings, ...] = ()
     percentage_of_nodes_to_score: int = 0
 
@@ -153,9 +157,14 @@ def profile_from_config(config: Mapping[str, Any], scheduler_name: str | None = 
     prof = chosen or profiles[0]
     strategy = "LeastAllocated"
     resources: tuple[tuple[str, int], ...] = (("cpu", 1), ("memory", 1))
+    ignored: frozenset[str] = frozenset()
+    ignored_groups: frozenset[str] = frozenset()
     for pc in prof.get("pluginConfig") or []:
         if pc.get("name") == "NodeResourcesFit":
-            s = (pc.get("args") or {}).get("scoringStrategy") or {}
+            args = pc.get("args") or {}
+            ignored = frozenset(str(r) for r in args.get("ignoredResources") or [])
+            ignored_groups = frozenset(str(g) for g in args.get("ignoredResourceGroups") or [])
+            s = args.get("scoringStrategy") or {}
             strategy = str(s.get("type") or strategy)
             if s.get("resources"):
                 resources = tuple((str(r["name"]), int(r.get("weight") or 1)) for r in s["resources"])
@@ -164,6 +173,8 @@ def profile_from_config(config: Mapping[str, Any], scheduler_name: str | None = 
         score_weights=_merge_score_plugins(prof.get("plugins") or {}),
         fit_strategy=strategy,
         fit_resources=resources,
+        fit_ignored=ignored,
+        fit_ignored_groups=ignored_groups,
         extenders=tuple(_extender(e) for e in config.get("extenders") or []),
         percentage_of_nodes_to_score=int(config.get("percentageOfNodesToScore") or 0),
     )

@@ -257,8 +257,19 @@ def filter_node_affinity(pod: JSON, info: NodeInfo) -> list[str]:
 # ---- NodeResourcesFit ------------------------------------------------------------------------
 
 
-def filter_resources_fit(pod: JSON, info: NodeInfo, requests: Mapping[str, int] | None = None) -> list[str]:
-    """``fitsRequest``: the pod count first, then every requested resource that does not fit."""
+def _is_extended(name: str) -> bool:
+    """An extended resource: a domain-prefixed name outside kubernetes.io (GPUs, shares, MIG slices)."""
+    prefix, _, _ = name.partition("/")
+    return "/" in name and not (prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io")) \
+        and not name.startswith("requests.")
+
+
+def filter_resources_fit(pod: JSON, info: NodeInfo, requests: Mapping[str, int] | None = None,
+                         ignored: frozenset[str] = frozenset(), ignored_groups: frozenset[str] = frozenset()
+                         ) -> list[str]:
+    """``fitsRequest``: the pod count first, then every requested resource that does not fit. Extended
+    resources named in NodeResourcesFitArgs' ``ignoredResources`` (or whose prefix is in
+    ``ignoredResourceGroups``) are not checked: an extender accounts for them."""
     reqs = pod_requests(pod) if requests is None else requests
     alloc = info.allocatable
     reasons: list[str] = []
@@ -266,6 +277,8 @@ def filter_resources_fit(pod: JSON, info: NodeInfo, requests: Mapping[str, int] 
         reasons.append(REASON_TOO_MANY_PODS)
     for name in [CPU, MEMORY, EPHEMERAL] + sorted(k for k in reqs if k not in (CPU, MEMORY, EPHEMERAL, PODS)):
         want = reqs.get(name, 0)
+        if _is_extended(name) and (name in ignored or name.partition("/")[0] in ignored_groups):
+            continue
         if want > 0 and want > alloc.get(name, 0) - info.requested.get(name, 0):
             reasons.append(f"Insufficient {name}")
     return reasons
@@ -283,14 +296,16 @@ FILTERS: tuple[tuple[str, FilterFn], ...] = (
 """Filter plugins in kube-scheduler's default order (those the stand-in implements)."""
 
 
-def run_filters(pod: JSON, nodes: Iterable[NodeInfo]) -> tuple[list[NodeInfo], dict[str, list[str]]]:
+def run_filters(pod: JSON, nodes: Iterable[NodeInfo], ignored: frozenset[str] = frozenset(),
+                ignored_groups: frozenset[str] = frozenset()) -> tuple[list[NodeInfo], dict[str, list[str]]]:
     """Feasible nodes, and each rejected node's reasons (from the first plugin that rejected it)."""
     feasible: list[NodeInfo] = []
     rejected: dict[str, list[str]] = {}
     requests = pod_requests(pod)
     for info in nodes:
         for name, fn in FILTERS:
-            reasons = filter_resources_fit(pod, info, requests) if name == "NodeResourcesFit" else fn(pod, info)
+            reasons = (filter_resources_fit(pod, info, requests, ignored, ignored_groups)
+                       if name == "NodeResourcesFit" else fn(pod, info))
             if reasons:
                 rejected[info.name] = reasons
                 break

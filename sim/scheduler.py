@@ -191,7 +191,7 @@ class Scheduler:
             infos = [i for i in infos if i.name in names]
             absent = ["node(s) didn't satisfy plugin(s) [NodeAffinity]"]
         infos = self._rotate(infos)
-        feasible, statuses = sp.run_filters(pod, infos)
+        feasible, statuses = sp.run_filters(pod, infos, self.profile.fit_ignored, self.profile.fit_ignored_groups)
         feasible = feasible[:num_feasible_nodes_to_find(len(infos), self.profile.percentage_of_nodes_to_score)]
         try:
             feasible = await self._run_extender_filters(pod, feasible, statuses)

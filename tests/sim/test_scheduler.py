@@ -149,6 +149,22 @@ def test_filter_reasons(the_pod: JSON, the_node: JSON, want: list[str]) -> None:
     assert reasons(the_pod, the_node) == want
 
 
+def test_the_shipped_profile_leaves_gpu_shares_to_the_extender() -> None:
+    """A fractional-GPU pod asks for `tandem.dev/gpu-milli`, which no node advertises: with the shipped
+    NodeResourcesFit `ignoredResources` kube-scheduler passes it to the extender instead of refusing it."""
+    profile = load_profile(SHIPPED_CONFIG, "tandem-scheduler")
+    assert profile.fit_ignored == {"tandem.dev/gpu-milli"}
+    share = pod(gpus=1)
+    share["spec"]["containers"][0]["resources"]["requests"]["tandem.dev/gpu-milli"] = "500"
+    info = sp.NodeInfo(node("n", gpus=8))
+    assert sp.run_filters(share, [info])[1] == {"n": ["Insufficient tandem.dev/gpu-milli"]}
+    feasible, rejected = sp.run_filters(share, [info], profile.fit_ignored, profile.fit_ignored_groups)
+    assert [i.name for i in feasible] == ["n"] and not rejected
+    # Only extended resources can be ignored, and a group ignores every resource of its prefix.
+    assert sp.run_filters(pod(gpus=16), [info], frozenset(), frozenset({"nvidia.com"}))[1] == {}
+    assert sp.run_filters(pod(cpu="65"), [info], frozenset({"cpu"}))[1] == {"n": ["Insufficient cpu"]}
+
+
 def test_resources_fit_counts_pods_already_on_the_node() -> None:
     n = node("n", gpus=8, pods="2")
     assert reasons(pod(gpus=4), n, (pod(gpus=4),)) == []
