@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
 import hashlib
-import ipaddress
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,10 +11,6 @@ from typing import Any
 
 import grpc
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
@@ -28,57 +22,13 @@ from broker.client import BrokerClient
 from broker.config import BrokerConfig, ListenerConfig, MtlsListenerConfig, TlsConfig
 from broker.hub import Hub
 from broker.server import Servers, serve
+from fleetsim.pki import Pki
 
 TOKENS = {"alpha": "token-alpha", "beta": "token-beta", "admin": "token-admin"}
 LEVELS = (("zone", "topology.kubernetes.io/zone"), ("rack", "network.example.com/rack"),
           ("host", "kubernetes.io/hostname"))
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
-
-
-# ----------------------------------------------------------------------------- certificates
-
-
-@dataclass
-class Pki:
-    ca_pem: bytes
-    ca_key: Any
-    ca_cert: Any
-    dir: Path
-
-    @classmethod
-    def create(cls, dir: Path) -> Pki:
-        key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tandem-test-ca")])
-        now = datetime.datetime.now(datetime.timezone.utc)
-        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-                .not_valid_after(now + datetime.timedelta(days=2))
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                .sign(key, hashes.SHA256()))
-        pem = cert.public_bytes(serialization.Encoding.PEM)
-        (dir / "test-root-ca.pem").write_bytes(pem)
-        return cls(pem, key, cert, dir)
-
-    def issue(self, cn: str, *, server: bool = False) -> tuple[Path, Path]:
-        """(cert path, key path) for a leaf with CN (and SAN DNS) `cn`; servers also get localhost / 127.0.0.1."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
-        sans: list[x509.GeneralName] = [x509.DNSName(cn)]
-        if server:
-            sans += [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-                .issuer_name(self.ca_cert.subject).public_key(key.public_key())
-                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-                .not_valid_after(now + datetime.timedelta(days=2))
-                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-                .sign(self.ca_key, hashes.SHA256()))
-        cp, kp = self.dir / f"{cn}.pem", self.dir / f"{cn}.key"
-        cp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        kp.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()))
-        return cp, kp
 
 
 # ----------------------------------------------------------------------------- policy
