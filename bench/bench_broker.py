@@ -32,13 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleetsim.scale import percentile as _pct
+from fleetsim.scale import process_cpu_s as _cpu_s
+
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else 0.0
 
 
 # ----------------------------------------------------------------------------- TLS material
@@ -71,15 +69,6 @@ def _certs(d: Path) -> tuple[Path, Path, bytes]:
 
 
 # ----------------------------------------------------------------------------- 1. submissions
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return float("nan")
 
 
 def _spec(gpus: int) -> Any:
