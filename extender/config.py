@@ -22,26 +22,40 @@ DEFAULT_DEVICE_CLASS_SELECTORS: dict[str, list[str]] = {
 """The DeviceClasses the NVIDIA DRA driver's Helm chart installs (used only when the cluster has none of that name)."""
 
 
+LEVEL_NAMES = ("zone", "block", "rack", "nvlink", "host")
+"""Portable names of the topology levels, broad to narrow (TopologyConfig's fields in order)."""
+
+
 class TopologyConfig(BaseModel):
-    """Node label keys that define topology levels, broad to narrow (Kueue/Volcano style)."""
+    """Node label keys that define topology levels, broad to narrow (Kueue/Volcano style).
+
+    An empty key says the cluster has no such level (e.g. `block: ""` where racks hang off one spine): the
+    level is left out. A level that is configured but missing from a node's labels makes that node a domain
+    of its own from that level down, so a cluster must not configure a level its nodes do not carry."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     zone: str = "topology.kubernetes.io/zone"
-    """Zone label key."""
+    """Zone label key ("" = no zone level)."""
     block: str = "network.example.com/block"
-    """Network block (spine) label key; differs per site."""
+    """Network block (spine) label key; differs per site ("" = no block level)."""
     rack: str = "network.example.com/rack"
-    """Rack label key; differs per site."""
+    """Rack label key; differs per site ("" = no rack level)."""
     clique: str = "nvidia.com/gpu.clique"
-    """Multi-node NVLink domain label key (set by GFD on fabric-attached GPUs only)."""
-    hostname: str = "kubernetes.io/hostname"
-    """Node hostname label key (the narrowest level)."""
+    """Multi-node NVLink domain label key (set by GFD on fabric-attached GPUs only; "" = no such level)."""
+    hostname: str = Field("kubernetes.io/hostname", min_length=1)
+    """Node hostname label key (the narrowest level, always present)."""
+
+    @property
+    def levels(self) -> tuple[tuple[str, str], ...]:
+        """(portable level name, label key) of the levels this cluster has, broad to narrow."""
+        keys = (self.zone, self.block, self.rack, self.clique, self.hostname)
+        return tuple((name, key) for name, key in zip(LEVEL_NAMES, keys) if key)
 
     @property
     def keys(self) -> tuple[str, ...]:
         """Level keys in order, broad to narrow."""
-        return (self.zone, self.block, self.rack, self.clique, self.hostname)
+        return tuple(key for _, key in self.levels)
 
 
 class WorkloadClass(BaseModel):

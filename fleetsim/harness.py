@@ -288,14 +288,17 @@ class Cluster:
 
 
 def topology_keys(levels: Sequence[Level]) -> dict[str, str]:
-    """The agent's `extender.topology` settings for a cluster's levels (levels it does not name keep the
-    shipped label keys); a level name the agent has no place for is refused."""
+    """The agent's `extender.topology` settings for a cluster's levels (no levels: the shipped label keys;
+    otherwise the levels it does not name are switched off); a level name the agent has no place for is refused."""
     out: dict[str, str] = {}
     for level in levels:
         fname = _TOPOLOGY_FIELDS.get(level.name)
         if fname is None:
             raise ValueError(f"topology level {level.name!r}: the agent knows only {sorted(set(_TOPOLOGY_FIELDS))}")
         out[fname] = level.key
+    if out:  # levels the cluster does not have are switched off (a node lacking one would stand alone below it)
+        for fname in set(_TOPOLOGY_FIELDS.values()) - set(out) - {"hostname"}:
+            out[fname] = ""
     return out
 
 

@@ -169,7 +169,8 @@ class _Tracked:
 class _WireRun:
     def __init__(self, fleet: FleetSpec, cluster_nodes: Mapping[str, list[JSON]], items: Sequence[WorkItem], *,
                  compression: float, workdir: Path, seed: int,
-                 progress: Callable[[int, int], None] | None, timeout_s: float) -> None:
+                 progress: Callable[[int, int], None] | None, timeout_s: float,
+                 horizon_s: float | None = None) -> None:
         if compression <= 0:
             raise ValueError("compression must be positive")
         missing = [c.name for c in fleet.clusters if c.name not in cluster_nodes]
@@ -186,6 +187,7 @@ class _WireRun:
         self.seed = seed
         self.progress = progress
         self.deadline = time.monotonic() + timeout_s
+        self.horizon_s = horizon_s
         self.job_set = f"fleetsim-{seed}"
         self.t0 = time.time()
         self.tracked = [_Tracked(i, Outcome(i, submitted_s=0.0)) for i in self.items]
@@ -521,14 +523,19 @@ class _WireRun:
         self._spawn(self._launch(), "launchers")
         if not self.tracked:
             self.all_done.set()
+        wait_s = max(0.0, self.deadline - time.monotonic())
+        stop_at_horizon = self.horizon_s is not None and self.horizon_s / self.compression < wait_s
+        if stop_at_horizon:
+            assert self.horizon_s is not None
+            wait_s = self.horizon_s / self.compression
         try:
-            await asyncio.wait_for(self.all_done.wait(), max(0.0, self.deadline - time.monotonic()))
+            await asyncio.wait_for(self.all_done.wait(), wait_s)
         except TimeoutError:
-            await self._fill_unfinished()
+            await self._fill_unfinished("at the simulated horizon" if stop_at_horizon else "timed out")
         return self._result()
 
-    async def _fill_unfinished(self) -> None:
-        """At the deadline: what the broker knows of the items that did not finish."""
+    async def _fill_unfinished(self, why: str) -> None:
+        """At the deadline or the horizon: what the broker knows of the items that did not finish."""
         assert self.broker is not None
         client = self.broker.client(_ADMIN)
         unfinished = [t for t in self.tracked if not t.done]
@@ -536,7 +543,7 @@ class _WireRun:
             if tracked.job_id:
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     self._fill(tracked, await client.get(tracked.job_id))
-        self.notes.append(f"timed out: {len(unfinished)} of {len(self.tracked)} items did not finish")
+        self.notes.append(f"{why}: {len(unfinished)} of {len(self.tracked)} items had not finished")
 
     def _result(self) -> RunResult:
         outcomes = [t.outcome for t in self.tracked]
@@ -574,17 +581,18 @@ class _WireRun:
 
 async def run_wire(fleet: FleetSpec, cluster_nodes: Mapping[str, list[dict[str, Any]]], items: Sequence[WorkItem], *,
                    compression: float, workdir: Path, seed: int, progress: Callable[[int, int], None] | None = None,
-                   timeout_s: float) -> RunResult:
+                   timeout_s: float, horizon_s: float | None = None) -> RunResult:
     """Run `items` through a real broker and, per cluster of `fleet`, a simulated control plane with the real
     extender and agent (`cluster_nodes`: the Node objects of each cluster). Times in the result are simulated
     seconds (real seconds x `compression`). Every process is stopped on return, also on error; past
-    `timeout_s` (real seconds, set-up included) the result holds what had happened, and a note says so.
+    `timeout_s` (real seconds, set-up included), or at `horizon_s` simulated seconds after the first arrival, the
+    result holds what had happened, and a note says so.
     `workdir` (the broker's database, every process's configuration and log) must be new or empty."""
     if workdir.exists() and any(workdir.iterdir()):
         raise ValueError(f"{workdir} is not empty (a broker database there would answer resubmissions)")
     workdir.mkdir(parents=True, exist_ok=True)
     run = _WireRun(fleet, cluster_nodes, items, compression=compression, workdir=workdir, seed=seed,
-                   progress=progress, timeout_s=timeout_s)
+                   progress=progress, timeout_s=timeout_s, horizon_s=horizon_s)
     try:
         return await run.run()
     finally:

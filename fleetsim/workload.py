@@ -47,10 +47,12 @@ __all__ = [
 TRAINING_MEDIAN_S = 30 * 60.0
 TRAINING_SIGMA = 0.6
 """p10 ≈ 14 min, p90 ≈ 65 min, mean ≈ 36 min."""
-BATCH_MEDIAN_S = 8 * 60.0
+BATCH_MEDIAN_S = 20 * 60.0
 BATCH_SIGMA = 0.7
-INFERENCE_MEDIAN_S = 12 * 60.0
+INFERENCE_MEDIAN_S = 90 * 60.0
 INFERENCE_SIGMA = 0.5
+"""Inference replicas are long-lived servers (scaled in and out over hours), not batch jobs: p10 ≈ 47 min,
+p90 ≈ 2.9 h."""
 MIN_DURATION_S = 60.0
 """Shorter draws are raised to this (≈ 0.15 % of batch draws, fewer of the others)."""
 

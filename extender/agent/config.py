@@ -7,12 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from extender.config import ExtenderConfig, Listens, read_config
+from extender.config import LEVEL_NAMES, ExtenderConfig, Listens, read_config
 
 __all__ = ["AgentConfig", "LeaseConfig", "load_agent_config", "LEVEL_NAMES"]
 
-LEVEL_NAMES = ("zone", "block", "rack", "nvlink", "host")
-"""Portable names of the extender's topology levels (TopologyConfig.keys order), as Hello reports them."""
 
 
 class LeaseConfig(BaseModel):
@@ -142,8 +140,8 @@ class AgentConfig(Listens):
         return self.priority_classes.get(band, self.default_priority_class)
 
     def topology_levels(self) -> list[tuple[str, str]]:
-        """(portable level name, node label key), broad to narrow."""
-        return list(zip(LEVEL_NAMES, self.extender.topology.keys))
+        """(portable level name, node label key) of the cluster's levels, broad to narrow, as Hello reports them."""
+        return list(self.extender.topology.levels)
 
 
 def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:

@@ -52,6 +52,33 @@ def test_topology_path_uses_configured_levels() -> None:
     assert facts(inv2, "custom").node.topology[2] == "row-9"
 
 
+def test_a_level_the_cluster_does_not_have_is_switched_off() -> None:
+    """Racks under one spine (no block label): with `block: ""` the level is gone, so racks group nodes; left
+    configured, every node would be a domain of its own below the missing block."""
+    from extender.agent.config import AgentConfig
+    from placement.model import TopologyLevels
+    from placement.topology import group_by_level
+
+    labels = [{"topology.kubernetes.io/zone": "z", "network.example.com/rack": "r1"}] * 2
+    nodes = [node(name=f"n{i}", labels=dict(l)) for i, l in enumerate(labels)]
+    for n in nodes:
+        n["metadata"]["labels"].pop("network.example.com/block", None)
+    cfg = ExtenderConfig(topology=TopologyConfig(block="", clique=""))
+    assert cfg.topology.keys == ("topology.kubernetes.io/zone", "network.example.com/rack", "kubernetes.io/hostname")
+    assert [n for n, _ in cfg.topology.levels] == ["zone", "rack", "host"]
+    inv = make_inventory(nodes, config=cfg)
+    got = [facts(inv, f"n{i}").node for i in range(2)]
+    assert got[0].topology == ("z", "r1", "n0")
+    assert len(group_by_level(got, TopologyLevels(cfg.topology.keys), 1)) == 1  # one rack of two nodes
+    default = make_inventory(nodes)
+    full = [facts(default, f"n{i}").node for i in range(2)]
+    assert len(group_by_level(full, TopologyLevels(ExtenderConfig().topology.keys), 2)) == 2  # no block: alone
+    agent = AgentConfig.model_validate({"cluster_name": "c", "broker": "b:1", "extender": {"topology": {"block": ""}}})
+    assert [n for n, _ in agent.topology_levels()] == ["zone", "rack", "nvlink", "host"]
+    with pytest.raises(ValueError):
+        TopologyConfig(hostname="")
+
+
 def test_pod_events_update_only_their_node() -> None:
     inv = make_inventory()
     before = {f.name: f for f in inv.snapshot().facts}
