@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint typecheck protos protos-check demo bench e2e-real clean
+.PHONY: setup test lint typecheck protos protos-check demo replay bench e2e-real clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,12 @@ typecheck: setup
 test: setup protos-check lint typecheck
 	$(PY) -m pytest -q
 
-## The placement-quality replay of the Alibaba GPU trace (FGD protocol), as a table.
+## The fleet end to end: the default fleet, a training mix, Tandem against the baselines (fleetsim).
 demo: setup
+	$(PY) -m fleetsim
+
+## The placement-quality replay of the Alibaba GPU trace (FGD protocol), as a table.
+replay: setup
 	$(PY) -m sim.demo
 
 ## The kube API contract suite and the end-to-end suite against a real control plane (see README,
