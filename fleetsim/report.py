@@ -91,16 +91,20 @@ def _run_end(run: RunResult) -> float:
 
 
 def time_weighted_allocation(run: RunResult) -> tuple[float | None, dict[str, float | None]]:
-    """Mean GPU allocation over the run, in % of the fleet's GPUs and per cluster in % of its GPUs.
+    """Mean GPU allocation while the workload arrives, in % of the fleet's GPUs and per cluster in % of its GPUs.
 
-    Samples are a step function: each holds from its time to the next sample's, the last one until the run's end
-    (its makespan, or the last sample). With no elapsed time the samples are averaged plainly. None without samples.
+    The window is the first to the last arrival (the fleet under load; the drain after it says nothing about
+    placement); without outcomes, the whole run. Samples are a step function: each holds from its time to the
+    next sample's, the last one until the window's end. With no elapsed time the samples are averaged plainly.
+    None without samples.
     """
-    samples = sorted(run.allocation, key=lambda s: s[0])
     clusters = {c.name: c.gpus for c in run.fleet.clusters}
+    arrivals = [o.item.arrival_s for o in run.outcomes]
+    window_end = max(arrivals) if arrivals and max(arrivals) > 0 else None
+    samples = sorted((s for s in run.allocation if window_end is None or s[0] <= window_end), key=lambda s: s[0])
     if not samples:
         return None, {name: None for name in clusters}
-    end = max(_run_end(run), samples[-1][0])
+    end = window_end if window_end is not None else max(_run_end(run), samples[-1][0])
     spans = [(samples[i + 1][0] if i + 1 < len(samples) else end) - t for i, (t, _) in enumerate(samples)]
     total = sum(spans)
     weights = [s / total for s in spans] if total > 0 else [1.0 / len(samples)] * len(samples)
@@ -348,7 +352,8 @@ def _mode_markdown(mode: str, groups: Sequence[dict[str, Any]], plots: Sequence[
            ""]
     out += [f"### Overview {tag}", ""]
     out += _table(
-        ("policy", "seeds", "jobs", "placed", "started", "finished", "GPU alloc % (mean)", "alloc % p50 over seeds",
+        ("policy", "seeds", "jobs", "placed", "started", "finished", "GPU alloc % while arriving (mean)",
+         "alloc % p50 over seeds",
          "makespan (mean)", "split gangs", "false dispatches (rate %)", "re-plans", "duplicates",
          "decision ms p50 / p99"),
         [(g["policy"], len(g["seeds"]), g["jobs"], g["placed"], g["started"], g["finished"],

@@ -328,15 +328,15 @@ def test_topology_domains_of_the_default_fleet() -> None:
         return Counter(f.node.topology[: level + 1] for f in snap.facts)
 
     train = domains("train-h100", 2)
-    assert len(train) == 12 and set(train.values()) == {4}  # racks of 4: 8 of H100, 4 of H200
+    assert len(train) == 6 and set(train.values()) == {8}  # racks of 8: 4 of H100, 2 of H200
     train_blocks = domains("train-h100", 1)
     assert sorted(train_blocks.values()) == [16, 16, 16]
     snap = _inventory(cluster(fleet, "train-h100")).snapshot()
     first_h200 = snap.facts_by_name("train-h100-h200-000")
     last_h100 = snap.facts_by_name("train-h100-h100-031")
     assert first_h200 is not None and last_h100 is not None
-    assert last_h100.node.topology[:3] == ("eu-west-a", "b2", "r8")
-    assert first_h200.node.topology[:3] == ("eu-west-a", "b3", "r9")  # a new group starts a new block and rack
+    assert last_h100.node.topology[:3] == ("eu-west-a", "b2", "r4")
+    assert first_h200.node.topology[:3] == ("eu-west-a", "b3", "r5")  # a new group starts a new block and rack
     cliques = Counter(f.node.topology[3] for f in _inventory(cluster(fleet, "gb200-nvl")).snapshot().facts)
     assert len(cliques) == 2 and set(cliques.values()) == {18} and None not in cliques
     assert sorted(domains("batch-mixed", 2).values()) == [6, 6, 8, 8, 8]  # v100 (1) and t4 (2) racks of 8, a10 of 6
