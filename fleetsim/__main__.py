@@ -1,0 +1,5 @@
+"""`python -m fleetsim`: see fleetsim.demo."""
+
+from fleetsim.demo import main
+
+raise SystemExit(main())
