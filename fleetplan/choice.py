@@ -34,7 +34,8 @@ from fleetplan.decide import (
 )
 from fleetplan.view import ClusterState, FleetView
 
-__all__ = ["ClusterChoice", "TandemChoice", "AggregateChoice", "RoundRobinChoice", "CHOICES", "make_choice"]
+__all__ = ["ClusterChoice", "TandemChoice", "AggregateChoice", "RoundRobinChoice", "CHOICES", "make_choice",
+           "usable_clusters"]
 
 
 class ClusterChoice(Protocol):
@@ -61,8 +62,8 @@ class TandemChoice:
         return decide(view, req, policy_allows=policy_allows, excluded_clusters=excluded_clusters, limit=self.limit)
 
 
-def _candidates(view: FleetView, req: JobRequest, policy_allows: ClusterPredicate,
-                excluded_clusters: Collection[str]) -> list[ClusterState] | Decision:
+def usable_clusters(view: FleetView, req: JobRequest, policy_allows: ClusterPredicate,
+                    excluded_clusters: Collection[str]) -> list[ClusterState] | Decision:
     """Allowed, usable clusters that know the job's topology level; or why there are none."""
     allowed = [e for e in view.clusters.values()
                if cluster_allowed(e, req, policy_allows) and e.name not in excluded_clusters]
@@ -91,7 +92,7 @@ class AggregateChoice:
 
     def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = _allow_all,
                excluded_clusters: Collection[str] = ()) -> Decision:
-        cands = _candidates(view, req, policy_allows, excluded_clusters)
+        cands = usable_clusters(view, req, policy_allows, excluded_clusters)
         if isinstance(cands, Decision):
             return cands
         demands = demands_of(req)
@@ -115,15 +116,16 @@ class RoundRobinChoice:
 
     def __init__(self, limit: int = 8) -> None:
         self.limit = limit
-        self._turn = 0
+        self.turn = 0
+        """How many jobs were decided so far: the next job gets cluster `turn % len(candidates)`."""
 
     def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = _allow_all,
                excluded_clusters: Collection[str] = ()) -> Decision:
-        cands = _candidates(view, req, policy_allows, excluded_clusters)
+        cands = usable_clusters(view, req, policy_allows, excluded_clusters)
         if isinstance(cands, Decision):
             return cands
-        cluster = cands[self._turn % len(cands)].name
-        self._turn += 1
+        cluster = cands[self.turn % len(cands)].name
+        self.turn += 1
         return _place_in(view, cluster, req, self.limit, "round-robin")
 
 

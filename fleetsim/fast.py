@@ -34,16 +34,15 @@ from typing import Any, cast
 from broker.queue import QueueEntry, QueuePolicy, QueueSnapshot, Usage
 from broker.states import JobState
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Reservation, ReservedReplica
-from fleetplan.choice import ClusterChoice, RoundRobinChoice, make_choice
-from fleetplan.choice import _candidates as choice_candidates  # round-robin's own candidate list (see _round_choice)
+from fleetplan.choice import ClusterChoice, RoundRobinChoice, make_choice, usable_clusters
 from fleetplan.decide import Choice, ClusterPredicate, Decision, could_ever_fit, within_policy
 from fleetplan.view import ClusterState, FleetView
 from fleetsim.fast_cluster import (
     GPU_TOLERATION,
     AttemptKey,
-    agent_levels,
     Cell,
     PodKey,
+    agent_levels,
     demand_of,
     gpus_held,
     merged_nodes,
@@ -57,16 +56,16 @@ from placement.scoring import Policy
 from placement.topology import DomainId
 
 __all__ = [
+    "CAUSE_GANG_TIMEOUT",
+    "CAUSE_NODE_TAKEN",
     "POLICIES",
     "BackgroundPod",
     "FastParams",
     "FastSim",
-    "run_fast",
     "nodes_of",
-    "shape_of",
     "request_of",
-    "CAUSE_NODE_TAKEN",
-    "CAUSE_GANG_TIMEOUT",
+    "run_fast",
+    "shape_of",
 ]
 
 POLICIES = ("tandem", "aggregate", "round-robin", "multikueue", "merged")
@@ -197,8 +196,9 @@ class _Job:
     homes: tuple[str, ...] = ()
     """The broker's clusters it may be decided for again when their state moves (see FastSim._record)."""
     kinds: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """Per broker cluster, the node groups where one replica fits an empty node, in clusters that could hold
-    the whole gang: only room freed there can turn a "no room" into a placement."""
+    """Per broker cluster, the node groups where one replica fits an empty node, in clusters that could hold the
+    whole of what the choice is asked (merged: in every cluster, a gang may span them there): only room freed
+    there can turn a "no room" into a placement."""
     checked: tuple[object, ...] = ()
     """The state fingerprint at which its last "no" was last found up to date."""
     tried: dict[str, tuple[object, ...]] = field(default_factory=dict)
@@ -243,7 +243,7 @@ class FastSim:
         self.kind_of: dict[tuple[str, str], int] = {}
         node_kind: dict[str, int] = {}
         for c in fleet.clusters:
-            for g, node in zip((g for g in c.groups for _ in range(g.nodes)), nodes_of(c)):
+            for g, node in zip((grp for grp in c.groups for _ in range(grp.nodes)), nodes_of(c)):
                 node_kind[node.name] = self.kind_of.setdefault((c.name, g.name), len(self.kind_of))
         self.kind_epoch = [0] * len(self.kind_of)
         """Per node group, bumped when the broker's view of it may have gained room (a report with a release, a
@@ -329,6 +329,7 @@ class FastSim:
                 self._kind_node.setdefault(node_kind[node.name], node)
         self._kind_model = {k: n.gpu_model or "" for k, n in self._kind_node.items()}
 
+        self._order = names
         self.jobs: dict[str, _Job] = {}
         self.queued: dict[str, _Job] = {}
         for seq, item in enumerate(sorted(items, key=lambda i: (i.arrival_s, i.name))):
@@ -512,16 +513,16 @@ class FastSim:
 
     # A job the choice could not place (or whose choice the quota refused) is decided again only once something its
     # answer depended on moved; deciding it earlier would give the same answer (tests/fleetsim/test_fast.py checks
-    # that outcomes are the same with this memo off). A record names what the answer depended on:
-    # (Epochs only grow, so a record keeps their sum.)
+    # that outcomes are the same with this memo off). A record names what the answer depended on (epochs only grow,
+    # so it keeps their sum):
     # * ("room", pick, kinds, epochs, usage): no room in the cluster asked (pick; "" = every cluster, Tandem's
     #   choice) can only turn into room where a replica fits an empty node: `kind_epoch` of those node groups;
     # * the same record when the quota refused the choice and no placement on a model the quota admits exists
     #   now (the broker's own narrowing, `within_policy`, finds none): then only room on those models' groups helps;
     # * ("quota", pick, clusters, epochs, usage): the quota refused the choice though an admissible placement
     #   exists: any change the broker sees there, a decrease included (`change`), may move the choice to it;
-    # * ("quota-all", usage): the quota refuses every GPU model it could land on: only its tenant's usage dropping
-    #   (`usage_epoch`) can help;
+    # * ("quota-all", pick, usage): the quota refuses every GPU model it could land on in the cluster asked: only its
+    #   tenant's usage dropping (`usage_epoch`) can help;
     # * ("workers", flavors, epochs, usage): multikueue's worker queues were full for every flavor it could use:
     #   only a copy leaving one of them (`worker_release`) helps.
     # round-robin asks the cluster at its cursor, aggregate the one its estimate ranks first: a record holds only
@@ -549,7 +550,7 @@ class FastSim:
         admissible = {m for m in {self._kind_model[k] for k in kinds}
                       if snap.admit(tenant, m, least, preemptible=job.item.preemptible, usage=usage).allowed}
         if not admissible:
-            return ("quota-all", used)
+            return ("quota-all", pick, used)
         clusters = (pick,) if pick else job.homes
         assert view is not None
         if not self._admissible_room(view, job, admissible, clusters):
@@ -580,10 +581,10 @@ class FastSim:
             return False
         used = self.usage_epoch.get(job.item.tenant, 0)
         tag = record[0]
-        if tag == "quota-all":
-            return record[1] == used
         if record[-1] != used:
             return False
+        if tag == "quota-all":
+            return record[1] == pick
         if tag == "workers":
             flavors = cast(tuple[tuple[str, str], ...], record[1])
             return record[2] == sum(map(self.worker_release.__getitem__, flavors))
@@ -609,7 +610,7 @@ class FastSim:
         key = (job.code, job.excluded)
         got = picks.get(key)
         if got is None:
-            cands = choice_candidates(view, job.req, _allow_all, job.excluded)
+            cands = usable_clusters(view, job.req, _allow_all, job.excluded)
             got = ""
             if isinstance(cands, list):
                 def replicas_free(state: ClusterState) -> int:
@@ -637,9 +638,9 @@ class FastSim:
             # Its cursor moves on every decision, so whom a job asks depends on the round. A round that decided
             # nothing repeats exactly whenever the state and the cursor's phase repeat: then only the cursor moves
             # (one step per queued job, as each skipped decision moves it).
-            idle = (self._fingerprint(), rr._turn % self._rr_period)
+            idle = (self._fingerprint(), rr.turn % self._rr_period)
             if self.memo and idle in self._idle_rounds:
-                rr._turn += len(self.queued)
+                rr.turn += len(self.queued)
             else:
                 decided = len(self.latency)
                 self._round_choice(self._snapshot(), view)
@@ -691,11 +692,11 @@ class FastSim:
                 key = (req.required_level, job.excluded)  # fast mode's requests name no clusters, regions or roles
                 cands = lists.get(key)
                 if cands is None:
-                    cands = lists[key] = choice_candidates(view, req, _allow_all, job.excluded)
+                    cands = lists[key] = usable_clusters(view, req, _allow_all, job.excluded)
                 if isinstance(cands, list):
-                    pick = cands[rr._turn % len(cands)].name
+                    pick = cands[rr.turn % len(cands)].name
                 if self._still_no(job, job.tried.get(pick), pick):
-                    rr._turn += 1  # the same "no" as last time: only the cursor moves, as deciding would move it
+                    rr.turn += 1  # the same "no" as last time: only the cursor moves, as deciding would move it
                     continue
             elif self.policy == "aggregate":
                 pick = self._pick(view, job, {})
@@ -710,7 +711,7 @@ class FastSim:
             if self.memo and same is not None and same[0] == holds:
                 if rr is not None:
                     job.tried[pick] = same[1]
-                    rr._turn += 1  # as deciding would move it
+                    rr.turn += 1  # as deciding would move it
                 else:
                     job.failed = same[1]
                 continue
@@ -1069,7 +1070,7 @@ class FastSim:
         self._at(self.now + self.params.sample_s, _E_SAMPLE, None)
 
     def _result(self) -> RunResult:
-        outcomes = [j.outcome for j in sorted(self.jobs.values(), key=lambda j: j.seq)]
+        outcomes = [self.jobs[name].outcome for name in self._order]  # the caller's order
         finished = [o.finished_s for o in outcomes if o.finished_s is not None]
         return RunResult(mode="fast", policy=self.policy, fleet=self.fleet, seed=self.seed, outcomes=outcomes,
                          allocation=list(self.samples), decision_latency_s=list(self.latency),
@@ -1080,24 +1081,30 @@ class FastSim:
         p = self.params
         never = sum(1 for j in self.jobs.values() if j.state == _NEVER)
         unstarted = sum(1 for j in self.jobs.values() if j.state in (_QUEUED, _RESERVED, _BINDING))
+        scoring = "the shipped extender's default policy" if p.pod_scoring == "extender" else "best fit"
         notes = [
-            "fast mode: in-process discrete-event simulation in virtual time over the broker's fleetplan seam "
-            "(Catalog, FleetView, cluster choice) and the queue's fair-share order and quota admission",
-            f"the broker's view lags: each cluster reports its changed nodes every {p.report_interval_s:g} s; "
-            f"rounds every {p.cycle_s:g} s; pods reach a cluster {p.dispatch_delay_s:g} s after the decision",
-            "true state: placement Nodes with every bound pod, capacity taken and given back by the core's "
-            "allocate/release; MIG GPUs as mixed-strategy extended resources, as the agent reports them",
-            "unpinned pods: kube-scheduler one pod at a time, the core's fit as filter, the required level as pod "
-            f"affinity, scores: {'the shipped extender default policy' if p.pod_scoring == 'extender' else 'best fit'}"
-            f" (MIG and CPU-only pods: the tightest node); a gang not bound whole after {p.gang_timeout_s:g} s is "
-            "withdrawn and re-planned",
-            "baselines (aggregate, round-robin, multikueue) choose clusters blind to topology; clusters lacking the "
-            "required level are left out as a cluster selector would",
-            f"background pods: Poisson per cluster, {'/'.join(map(str, BACKGROUND_GPUS))} whole GPUs, exponential "
-            f"duration (mean {p.background_mean_s:g} s), least-allocated node, dropped when none fits "
-            f"({self.background_placed} placed, {self.background_dropped} dropped)",
-            "not modelled: API-server and agent latency beyond the fixed delays, preemption and quota reclaim, "
-            "retry back-off, node failures, cluster disconnects, DRA devices",
+            ("models: the broker's own decision code (fleetplan Catalog, FleetView, cluster choice) and queue "
+             "(broker.queue fair-share order, quota admission) in virtual time, one process"),
+            (f"models: a lagging view: a cluster reports its changed nodes every {p.report_interval_s:g} s, rounds "
+             f"run every {p.cycle_s:g} s, pods reach the cluster {p.dispatch_delay_s:g} s after the decision"),
+            ("models: reservations from the decision until the report that shows the attempt bound; Tandem's pinned "
+             "pods bind if they still fit, else a false dispatch, re-planned without excluding nodes"),
+            ("models: each cluster's true state as placement Nodes with every bound pod (the core's allocate and "
+             "release); MIG GPUs as mixed-strategy extended resources, as the agent reports them"),
+            (f"models: kube-scheduler for unpinned pods, one at a time: the core's fit, the required level as pod "
+             f"affinity, {scoring} scores (MIG, CPU-only: the tightest node), gang-unaware; not bound whole "
+             f"after {p.gang_timeout_s:g} s: withdrawn and re-planned"),
+            ("models: baselines choose clusters blind to topology (clusters lacking the required level are left out "
+             "as a cluster selector would); multikueue's worker queues admit per GPU model up to the cluster's GPUs"),
+            (f"models: background pods per cluster (Poisson, {'/'.join(map(str, BACKGROUND_GPUS))} whole GPUs, "
+             f"exponential run time, mean {p.background_mean_s:g} s) on the least-allocated node, dropped when none "
+             f"fits: {self.background_placed} placed, {self.background_dropped} dropped"),
+            ("does not model: API-server, watch and agent latency beyond the fixed delays; container start-up; pod "
+             "or node failures; cluster disconnects and stale reports"),
+            ("does not model: preemption, quota reclaim and rebalancing, retry back-off, reservation expiry, DRA "
+             "devices"),
+            ("decision latency: one sample per decision computed; a waiting job's provably repeated \"no\" is not "
+             "recomputed (FastSim.memo); multikueue's samples time its admission check"),
         ]
         if self.policy == "multikueue":
             notes.append(f"multikueue: copies that lost held {self.lost_copy_gpu_s:.0f} GPU-seconds; worker queues "
