@@ -290,8 +290,9 @@ def test_two_tenants_weighted_one_to_three_share_a_saturated_cluster_one_to_thre
 
 
 def test_nodes_of_matches_what_the_extender_reads_from_the_fleets_node_objects() -> None:
-    spec = pytest.importorskip("fleetsim.spec")
-    inventory = pytest.importorskip("placement.inventory")
+    from fleetsim import spec
+    from placement import inventory
+
     for c in _busy_fleet().clusters:
         levels = TopologyLevels(tuple(lv.key for lv in agent_levels(c)))
         real = [inventory.node_from_k8s(obj, levels=levels) for obj in spec.node_objects(c)]
