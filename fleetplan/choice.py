@@ -17,7 +17,7 @@ place the pods unpinned, as those systems do.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from placement.model import JobRequest
@@ -95,18 +95,19 @@ class AggregateChoice:
         cands = usable_clusters(view, req, policy_allows, excluded_clusters)
         if isinstance(cands, Decision):
             return cands
+        return _place_in(view, self.rank_first(view, req, cands), req, self.limit, "aggregate count")
+
+    @staticmethod
+    def rank_first(view: FleetView, req: JobRequest, cands: Sequence[ClusterState]) -> str:
+        """The candidate whose nodes could take the most replicas of the job, summed node by node (as Karmada's
+        replica estimator does): blind to whether they share one domain, so a gang may go where it cannot start."""
         demands = demands_of(req)
 
         def replicas_free(state: ClusterState) -> int:
             arrays = view.arrays(state.name)
-            if arrays is None:
-                return -1
-            # Replicas each node could take, summed over the cluster (as Karmada's replica estimator does):
-            # blind to whether they share one domain, so a gang may be sent where it cannot start.
-            return sum(int(arrays.capacity(shape).sum()) for shape, _ in demands)
+            return -1 if arrays is None else sum(int(arrays.capacity(shape).sum()) for shape, _ in demands)
 
-        best = max(cands, key=lambda e: (replicas_free(e), e.name))
-        return _place_in(view, best.name, req, self.limit, "aggregate count")
+        return max(cands, key=lambda e: (replicas_free(e), e.name)).name
 
 
 class RoundRobinChoice:

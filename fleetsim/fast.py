@@ -34,7 +34,7 @@ from typing import Any, cast
 from broker.queue import QueueEntry, QueuePolicy, QueueSnapshot, Usage
 from broker.states import JobState
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Reservation, ReservedReplica
-from fleetplan.choice import ClusterChoice, RoundRobinChoice, make_choice, usable_clusters
+from fleetplan.choice import AggregateChoice, ClusterChoice, RoundRobinChoice, make_choice, usable_clusters
 from fleetplan.decide import Choice, ClusterPredicate, Decision, could_ever_fit, within_policy
 from fleetplan.view import ClusterState, FleetView
 from fleetsim.fast_cluster import (
@@ -613,10 +613,7 @@ class FastSim:
             cands = usable_clusters(view, job.req, _allow_all, job.excluded)
             got = ""
             if isinstance(cands, list):
-                def replicas_free(state: ClusterState) -> int:
-                    arrays = view.arrays(state.name)
-                    return -1 if arrays is None else int(arrays.capacity(job.shape).sum())
-                got = max(cands, key=lambda e: (replicas_free(e), e.name)).name
+                got = AggregateChoice.rank_first(view, job.req, cands)
             picks[key] = got
         return got
 

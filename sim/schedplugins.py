@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sim import quantity
+from sim.kubeapi.podspec_checks import is_extended_resource
 
 __all__ = [
     "NodeInfo",
@@ -257,13 +258,6 @@ def filter_node_affinity(pod: JSON, info: NodeInfo) -> list[str]:
 # ---- NodeResourcesFit ------------------------------------------------------------------------
 
 
-def _is_extended(name: str) -> bool:
-    """An extended resource: a domain-prefixed name outside kubernetes.io (GPUs, shares, MIG slices)."""
-    prefix, _, _ = name.partition("/")
-    return "/" in name and not (prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io")) \
-        and not name.startswith("requests.")
-
-
 def filter_resources_fit(pod: JSON, info: NodeInfo, requests: Mapping[str, int] | None = None,
                          ignored: frozenset[str] = frozenset(), ignored_groups: frozenset[str] = frozenset()
                          ) -> list[str]:
@@ -277,7 +271,7 @@ def filter_resources_fit(pod: JSON, info: NodeInfo, requests: Mapping[str, int] 
         reasons.append(REASON_TOO_MANY_PODS)
     for name in [CPU, MEMORY, EPHEMERAL] + sorted(k for k in reqs if k not in (CPU, MEMORY, EPHEMERAL, PODS)):
         want = reqs.get(name, 0)
-        if _is_extended(name) and (name in ignored or name.partition("/")[0] in ignored_groups):
+        if is_extended_resource(name) and (name in ignored or name.partition("/")[0] in ignored_groups):
             continue
         if want > 0 and want > alloc.get(name, 0) - info.requested.get(name, 0):
             reasons.append(f"Insufficient {name}")

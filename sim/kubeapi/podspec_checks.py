@@ -21,7 +21,7 @@ _TOLERATION_OPS = ["Exists", "Equal"]
 _EFFECTS = ["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
-def _is_extended(name: str) -> bool:
+def is_extended_resource(name: str) -> bool:
     """IsExtendedResourceName: a domain-qualified name outside kubernetes.io (nvidia.com/gpu)."""
     if "/" not in name or name.startswith("requests."):
         return False
@@ -42,7 +42,7 @@ def _validate_resources(res: Obj, path: str, causes: Causes) -> None:
             continue
         if req < 0:
             causes.invalid(f"{path}.requests[{name}]", value, "must be greater than or equal to 0")
-        extended = _is_extended(name)
+        extended = is_extended_resource(name)
         if name in limits:
             lim = parse_quantity(str(limits[name]))
             if extended and req != lim:
