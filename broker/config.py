@@ -15,6 +15,7 @@ __all__ = [
     "ListenerConfig",
     "MtlsListenerConfig",
     "RetryPolicy",
+    "FairnessConfig",
     "BrokerConfig",
     "load_config",
     "build_arg_parser",
@@ -108,6 +109,32 @@ class RetryPolicy(_Strict):
         return float(min(self.backoff_max_s, self.backoff_initial_s * self.backoff_factor ** (attempt - 2)))
 
 
+class FairnessConfig(_Strict):
+    """Fair share and fleet-wide preemption (who may preempt whom is per tenant, in the tenancy policy)."""
+
+    gpu_model_weights: dict[str, float] = {}
+    """Cost of one GPU of a model in the fair-share figure (e.g. H100: 2.0); missing models cost 1.0."""
+    usage_half_life_s: float = Field(default=0.0, ge=0)
+    """Half-life of the decayed usage that orders tenants in the queue, in seconds; 0 = usage now.
+    Preemption always judges current allocation, never decayed usage."""
+    preemption: bool = True
+    """Preempt running preemptible jobs for waiting ones (quota reclaim, fair share, priority band)."""
+    interval_s: float = Field(default=2.0, gt=0)
+    """How often blocked jobs are looked at for preemption, in seconds."""
+    min_runtime_s: float = Field(default=900.0, ge=0)
+    """A job runs at least this long before it can be a fair-share victim (not for quota reclaim or a
+    higher band), in seconds."""
+    release_timeout_s: float = Field(default=120.0, gt=0)
+    """Victims not gone this long after their grace period: the preemptor's held nodes are given back and it
+    is planned again, in seconds."""
+    ping_pong_s: float = Field(default=3600.0, ge=0)
+    """A job preempted for another may not preempt that one back within this span, in seconds."""
+    max_searches: int = Field(default=16, ge=1)
+    """Most blocked jobs whose victims are searched per round (count)."""
+    max_plans: int = Field(default=4, ge=1)
+    """Most preemptions started per round (count): the fleet changes one step at a time."""
+
+
 class BrokerConfig(_Strict):
     """Everything the broker process can be told; every field has a default."""
 
@@ -162,7 +189,10 @@ class BrokerConfig(_Strict):
     """How a job's cluster is chosen (fleetplan.choice): Tandem's node-level decision, or a baseline it is
     measured against — `aggregate` (Karmada-style replica estimate per cluster) or `round-robin`."""
     grace_period_s: float = Field(default=30.0, ge=0)
-    """Grace given to workloads on cancel or preemption, in seconds."""
+    """Grace given to workloads on cancel or preemption, in seconds (the agent only ever shortens a pod's own
+    terminationGracePeriodSeconds, never lengthens it)."""
+    fairness: FairnessConfig = FairnessConfig()
+    """Fair share, decayed usage and preemption."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """On SIGTERM, time given to in-flight RPCs before the servers stop, in seconds."""
 

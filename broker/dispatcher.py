@@ -154,7 +154,7 @@ class Dispatcher:
                 prev = [p for p in await self.store.list_attempts(job.job_id) if p.number == a.number - 1]
                 session.send(self._dispatch_out(session, job, a, prev[0] if prev else None))
             elif job.state not in (S.RESERVED, S.QUEUED):  # RESERVED: its Dispatch is still in the outbox
-                await self._apply(lifecycle.AttemptEnded(job.job_id, a.number, AttemptOutcome.INFRA_FAILED, None,
+                await self.apply(lifecycle.AttemptEnded(job.job_id, a.number, AttemptOutcome.INFRA_FAILED, None,
                                                          "workload vanished from cluster"))
 
     def close_session(self, session: Session) -> None:
@@ -219,7 +219,7 @@ class Dispatcher:
             elif isinstance(msg, link.WorkloadReport):
                 await self._workload(session, msg)
             elif msg.gone:
-                await self._apply(lifecycle.AttemptEnded(msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None,
+                await self.apply(lifecycle.AttemptEnded(msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None,
                                                          msg.message or "deleted"))
 
     async def speaks_for(self, session: Session, job_id: str, attempt: int) -> bool:
@@ -260,7 +260,8 @@ class Dispatcher:
         session.inventory_sequence = report.sequence
         self.send(CapacityChanged(session.cluster, "inventory report"))
 
-    async def _apply(self, event: lifecycle.Event) -> JobRecord | None:
+    async def apply(self, event: lifecycle.Event) -> JobRecord | None:
+        """Apply one lifecycle event, tell the placer, and deliver any orders it wrote."""
         try:
             job, reaction = await self.store.apply_event(event)
         except errors.JobNotFound:
@@ -283,12 +284,12 @@ class Dispatcher:
 
     async def _dispatch_ack(self, session: Session, ack: link.DispatchReply) -> None:
         if ack.accepted:
-            await self._apply(lifecycle.DispatchAccepted(ack.job_id, ack.attempt, ack.namespace))
+            await self.apply(lifecycle.DispatchAccepted(ack.job_id, ack.attempt, ack.namespace))
             return
         self.catalog.exclude_nodes(session.cluster, ack.nodes)
         if self.metrics is not None:
             self.metrics.rejected(session.cluster)
-        job = await self._apply(lifecycle.DispatchRejected(ack.job_id, ack.attempt, ack.reason, ack.message, ack.nodes))
+        job = await self.apply(lifecycle.DispatchRejected(ack.job_id, ack.attempt, ack.reason, ack.message, ack.nodes))
         if job is not None:
             self.send(CapacityChanged(session.cluster, "dispatch rejected"))  # re-plan at once, without those nodes
 
@@ -305,18 +306,18 @@ class Dispatcher:
             self._all_bound[(w.job_id, w.attempt)] = all(r.phase in _BOUND for r in w.replicas)
         phase = w.phase
         if phase == "GATED":
-            await self._apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
+            await self.apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
         elif phase == "RUNNING":
             # min-available is a dispatch-time property: after start any replica failure fails the attempt
             # (one Indexed Job per pod set, backoffLimit 0), which the agent reports as FAILED.
             if job.state is S.ACCEPTED:
-                await self._apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
-            await self._apply(lifecycle.AllRunning(w.job_id, w.attempt))
+                await self.apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
+            await self.apply(lifecycle.AllRunning(w.job_id, w.attempt))
         elif phase in ("SUCCEEDED", "FAILED"):
             outcome = w.outcome or (AttemptOutcome.SUCCEEDED if phase == "SUCCEEDED" else AttemptOutcome.INFRA_FAILED)
-            await self._apply(lifecycle.AttemptEnded(w.job_id, w.attempt, outcome, w.exit_code, w.message))
+            await self.apply(lifecycle.AttemptEnded(w.job_id, w.attempt, outcome, w.exit_code, w.message))
         elif phase == "DELETED":
-            await self._apply(lifecycle.AttemptEnded(w.job_id, w.attempt, AttemptOutcome.CANCELLED, None, w.message))
+            await self.apply(lifecycle.AttemptEnded(w.job_id, w.attempt, AttemptOutcome.CANCELLED, None, w.message))
 
     async def _feedback(self, session: Session, f: link.Feedback) -> None:
         """Keep the extender's latest verdict per attempt (the newest pod's line wins), for GetJob."""
@@ -332,7 +333,7 @@ class Dispatcher:
     async def _teardown(self, job: JobRecord, cluster: str, outcome: AttemptOutcome, message: str, why: str) -> None:
         """End the attempt (the lifecycle re-queues it as the next attempt) and order its workload deleted."""
         attempt = job.attempt
-        await self._apply(lifecycle.AttemptEnded(job.job_id, attempt, outcome, None, message))
+        await self.apply(lifecycle.AttemptEnded(job.job_id, attempt, outcome, None, message))
         session = self.sessions.get(cluster)
         if session is not None:
             session.send(link.CancelOut(job.job_id, attempt, why, self.cfg.grace_period_s, message))
@@ -383,7 +384,7 @@ class Dispatcher:
                     if d.order.kind is OrderKind.DISPATCH:
                         sent.append(d.order)
                 done.append(d.order.order_id)
-            await asyncio.gather(*(self._apply(lifecycle.DispatchSent(o.job_id, o.attempt)) for o in sent))
+            await asyncio.gather(*(self.apply(lifecycle.DispatchSent(o.job_id, o.attempt)) for o in sent))
             if done:
                 await self.store.ack_orders(cluster, done)
 
@@ -447,13 +448,13 @@ class Dispatcher:
                 continue
             if silent is not None:
                 if job.state in PRE_START and silent > self.cfg.cluster_stale_after_s:
-                    await self._apply(lifecycle.ClusterSilent(job.job_id, a.number))
+                    await self.apply(lifecycle.ClusterSilent(job.job_id, a.number))
                     continue
                 if job.state in (S.STARTING, S.RUNNING) and silent > self.cfg.cluster_stale_after_s + self.cfg.lost_after_s:
-                    await self._apply(lifecycle.ClusterSilent(job.job_id, a.number))
+                    await self.apply(lifecycle.ClusterSilent(job.job_id, a.number))
                     continue
             if job.state is S.DISPATCHED and a.dispatch_time and now - a.dispatch_time > self.cfg.dispatch_ack_timeout_s:
-                await self._apply(lifecycle.ReservationExpired(job.job_id, a.number))
+                await self.apply(lifecycle.ReservationExpired(job.job_id, a.number))
             else:
                 late = self._late(job, a, now)
                 if late:

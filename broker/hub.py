@@ -17,6 +17,7 @@ from broker.events import ToDispatcher, ToPlacer
 from broker.lifecycle import RetryPolicy
 from broker.metrics import Metrics
 from broker.placer import Placer
+from broker.preemptor import Preemptor
 from broker.policy import PolicyFile
 from broker.store.base import Store, StoreOptions
 
@@ -46,9 +47,12 @@ class Hub:
             store, self.catalog, self.policy, send=self._to_dispatcher, clock=clock, batch=cfg.placement_batch,
             candidate_domains=cfg.candidate_domains, reservation_ttl_s=cfg.dispatch_ack_timeout_s * 2,
             metrics=self.metrics, choice=make_choice(cfg.cluster_choice, cfg.candidate_domains),
+            model_weights=cfg.fairness.gpu_model_weights, usage_half_life_s=cfg.fairness.usage_half_life_s,
         )
         self.dispatcher = Dispatcher(store, self.catalog, cfg, send=self._to_placer, clock=clock,
                                      metrics=self.metrics)
+        self.preemptor = Preemptor(store, self.placer, self.policy, cfg.fairness, apply=self.dispatcher.apply,
+                                   grace_s=cfg.grace_period_s, clock=clock, metrics=self.metrics)
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -85,6 +89,8 @@ class Hub:
             loop.create_task(self._retention()),
             loop.create_task(self._gauges()),
         ]
+        if self.cfg.fairness.preemption:
+            self._tasks.append(loop.create_task(self.preemptor.run()))
 
     def _to_dispatcher(self, event: ToDispatcher) -> None:
         self.dispatcher.on_event(event)
@@ -99,6 +105,7 @@ class Hub:
             await asyncio.sleep(every_s)
             with contextlib.suppress(Exception):
                 self.metrics.refresh_queue(self.placer)
+                self.metrics.refresh_shares(self.placer)
                 self.metrics.staleness(self.catalog, self.clock())
                 stats = getattr(self.store, "commit_stats", None)
                 for size, count in dict(getattr(stats, "sizes", {}) or {}).items():
@@ -117,6 +124,7 @@ class Hub:
 
     async def close(self) -> None:
         self.placer.stop()
+        self.preemptor.stop()
         self.dispatcher.stop()
         for t in self._tasks:
             t.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.fairness import tenant_usage
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 __all__ = ["Metrics"]
@@ -37,6 +38,23 @@ class Metrics:
                                        ["cluster"], registry=r)
         self.commit_batch = Histogram("tandem_broker_commit_batch_size", "Requests per group commit",
                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.fair_share = Gauge("tandem_broker_fair_share_cost", "Water-filled fair share (GPUs x model weight)",
+                                ["tenant"], registry=r)
+        self.actual_share = Gauge("tandem_broker_usage_cost", "Cost held now (GPUs x model weight)", ["tenant"],
+                                  registry=r)
+        self.demand = Gauge("tandem_broker_demand_cost", "Cost held plus cost queued (GPUs x model weight)",
+                            ["tenant"], registry=r)
+        self.borrowed_gpus = Gauge("tandem_broker_borrowed_gpus", "GPUs held above quota", ["tenant", "gpu_model"],
+                                   registry=r)
+        self.preemptions = Counter("tandem_broker_preemptions_total", "Jobs preempted by the broker, by rule",
+                                   ["reason"], registry=r)
+        self.preemption_lost = Counter("tandem_broker_preemption_lost_gpu_hours_total",
+                                       "GPU-hours of work lost to preemption (since start or last checkpoint)",
+                                       ["tenant"], registry=r)
+        self.preemption_holds = Gauge("tandem_broker_preemption_holds", "Waiting jobs holding nodes while their "
+                                      "victims leave", registry=r)
+        self.preemption_timeouts = Counter("tandem_broker_preemption_timeouts_total",
+                                           "Preemptions whose victims did not free the nodes in time", registry=r)
         self.submissions = Counter("tandem_broker_submissions_total", "Submitted items by outcome",
                                    ["outcome"], registry=r)
 
@@ -77,6 +95,23 @@ class Metrics:
         self.reserved_gpus.clear()
         for cluster, gpus in per_cluster.items():
             self.reserved_gpus.labels(cluster).set(gpus)
+
+    def preempted(self, reason: str, tenant: str, lost_gpu_hours: float) -> None:
+        self.preemptions.labels(reason).inc()
+        self.preemption_lost.labels(tenant).inc(lost_gpu_hours)
+
+    def refresh_shares(self, placer: Any) -> None:
+        """Fair share, usage, demand and borrowed GPUs per tenant, and preemption holds (scrape cadence)."""
+        snap, shares = placer.shares()
+        for g in (self.fair_share, self.actual_share, self.demand, self.borrowed_gpus):
+            g.clear()
+        for row in tenant_usage(snap, shares):
+            self.fair_share.labels(row.tenant).set(row.fair_share_cost)
+            self.actual_share.labels(row.tenant).set(row.usage_cost)
+            self.demand.labels(row.tenant).set(row.demand_cost)
+            for model, gpus in row.borrowed.items():
+                self.borrowed_gpus.labels(row.tenant, model).set(gpus)
+        self.preemption_holds.set(len(placer.preempting))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

@@ -7,7 +7,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from placement.model import JobRequest
@@ -15,10 +15,12 @@ from placement.model import JobRequest
 from fleetplan import catalog as cat
 from fleetplan.catalog import ReplicaPlacement
 from fleetplan.choice import ClusterChoice, TandemChoice
-from fleetplan.decide import ClusterPredicate, ClusterVerdict, Decision, Wait, cluster_verdicts, within_policy
+from fleetplan.decide import (
+    Choice, ClusterPredicate, ClusterVerdict, Decision, Wait, cluster_verdicts, within_policy,
+)
 from fleetplan.view import FleetView
 
-from broker import errors, lifecycle, serde
+from broker import errors, fairness, lifecycle, serde
 from broker import queue as q
 from broker.events import JobChanged, ReservationMade, ToDispatcher, ToPlacer
 from broker.policy import PolicyFile
@@ -26,7 +28,7 @@ from broker.records import JobRecord
 from broker.states import HOLDS_CAPACITY, JobState
 from broker.store.base import Store
 
-__all__ = ["Placer", "Held", "WaitInfo"]
+__all__ = ["Placer", "Held", "WaitInfo", "PreemptionHold"]
 
 _log = logging.getLogger("tandem.broker.placer")
 
@@ -41,6 +43,18 @@ class Held:
     tenant: str
     gpu_model: str
     gpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionHold:
+    """Nodes held for a waiting job while the jobs preempted for it leave (FLEET-NOTES F-5).
+
+    The hold is a reservation in the catalog overlay, so no other placement takes the freed GPUs; it is
+    given back when its job is decided (placed, or, past the deadline, planned again from scratch)."""
+
+    reservation: cat.Reservation
+    victims: frozenset[str]
+    deadline: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +80,8 @@ class Placer:
         candidate_domains: int = 8,
         reservation_ttl_s: float = 60.0,
         metrics: object | None = None,
+        model_weights: Mapping[str, float] | None = None,
+        usage_half_life_s: float = 0.0,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -77,7 +93,10 @@ class Placer:
         self.batch = batch
         self.reservation_ttl_s = reservation_ttl_s
         self.metrics = metrics
-        self.book = q.QueueBook(q.policy_from_tenancy(policy.current()))
+        self.model_weights = dict(model_weights or {})
+        self.book = q.QueueBook(q.policy_from_tenancy(policy.current(), model_weights=self.model_weights))
+        self.decayed = fairness.DecayedUsage(usage_half_life_s)
+        """Tenants' decayed usage: orders the queue between tenants (never quota, never preemption)."""
         self._policy_seen = policy.current()
         self._version = 0
         self._snap: tuple[int, float, q.QueueSnapshot] | None = None
@@ -85,6 +104,8 @@ class Placer:
         self.requests: dict[str, JobRequest] = {}
         self.held: dict[str, Held] = {}
         self.waits: dict[str, WaitInfo] = {}
+        self.preempting: dict[str, PreemptionHold] = {}
+        """Waiting jobs whose victims are leaving: the nodes they will get are held for them meanwhile."""
         self._todo: set[str] = set()
         self._wake = asyncio.Event()
         self._stopped = False
@@ -155,14 +176,16 @@ class Placer:
         else:
             self.queued.pop(job.job_id, None)
             self.waits.pop(job.job_id, None)
+            self.preempting.pop(job.job_id, None)
         if job.state not in HOLDS_CAPACITY:
+            for holder, hold in self.preempting.items():
+                if job.job_id in hold.victims:
+                    self._todo.add(holder)  # one of its victims has left: look at it again
             if self.held.pop(job.job_id, None) is not None:
                 self.capacity_changed()
             # The attempt ended: its reservation no longer holds anything.
             for key in self.catalog.reservations_of_job(job.job_id):
                 self.catalog.drop_reservation(key)
-        elif job.state not in (JobState.RESERVED, JobState.DISPATCHED, JobState.ACCEPTED, JobState.STARTING):
-            pass
         if job.terminal:
             self.requests.pop(job.job_id, None)
         self._entry(job)
@@ -190,7 +213,7 @@ class Placer:
         pol = self.policy.current()
         if pol is not self._policy_seen:
             self._policy_seen = pol
-            self.book.set_policy(q.policy_from_tenancy(pol))
+            self.book.set_policy(q.policy_from_tenancy(pol, model_weights=self.model_weights))
             self._version += 1
             self.requests.clear()  # band priorities and allowed models are the policy's: derive them again
             self.capacity_changed()
@@ -198,12 +221,22 @@ class Placer:
         cached = self._snap
         if cached is not None and cached[0] == self._version and 0 <= t - cached[1] < 0.25:
             return cached[2]
-        snap = self.book.snapshot(t)
+        snap = self.book.snapshot(t, self._ordering_cost if self.decayed.half_life_s > 0 else None)
         self._snap = (self._version, t, snap)
         return snap
 
-    def usage(self, tenant: str, model: str | None = None) -> float:
-        return sum(h.gpus for h in self.held.values() if h.tenant == tenant and (model is None or h.gpu_model == model))
+    def shares(self, now: float | None = None) -> tuple[q.QueueSnapshot, fairness.Shares]:
+        """The queue's snapshot and every tenant's usage, demand and fair share of the fleet's capacity now."""
+        snap = self.snapshot(now)
+        totals = FleetView(self.catalog, snap.now).gpu_totals()
+        capacity = sum(n * snap.policy.model_weight(m) for m, n in totals.items())
+        return snap, fairness.shares_of(snap, capacity)
+
+    def _ordering_cost(self, now: float, usage: Mapping[str, float]) -> Mapping[str, float]:
+        """The larger of usage now and decayed usage: recent heavy use counts against a tenant for about a
+        half-life, current use at once."""
+        decayed = self.decayed.observe(now, usage)
+        return {t: max(usage.get(t, 0.0), decayed.get(t, 0.0)) for t in set(usage) | set(decayed)}
 
     def ordered(self) -> list[JobRecord]:
         """QUEUED jobs in the queue's order: band, weighted fair share, priority, arrival."""
@@ -282,10 +315,21 @@ class Placer:
             if job.job_id not in self.queued:
                 continue  # cancelled (or otherwise moved) while we yielded
             self._todo.discard(job.job_id)
+            hold = self.preempting.get(job.job_id)
+            if hold is not None:
+                if now < hold.deadline and not self._victims_gone(hold, snap):
+                    self.waits[job.job_id] = WaitInfo(
+                        Wait.INSUFFICIENT_CAPACITY,
+                        f"preempting {len(hold.victims)} job(s) for it; its nodes are held until they leave", now)
+                    continue
+                self.catalog.drop_reservation(hold.reservation.key)  # decided below over what is free now
+                view = FleetView(self.catalog, now)
             t0 = time.perf_counter()
             d = self.decide_one(job, view, snap, usage)
             if self.metrics is not None:
                 self.metrics.decision_seconds.observe(time.perf_counter() - t0)  # type: ignore[attr-defined]
+            if hold is not None:
+                self._after_hold(job, hold, d, view, now)
             if d.choice is None:
                 self.waits[job.job_id] = WaitInfo(d.wait or Wait.INSUFFICIENT_CAPACITY, d.message, now)
                 if d.wait is Wait.RETRY_BACKOFF:
@@ -306,6 +350,45 @@ class Placer:
         for n in await asyncio.gather(*commits):
             placed += n
         return placed
+
+    # ------------------------------------------------------------------ preemption holds
+
+    def hold_for_preemption(self, job: JobRecord, choice: Choice, victims: frozenset[str], deadline: float) -> None:
+        """Hold the nodes `job` will get once `victims` have left (the preemptor's plan, FLEET-NOTES F-5)."""
+        res = self._reservation(job, choice.cluster, job.attempt + 1, choice.assignments, choice.gpu_model)
+        self.catalog.add_reservation(res)
+        self.preempting[job.job_id] = PreemptionHold(res, victims, deadline)
+        self.waits[job.job_id] = WaitInfo(
+            Wait.INSUFFICIENT_CAPACITY,
+            f"preempting {len(victims)} job(s) for it; its nodes are held until they leave", self.clock())
+
+    def _victims_gone(self, hold: PreemptionHold, snap: q.QueueSnapshot) -> bool:
+        for v in hold.victims:
+            e = snap.entries.get(v)
+            if e is not None and e.state in HOLDS_CAPACITY:
+                return False
+        return True
+
+    def _after_hold(self, job: JobRecord, hold: PreemptionHold, d: Decision, view: FleetView, now: float) -> None:
+        """The held job was decided: placed (the hold is done), or not yet (hold on until the deadline)."""
+        if d.choice is not None:
+            self.preempting.pop(job.job_id, None)
+        elif now < hold.deadline:
+            view.hold((hold.reservation,))  # its victims left but no report shows their nodes free yet
+        else:
+            self.preempting.pop(job.job_id, None)
+            _log.warning("preempted jobs did not free the held nodes in time; planning again",
+                         extra={"job": job.job_id, "victims": sorted(hold.victims)})
+            if self.metrics is not None:
+                self.metrics.preemption_timeouts.inc()  # type: ignore[attr-defined]
+
+    def request_of(self, job: JobRecord) -> JobRequest:
+        """The job's request as placement sees it under the current policy (cached until it ends)."""
+        return self._request(job)
+
+    def allows(self, job: JobRecord) -> ClusterPredicate:
+        """Which clusters the tenancy policy lets the job's tenant use."""
+        return self._allows(job)
 
     async def _commit(self, pending: list[tuple[JobRecord, lifecycle.Reserve]], now: float | None = None) -> int:
         """Persist reservations (one group commit); only committed ones are dispatched, the rest are given back."""

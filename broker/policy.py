@@ -19,6 +19,7 @@ from broker.podsecurity import capability
 __all__ = [
     "RateLimit",
     "TenantPolicy",
+    "PreemptionPolicy",
     "AdminPolicy",
     "PolicyDoc",
     "Policy",
@@ -48,6 +49,24 @@ class RateLimit(_Strict):
     """Bucket size: calls allowed at once after idling (count)."""
 
 
+class PreemptionPolicy(_Strict):
+    """When this tenant's waiting jobs may preempt running ones (the knobs Kueue operators know; see
+    broker.fairness for the rules). A job that is not preemptible is never a victim, whatever these say."""
+
+    reclaim: Literal["Never", "LowerPriority", "Any"] = "Any"
+    """Take back GPUs other tenants borrow beyond their quota: never, only from lower-priority jobs, or always."""
+    within_tenant: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "Never"
+    """Preempt the tenant's own preemptible jobs: never, of lower priority, or also of equal priority and newer."""
+    fair_share_preemption: bool = True
+    """Preempt other tenants' preemptible jobs while this tenant is below its fair share and they are above."""
+    borrow_preempt_max_priority: int | None = None
+    """A job that would itself borrow may preempt other tenants' borrowers of priority at or below this (and
+    below its own); None = a borrower never preempts (Kueue's borrowWithinCohort.maxPriorityThreshold)."""
+    protected_fraction: float = Field(default=1.0, ge=0.0, le=10.0)
+    """At or below this fraction of its fair share the tenant is never a fair-share victim (Armada's
+    protectedFractionOfFairShare)."""
+
+
 class TenantPolicy(_Strict):
     """What one tenant is and may do."""
 
@@ -70,6 +89,11 @@ class TenantPolicy(_Strict):
     """Priority bands the tenant may submit in."""
     quotas: dict[str, float] = {}
     """GPU quota per model, in GPUs ("*" = any other model); a missing model means unlimited."""
+    borrowing_limits: dict[str, float] = {}
+    """GPUs the tenant's preemptible jobs may borrow beyond a model's quota, while they are idle ("*" = any
+    other model); a missing model means no limit. A job that is not preemptible never borrows."""
+    preemption: PreemptionPolicy = PreemptionPolicy()
+    """When its waiting jobs may preempt running ones."""
     weight: float = Field(default=1.0, gt=0)
     """Fair-share weight (dimensionless)."""
     rate_limit: RateLimit = RateLimit()

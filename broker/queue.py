@@ -13,10 +13,10 @@ counts every job holding capacity (reserved, dispatched, accepted, starting,
 running, lost, cancelling, preempted), charged for the model it actually got,
 plus the idle GPUs of domains held for draining gangs (``drain_hold``).
 
-Instructions out: ``reclaim()`` (preemptible borrowers to preempt so quotas
-hold again) and ``rebalance()`` (preemptible jobs of over-share tenants to
-preempt for an under-share tenant's blocked job). The shell turns each
-``Preempt`` into a ``lifecycle.PreemptRequested``.
+The order between tenants reads ``ordering_cost`` when given (the placer passes
+half-life-decayed usage, ``broker.fairness.DecayedUsage``); quotas and
+preemption always read current usage. Who may preempt whom is
+``broker.fairness``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,7 +39,7 @@ __all__ = [
     "Usage",
     "Admission",
     "WaitInfo",
-    "Preempt",
+    "job_cost",
     "QueueBook",
     "QueueSnapshot",
     "ordinal",
@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from broker.policy import Policy
 
 _EPS = 1e-9
+
+OrderingCost = Callable[[float, Mapping[str, float]], Mapping[str, float]]
+"""(now, usage cost per tenant) → the cost per tenant the queue order starts from."""
 
 
 class WaitReason(enum.StrEnum):
@@ -83,6 +86,8 @@ class QueuePolicy:
     """GPU limit per (tenant, model); model ``"*"`` = any model without its own entry; missing = unlimited."""
     band_ranks: Mapping[str, int] = field(default_factory=dict)
     """Band name → rank (higher is placed first); missing band = 0."""
+    borrowing_limits: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    """GPUs a preemptible job may borrow beyond the (tenant, model) quota; ``"*"`` as for quotas; missing = no limit."""
 
     def tenant_weight(self, tenant: str) -> float:
         return max(self.tenant_weights.get(tenant, self.default_tenant_weight), _EPS)
@@ -96,6 +101,10 @@ class QueuePolicy:
 
     def band_rank(self, band: str) -> int:
         return self.band_ranks.get(band, 0)
+
+    def borrowing_limit(self, tenant: str, model: str) -> float | None:
+        b = self.borrowing_limits.get((tenant, model))
+        return self.borrowing_limits.get((tenant, "*")) if b is None else b
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,16 +197,6 @@ class WaitInfo:
     next_eligible: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Preempt:
-    """Instruction: preempt this borrowing job to give quota back."""
-
-    job_id: str
-    tenant: str
-    model: str
-    gpus: float
-
-
 def policy_from_tenancy(
     policy: "Policy", *, model_weights: Mapping[str, float] | None = None, default_model_weight: float = 1.0
 ) -> QueuePolicy:
@@ -209,6 +208,7 @@ def policy_from_tenancy(
         default_model_weight=default_model_weight,
         quotas={(t.name, model): limit for t in tenants for model, limit in t.quotas.items()},
         band_ranks=dict(policy.doc.priority_bands),
+        borrowing_limits={(t.name, model): b for t in tenants for model, b in t.borrowing_limits.items()},
     )
 
 
@@ -260,8 +260,8 @@ class QueueBook:
     def set_policy(self, policy: QueuePolicy) -> None:
         self.policy = policy
 
-    def snapshot(self, now: float) -> "QueueSnapshot":
-        return QueueSnapshot.build(self._entries.values(), self.policy, now)
+    def snapshot(self, now: float, ordering_cost: OrderingCost | None = None) -> "QueueSnapshot":
+        return QueueSnapshot.build(self._entries.values(), self.policy, now, ordering_cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +275,10 @@ class QueueSnapshot:
     _order: tuple[QueueEntry, ...]
 
     @classmethod
-    def build(cls, entries: Iterable[QueueEntry], policy: QueuePolicy, now: float) -> "QueueSnapshot":
+    def build(cls, entries: Iterable[QueueEntry], policy: QueuePolicy, now: float,
+              ordering_cost: OrderingCost | None = None) -> "QueueSnapshot":
+        """``ordering_cost(now, usage cost)``: per tenant, the cost the order between tenants starts from
+        (default: usage now)."""
         es = {e.job_id: e for e in entries}
         gpus: dict[tuple[str, str], float] = defaultdict(float)
         cost: dict[str, float] = defaultdict(float)
@@ -284,7 +287,8 @@ class QueueSnapshot:
                 gpus[(e.tenant, e.charged_model)] += e.charged_gpus
                 cost[e.tenant] += e.charged_gpus * policy.model_weight(e.charged_model)
         usage = Usage(dict(gpus), dict(cost))
-        return cls(policy, now, es, usage, _fair_order(es.values(), usage, policy, now))
+        start = usage.cost if ordering_cost is None else ordering_cost(now, usage.cost)
+        return cls(policy, now, es, usage, _fair_order(es.values(), start, policy, now))
 
     # -- order ---------------------------------------------------------------------------------
 
@@ -295,9 +299,6 @@ class QueueSnapshot:
     def pending(self) -> list[QueueEntry]:
         """Every QUEUED job, eligible or backing off."""
         return [e for e in self.entries.values() if e.state is JobState.QUEUED]
-
-    def estimate_cost(self, e: QueueEntry) -> float:
-        return _job_cost(e, self.policy)
 
     def position(self, job_id: str) -> int | None:
         """Jobs of the same tenant ahead of this one (0 = next); None if it is not waiting in the order."""
@@ -327,7 +328,8 @@ class QueueSnapshot:
         violation = QuotaViolation(
             subject=f"tenant/{tenant}", quota=f"gpu/{model}", used=used, limit=limit, requested=gpus
         )
-        if preemptible:
+        borrow_limit = self.policy.borrowing_limit(tenant, model)
+        if preemptible and (borrow_limit is None or used + gpus <= limit + borrow_limit + _EPS):
             return Admission(True, borrowing=True, violation=violation)
         return Admission(False, violation=violation)
 
@@ -356,61 +358,6 @@ class QueueSnapshot:
         total = sum(self.usage.cost.get(t, 0.0) for t in active)
         weights = sum(self.policy.tenant_weight(t) for t in active)
         return total * self.policy.tenant_weight(tenant) / weights
-
-    def rebalance(self, tenant: str, model: str, gpus: float) -> list[Preempt]:
-        """Preemptible jobs of tenants above their fair share to free ``gpus`` of ``model`` for ``tenant``.
-
-        Only when ``tenant`` is below its fair share; never pushes a victim tenant below its own; youngest jobs
-        of the most-over tenant first. Empty if that cannot free enough (then preempting would be pointless).
-        """
-        if self.usage.cost.get(tenant, 0.0) >= self.fair_share(tenant) - _EPS:
-            return []
-        cost = dict(self.usage.cost)
-        over = sorted(
-            ((cost.get(t, 0.0) - self.fair_share(t), t) for t in {e.tenant for e in self.entries.values()}
-             if t != tenant),
-            reverse=True,
-        )
-        out: list[Preempt] = []
-        freed = 0.0
-        for excess, victim in over:
-            if excess <= _EPS or freed >= gpus - _EPS:
-                break
-            fair = self.fair_share(victim)
-            jobs = sorted((e for e in self.entries.values() if e.tenant == victim and e.preemptible and e.charged
-                           and e.holds_capacity and e.charged_model == model
-                           and e.state in (JobState.RESERVED, JobState.DISPATCHED, JobState.ACCEPTED,
-                                           JobState.STARTING, JobState.RUNNING)), key=lambda e: -e.seq)
-            for e in jobs:
-                if freed >= gpus - _EPS:
-                    break
-                c = e.charged_gpus * self.policy.model_weight(model)
-                if cost[victim] - c < fair - _EPS:
-                    continue
-                cost[victim] -= c
-                freed += e.charged_gpus
-                out.append(Preempt(e.job_id, e.tenant, model, e.charged_gpus))
-        return out if freed >= gpus - _EPS else []
-
-    def reclaim(self) -> list[Preempt]:
-        """Preemptible jobs to preempt so no tenant stays above a quota: youngest borrowers first."""
-        out: list[Preempt] = []
-        over: dict[tuple[str, str], float] = {}
-        for (tenant, model), used in self.usage.gpus.items():
-            limit = self.policy.quota(tenant, model)
-            if limit is not None and used > limit + _EPS:
-                over[(tenant, model)] = used - limit
-        if not over:
-            return out
-        held = sorted((e for e in self.entries.values() if e.holds_capacity and e.preemptible
-                       and e.state in (JobState.RESERVED, JobState.DISPATCHED, JobState.ACCEPTED,
-                                       JobState.STARTING, JobState.RUNNING)), key=lambda e: -e.seq)
-        for e in held:
-            key = (e.tenant, e.charged_model)
-            if over.get(key, 0.0) > _EPS and e.charged_gpus > 0:
-                out.append(Preempt(e.job_id, e.tenant, e.charged_model, e.charged_gpus))
-                over[key] -= e.charged_gpus
-        return out
 
     # -- fair share ------------------------------------------------------------------------------
 
@@ -468,7 +415,7 @@ class QueueSnapshot:
         return WaitInfo(reasons[0], tuple(reasons), pos, "; ".join(parts), quota, next_eligible)
 
 
-def _job_cost(e: QueueEntry, policy: QueuePolicy) -> float:
+def job_cost(e: QueueEntry, policy: QueuePolicy) -> float:
     """Projected cost of a queued job: its GPUs at the cheapest model it may use."""
     if e.gpus <= 0:
         return 0.0
@@ -478,13 +425,13 @@ def _job_cost(e: QueueEntry, policy: QueuePolicy) -> float:
 
 
 def _fair_order(
-    entries: Iterable[QueueEntry], usage: Usage, policy: QueuePolicy, now: float
+    entries: Iterable[QueueEntry], start: Mapping[str, float], policy: QueuePolicy, now: float
 ) -> tuple[QueueEntry, ...]:
     bands: dict[int, dict[str, list[QueueEntry]]] = defaultdict(lambda: defaultdict(list))
     for e in entries:
         if e.state is JobState.QUEUED and e.not_before <= now:
             bands[policy.band_rank(e.band)][e.tenant].append(e)
-    projected: dict[str, float] = dict(usage.cost)
+    projected: dict[str, float] = dict(start)
     out: list[QueueEntry] = []
     for rank in sorted(bands, reverse=True):
         per_tenant = bands[rank]
@@ -501,7 +448,7 @@ def _fair_order(
             jobs = per_tenant[tenant]
             job = jobs[cursors[tenant]]
             out.append(job)
-            projected[tenant] = projected.get(tenant, 0.0) + _job_cost(job, policy)
+            projected[tenant] = projected.get(tenant, 0.0) + job_cost(job, policy)
             cursors[tenant] += 1
             if cursors[tenant] < len(jobs):
                 h = jobs[cursors[tenant]]

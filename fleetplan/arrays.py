@@ -88,6 +88,7 @@ class ClusterArrays:
         self._usable: BOOL | None = None
         self._eff: I64 | None = None
         self._by_model: dict[int, I64] | None = None
+        self._gpu_totals: dict[str, int] | None = None
         self.fits_cache: dict[tuple[object, ...], bool] = {}
         """Memo for callers keyed on demands; cleared on every change like the other caches."""
         # Domain ids per level, by the core's rule (`topology.domain_of`), so the pruning here and
@@ -205,6 +206,17 @@ class ClusterArrays:
         self.fits_cache.clear()
         self._usable = None
         self._eff = None
+        self._gpu_totals = None
+
+    def gpu_totals(self) -> dict[str, int]:
+        """GPUs per model on schedulable nodes, busy or free (what fair shares divide)."""
+        if self._gpu_totals is None:
+            totals: dict[str, int] = {}
+            for i, node in enumerate(self.nodes):
+                if self.schedulable[i] and node.gpu_model:
+                    totals[node.gpu_model] = totals.get(node.gpu_model, 0) + len(node.gpus)
+            self._gpu_totals = totals
+        return self._gpu_totals
 
     @property
     def usable(self) -> BOOL:

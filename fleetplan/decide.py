@@ -19,7 +19,8 @@ from fleetplan.catalog import ReplicaPlacement, Usability
 from fleetplan.view import ClusterState, FleetView
 
 __all__ = [
-    "Wait", "Choice", "Decision", "decide", "decide_in", "could_ever_fit", "demands_of",
+    "Wait", "Choice", "Decision", "decide", "decide_in", "choice_of", "core_request", "cluster_allowed",
+    "level_index", "could_ever_fit", "demands_of",
     "Verdict", "ClusterVerdict", "cluster_verdicts", "within_policy", "NO_ALLOWED_MODEL", "ClusterPredicate",
 ]
 
@@ -159,7 +160,7 @@ def _rows_for(arrays: ClusterArrays, demands: Sequence[tuple[PodShape, int]], ro
     return [int(r) for r in rows[keep[:cut]]]
 
 
-def _core_request(entry: ClusterState, req: JobRequest) -> JobRequest:
+def core_request(entry: ClusterState, req: JobRequest) -> JobRequest:
     """The job with its levels named by this cluster's label keys (the core's vocabulary)."""
     keys = {l.name: l.key for l in entry.meta.levels}
     keys.update({l.key: l.key for l in entry.meta.levels})
@@ -185,7 +186,7 @@ def decide_in(view: FleetView, cluster: str, req: JobRequest, limit: int = 8) ->
         if level is not None and arrays.candidate_domains(demands, None, 1):
             return None, True
         return None, False
-    core_req = _core_request(entry, req)
+    core_req = core_request(entry, req)
     levels = TopologyLevels(tuple(l.key for l in entry.meta.levels))
     for cand in cands:
         rows = _rows_for(arrays, demands, cand.rows)
@@ -193,15 +194,20 @@ def decide_in(view: FleetView, cluster: str, req: JobRequest, limit: int = 8) ->
         placed = fit_gang(nodes, core_req, levels)
         if not isinstance(placed, GangPlacement):
             continue
-        replicas = _placements(req, placed)
-        shapes = {ps.name: ps.shape for ps in req.pod_sets}
-        models = {arrays.nodes[arrays.row[p.node]].gpu_model or "" for p in replicas
-                  if shapes[p.pod_set].wants_gpu}
-        gpu_model = sorted(models - {""})[0] if models - {""} else ""
-        gpus = sum(shapes[p.pod_set].gpu_cost for p in replicas)
-        domain = tuple(s or "" for s in cand.path)
-        return Choice(entry.name, domain, replicas, gpu_model, gpus, placed.leftover_gpus, entry.sequence), False
+        return choice_of(entry, req, placed, lambda name: arrays.nodes[arrays.row[name]].gpu_model,
+                         tuple(s or "" for s in cand.path)), False
     return None, True
+
+
+def choice_of(entry: ClusterState, req: JobRequest, placed: GangPlacement, model_of: Callable[[str], str | None],
+              domain: tuple[str, ...]) -> Choice:
+    """The core's gang placement in `entry` as the broker's choice: replicas, the model charged, GPUs."""
+    replicas = _placements(req, placed)
+    shapes = {ps.name: ps.shape for ps in req.pod_sets}
+    models = {model_of(p.node) or "" for p in replicas if shapes[p.pod_set].wants_gpu}
+    gpu_model = sorted(models - {""})[0] if models - {""} else ""
+    gpus = sum(shapes[p.pod_set].gpu_cost for p in replicas)
+    return Choice(entry.name, domain, replicas, gpu_model, gpus, placed.leftover_gpus, entry.sequence)
 
 
 def decide(
@@ -323,7 +329,7 @@ def cluster_verdicts(
                                       f"no topology level {req.required_level}", Reason.UNKNOWN_TOPOLOGY_LEVEL))
             continue
         rows = view.usable_rows(entry.name)
-        core_req = _core_request(entry, req)
+        core_req = core_request(entry, req)
         levels = TopologyLevels(tuple(l.key for l in entry.meta.levels))
         placed = fit_gang(view.overlaid_nodes(entry.name, rows), core_req, levels)
         if isinstance(placed, GangPlacement):

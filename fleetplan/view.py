@@ -98,6 +98,15 @@ class FleetView:
     def total_free(self, cluster: str) -> int:
         return self._live().fleet.total_free(cluster)
 
+    def gpu_totals(self) -> dict[str, int]:
+        """GPUs per model over the usable clusters (the capacity fair shares divide)."""
+        totals: dict[str, int] = {}
+        for state in self.clusters.values():
+            arrays = self.arrays(state.name) if state.usable else None
+            for model, n in (arrays.gpu_totals() if arrays is not None else {}).items():
+                totals[model] = totals.get(model, 0) + n
+        return totals
+
     def reservation_count(self, cluster: str) -> int:
         state = self.clusters.get(cluster)
         return (state.reservations if state else 0) + self._held.get(cluster, 0)

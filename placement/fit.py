@@ -14,7 +14,7 @@ from placement.reasons import Reason
 
 NODE_NAME_FIELD = "metadata.name"  # same key podspec uses for matchFields
 
-__all__ = ["Fit", "Allocation", "capacity", "allocate", "release", "node_admits", "UNBOUNDED"]
+__all__ = ["Fit", "Allocation", "capacity", "allocate", "release", "vacate", "node_admits", "UNBOUNDED"]
 
 UNBOUNDED = 1 << 30
 """Capacity of a shape that asks for nothing a node could run out of (never happens: pods count)."""
@@ -458,4 +458,61 @@ def release(node: Node, allocation: Allocation) -> Node:
         cpu_milli_free=node.cpu_milli_free + shape.cpu_milli * r,
         memory_free=node.memory_free + shape.memory * r,
         pods_free=node.pods_free + r,
+    )
+
+
+def vacate(node: Node, shape: PodShape, replicas: int = 1) -> Node:
+    """The node as if `replicas` running replicas of `shape` had left it, when only the node is known.
+
+    A preemption search knows which node a victim's replica runs on but not which devices it holds
+    (the report has per-device usage, not per pod): it frees the most used devices that could be the
+    replica's. Whole-GPU and MIG replicas come back exactly up to device identity, which a gang fit does
+    not see; DRA devices are not freed (the fit stays conservative). The cluster's own check of the
+    dispatch is what holds the result to the truth.
+    """
+    if replicas <= 0:
+        return node
+    gpus = list(node.gpus)
+    models = shape.gpu_models
+    if shape.gpus > 0:
+        milli = min(shape.gpu_milli, WHOLE_GPU_MILLI)
+        for _ in range(replicas):  # one replica at a time: shares of several replicas may sit on one device
+            order = sorted(
+                (pos for pos, g in enumerate(gpus)
+                 if not g.mig and g.milli_used >= milli and (not models or g.model in models)),
+                # a share sits on a partly used device before a full one (which may be whole-GPU work)
+                key=lambda pos: (milli < WHOLE_GPU_MILLI and gpus[pos].milli_used >= WHOLE_GPU_MILLI,
+                                 -gpus[pos].milli_used, -gpus[pos].index),
+            )
+            for pos in order[: shape.gpus]:
+                g = gpus[pos]
+                gpus[pos] = Gpu(g.index, g.model, g.memory_mib, g.milli_used - milli, g.mig, g.healthy)
+    extended = dict(node.extended_free)
+    if shape.mig_profile is not None and shape.mig_count > 0:
+        want = shape.mig_count * replicas
+        if _mig_detailed(node):
+            for pos, g in sorted(enumerate(gpus), key=lambda pg: -pg[1].index):
+                if want == 0:
+                    break
+                insts = list(g.mig)
+                for k, inst in enumerate(insts):
+                    if want and inst.used and inst.profile == shape.mig_profile:
+                        insts[k] = dataclasses.replace(inst, used=False)
+                        want -= 1
+                gpus[pos] = dataclasses.replace(g, mig=tuple(insts))
+        else:
+            res = mig.resource_name(shape.mig_profile)
+            extended[res] = extended.get(res, 0) + want
+    for name, amount in shape.extended:
+        if amount > 0:
+            extended[name] = extended.get(name, 0) + amount * replicas
+    cpu = node.cpu_milli_free + shape.cpu_milli * replicas
+    mem = node.memory_free + shape.memory * replicas
+    return dataclasses.replace(
+        node,
+        gpus=tuple(gpus),
+        extended_free=extended,
+        cpu_milli_free=min(cpu, node.cpu_milli_allocatable) if node.cpu_milli_allocatable else cpu,
+        memory_free=min(mem, node.memory_allocatable) if node.memory_allocatable else mem,
+        pods_free=node.pods_free + replicas,
     )

@@ -123,15 +123,6 @@ def test_charges_within_a_cycle() -> None:
     assert not s.admit("a", "H100", 5, preemptible=False, usage=u).allowed
 
 
-def test_reclaim_preempts_youngest_borrowers_until_within_quota() -> None:
-    entries = [running("own", "a", "H100", 16), running("b1", "a", "H100", 4, preemptible=True),
-               running("b2", "a", "H100", 4, preemptible=True), running("other", "b", "H100", 64)]
-    s = snap(entries, QueuePolicy(quotas={("a", "H100"): 20}))
-    assert [p.job_id for p in s.reclaim()] == ["b2"]
-    s2 = snap(entries, QueuePolicy(quotas={("a", "H100"): 17}))
-    assert [p.job_id for p in s2.reclaim()] == ["b2", "b1"]
-
-
 # -- position & why it waits -------------------------------------------------------------------------
 
 
@@ -236,32 +227,6 @@ def test_policy_from_tenancy() -> None:
 
 
 # -- fair-share preemption and drain holds -------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "name,entries,need,expected",
-    [
-        ("youngest preemptible of the most-over tenant",
-         [running("a1", "a", "H100", 8, preemptible=True), running("a2", "a", "H100", 8, preemptible=True),
-          q("b1", "b", gpus=8)], 8, ["a2"]),
-        ("never below the victim's fair share",
-         [running("a1", "a", "H100", 16, preemptible=True), q("b1", "b", gpus=8)], 8, []),
-        ("non-preemptible jobs are never victims",
-         [running("a1", "a", "H100", 8), running("a2", "a", "H100", 8), q("b1", "b", gpus=8)], 8, []),
-        ("other models do not help",
-         [running("a1", "a", "A100", 8, preemptible=True), running("a2", "a", "A100", 8, preemptible=True),
-          q("b1", "b", gpus=8)], 8, []),
-        ("not enough to free: preempt nothing",
-         [running("a1", "a", "H100", 4, preemptible=True), running("a2", "a", "H100", 4, preemptible=True),
-          running("a3", "a", "H100", 8), q("b1", "b", gpus=8)], 12, []),
-        ("requester at its fair share gets nothing",
-         [running("a1", "a", "H100", 8, preemptible=True), running("b0", "b", "H100", 8), q("b1", "b", gpus=8)],
-         8, []),
-    ],
-)
-def test_rebalance(name: str, entries: list[QueueEntry], need: float, expected: list[str]) -> None:
-    s = snap(entries)
-    assert [p.job_id for p in s.rebalance("b", "H100", need)] == expected, name
 
 
 def test_drain_hold_is_charged_and_explained() -> None:

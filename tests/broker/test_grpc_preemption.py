@@ -1,0 +1,207 @@
+"""Fleet-wide preemption through the real broker on loopback, with scripted cluster streams: the owner takes
+borrowed GPUs back, a higher band displaces a lower one, fair share without ping-pong, whole gangs only,
+and a victim runs again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import job_pb2
+
+from broker.client import SubmitItem
+from broker.config import FairnessConfig
+from tests.broker.hub_builders import Broker, ScriptedAgent, eventually, node, policy_doc, spec, start_broker
+
+pytestmark = pytest.mark.timeout(90)
+
+FAST = FairnessConfig(interval_s=0.05, min_runtime_s=0.0)
+
+
+async def _broker(tmp: Path, *, fairness: FairnessConfig = FAST, **tenants: dict[str, Any]) -> Broker:
+    doc = policy_doc(**tenants)
+    doc["priority_bands"] = {"default": 0, "high": 100}
+    return await start_broker(tmp, policy=doc, fairness=fairness, grace_period_s=5.0)
+
+
+def _bound(d: cs.Dispatch) -> list[tuple[str, int, str, int, str]]:
+    out, index = [], 0
+    for ps in d.pod_sets:
+        for n in ps.nodes:
+            for _ in range(n.replicas):
+                out.append((d.attempt.job_id, d.attempt.attempt, ps.name, index, n.node))
+                index += 1
+    return out
+
+
+def _nodes(d: cs.Dispatch) -> list[str]:
+    return sorted(n.node for ps in d.pod_sets for n in ps.nodes)
+
+
+async def _run(agent: ScriptedAgent, d: cs.Dispatch, all_nodes: list[str], busy: set[str]) -> None:
+    """Accept, start and run a dispatched gang; report its nodes busy."""
+    replicas = sum(n.replicas for ps in d.pod_sets for n in ps.nodes)
+    agent.accept(d)
+    agent.status(d.attempt.job_id, d.attempt.attempt, cs.WORKLOAD_PHASE_GATED, replicas=replicas)
+    await agent.expect("start")
+    agent.status(d.attempt.job_id, d.attempt.attempt, cs.WORKLOAD_PHASE_RUNNING, replicas=replicas,
+                 running=replicas)
+    busy.update(_nodes(d))
+    agent.snapshot([node(n, free=0 if n in busy else 8) for n in all_nodes], bound=_bound(d))
+
+
+async def _job(b: Broker, job_id: str) -> job_pb2.Job:
+    return await b.client("admin").get(job_id)
+
+
+async def _state(b: Broker, job_id: str) -> int:
+    return (await _job(b, job_id)).status.state
+
+
+async def test_the_owner_takes_borrowed_gpus_back_and_the_borrower_runs_again(tmp_path: Path) -> None:
+    b = await _broker(tmp_path, alpha={"quotas": {"*": 16}}, beta={"quotas": {"*": 16}})
+    nodes = [f"n{i}" for i in range(4)]
+    agent = b.agent("c1")
+    await agent.connect([node(n) for n in nodes])
+    busy: set[str] = set()
+    # beta borrows 16 GPUs beyond its quota: allowed while they are idle, because its job is preemptible
+    [borrower] = await b.client("beta").submit("s", [SubmitItem("k1", spec(gpus=8, replicas=4, preemptible=True))])
+    d1 = await agent.expect("dispatch")
+    await _run(agent, d1, nodes, busy)
+    await eventually(lambda: _is(b, borrower.job_id, job_pb2.JOB_STATE_RUNNING))
+    # the owner comes back: alpha's job (within alpha's quota, not preemptible) takes two nodes back
+    [owner] = await b.client("alpha").submit("s", [SubmitItem("k2", spec(gpus=8, replicas=2))])
+    cancel = await agent.expect("cancel")
+    assert (cancel.attempt.job_id, cancel.attempt.attempt) == (borrower.job_id, 1)
+    assert cancel.reason == cs.CANCEL_REASON_PREEMPTED
+    assert cancel.grace_period.seconds == 5
+    waiting = await _job(b, owner.job_id)
+    assert waiting.status.state == job_pb2.JOB_STATE_QUEUED
+    assert "preempting 1 job(s)" in waiting.status.queue_info.message
+    victim = await _job(b, borrower.job_id)
+    assert victim.status.state == job_pb2.JOB_STATE_PREEMPTED
+    assert borrower.job_id not in waiting.status.queue_info.message
+    # the victim's pods are gone: the owner is dispatched onto the freed nodes, the borrower re-queued
+    agent.cancel_ack(borrower.job_id, 1)
+    busy.clear()
+    agent.snapshot([node(n) for n in nodes])
+    d2 = await agent.expect("dispatch")
+    assert d2.attempt.job_id == owner.job_id
+    victim = await _job(b, borrower.job_id)
+    assert victim.status.state == job_pb2.JOB_STATE_QUEUED
+    assert victim.status.infra_retries == 0
+    assert victim.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_PREEMPTED
+    # the owner finishes; the borrower runs again as attempt 2
+    await _run(agent, d2, nodes, busy)
+    agent.status(owner.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=2, running=2,
+                 outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+    busy.clear()
+    agent.snapshot([node(n) for n in nodes])
+    d3 = await agent.expect("dispatch")
+    assert (d3.attempt.job_id, d3.attempt.attempt) == (borrower.job_id, 2)
+    assert b.hub.metrics.preemptions.labels("reclaim")._value.get() == 1  # type: ignore[attr-defined]
+    await agent.close()
+    await b.close()
+
+
+async def _wait_reason(b: Broker, job_id: str, reason: int) -> bool:
+    return (await _job(b, job_id)).status.queue_info.reason == reason
+
+
+async def _is(b: Broker, job_id: str, state: int) -> bool:
+    return await _state(b, job_id) == state
+
+
+async def test_a_job_that_is_not_preemptible_never_borrows_and_is_never_a_victim(tmp_path: Path) -> None:
+    b = await _broker(tmp_path, beta={"quotas": {"*": 16}})
+    nodes = ["n0", "n1", "n2", "n3"]
+    agent = b.agent("c1")
+    await agent.connect([node(n) for n in nodes])
+    busy: set[str] = set()
+    beta = b.client("beta")
+    [within] = await beta.submit("s", [SubmitItem("k2", spec(gpus=8, replicas=2))])
+    d = await agent.expect("dispatch")
+    assert d.attempt.job_id == within.job_id
+    await _run(agent, d, nodes, busy)
+    [over] = await beta.submit("s", [SubmitItem("k1", spec(gpus=8))])  # 16 held + 8 > quota 16, nodes idle
+    await eventually(lambda: _wait_reason(b, over.job_id, job_pb2.WAIT_REASON_QUOTA_EXCEEDED))
+    # a higher band of another tenant needs every node: the only running job is not preemptible
+    [high] = await b.client("alpha").submit("s", [SubmitItem("k3", spec(gpus=8, replicas=4, band="high"))])
+    rounds = b.hub.preemptor.rounds
+    await eventually(lambda: b.hub.preemptor.rounds >= rounds + 10)
+    assert all(m is None or m.WhichOneof("body") != "cancel" for m in list(agent.inbox._queue))  # type: ignore[attr-defined]
+    assert await _state(b, high.job_id) == job_pb2.JOB_STATE_QUEUED
+    assert await _state(b, within.job_id) == job_pb2.JOB_STATE_RUNNING
+    stuck = await _job(b, over.job_id)
+    assert stuck.status.queue_info.reason == job_pb2.WAIT_REASON_QUOTA_EXCEEDED
+    assert b.hub.preemptor.history == []
+    await agent.close()
+    await b.close()
+
+
+async def test_a_higher_band_preempts_a_whole_gang_never_a_part(tmp_path: Path) -> None:
+    b = await _broker(tmp_path)
+    nodes = ["n0", "n1"]
+    agent = b.agent("c1")
+    await agent.connect([node(n) for n in nodes])
+    busy: set[str] = set()
+    [gang] = await b.client("beta").submit("s", [SubmitItem("k1", spec(gpus=8, replicas=2, preemptible=True))])
+    d = await agent.expect("dispatch")
+    await _run(agent, d, nodes, busy)
+    [high] = await b.client("alpha").submit("s", [SubmitItem("k2", spec(gpus=8, replicas=1, band="high"))])
+    cancel = await agent.expect("cancel")
+    assert (cancel.attempt.job_id, cancel.attempt.attempt) == (gang.job_id, 1)  # the whole attempt goes
+    assert [(p.preemptor, [v for v, _ in p.victims]) for p in b.hub.preemptor.history] == [(high.job_id, [gang.job_id])]
+    agent.cancel_ack(gang.job_id, 1)
+    busy.clear()
+    agent.snapshot([node(n) for n in nodes])
+    d2 = await agent.expect("dispatch")
+    assert d2.attempt.job_id == high.job_id and len(_nodes(d2)) == 1
+    await _run(agent, d2, nodes, busy)
+    # one node is left: the gang of two waits whole, it is never placed in part
+    await eventually(lambda: b.hub.preemptor.rounds >= 10)
+    victim = await _job(b, gang.job_id)
+    assert victim.status.state == job_pb2.JOB_STATE_QUEUED and len(victim.status.attempts) == 1
+    await agent.close()
+    await b.close()
+
+
+async def test_fair_share_preemption_does_not_ping_pong(tmp_path: Path) -> None:
+    b = await _broker(tmp_path)
+    nodes = ["n0", "n1"]
+    agent = b.agent("c1")
+    await agent.connect([node(n) for n in nodes])
+    busy: set[str] = set()
+    beta = b.client("beta")
+    placed: dict[str, list[str]] = {}
+    for k in ("k1", "k2"):
+        [r] = await beta.submit("s", [SubmitItem(k, spec(gpus=8, preemptible=True))])
+        d0 = await agent.expect("dispatch")
+        placed[r.job_id] = _nodes(d0)
+        await _run(agent, d0, nodes, busy)
+    jobs = list(placed)
+    # alpha (equal weight) asks for one node: beta holds both, above its fair share of 8
+    [a1] = await b.client("alpha").submit("s", [SubmitItem("k3", spec(gpus=8, preemptible=True))])
+    cancel = await agent.expect("cancel")
+    victim = cancel.attempt.job_id
+    assert victim in jobs
+    agent.cancel_ack(victim, 1)
+    busy.clear()
+    survivor = next(j for j in jobs if j != victim)
+    busy.update(placed[survivor])
+    agent.snapshot([node(n, free=0 if n in busy else 8) for n in nodes])
+    d = await agent.expect("dispatch")
+    assert d.attempt.job_id == a1.job_id
+    await _run(agent, d, nodes, busy)
+    # now 8 / 8: the re-queued victim must not take its node back from alpha
+    rounds = b.hub.preemptor.rounds
+    await eventually(lambda: b.hub.preemptor.rounds >= rounds + 20)
+    assert all(m is None or m.WhichOneof("body") != "cancel" for m in list(agent.inbox._queue))  # type: ignore[attr-defined]
+    assert await _state(b, a1.job_id) == job_pb2.JOB_STATE_RUNNING
+    assert await _state(b, victim) == job_pb2.JOB_STATE_QUEUED
+    assert len(b.hub.preemptor.history) == 1
+    await agent.close()
+    await b.close()
