@@ -24,7 +24,7 @@ from broker.hub import Hub
 from broker.server import Servers, serve
 from fleetsim.pki import Pki
 
-TOKENS = {"alpha": "token-alpha", "beta": "token-beta", "admin": "token-admin"}
+TOKENS = {"alpha": "token-alpha", "beta": "token-beta", "gamma": "token-gamma", "admin": "token-admin"}
 LEVELS = (("zone", "topology.kubernetes.io/zone"), ("rack", "network.example.com/rack"),
           ("host", "kubernetes.io/hostname"))
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -34,9 +34,9 @@ A100 = "NVIDIA-A100-SXM4-80GB"
 # ----------------------------------------------------------------------------- policy
 
 
-def policy_doc(**tenant_overrides: dict[str, Any]) -> dict[str, Any]:
+def policy_doc(*, names: Iterable[str] = ("alpha", "beta"), **tenant_overrides: dict[str, Any]) -> dict[str, Any]:
     tenants = []
-    for name in ("alpha", "beta"):
+    for name in names:
         t: dict[str, Any] = {"name": name, "token_sha256": [hashlib.sha256(TOKENS[name].encode()).hexdigest()],
                              "priority_bands": ["default", "high"], "rate_limit": {"rate_per_s": 10000, "burst": 10000}}
         t.update(tenant_overrides.get(name, {}))
@@ -341,3 +341,78 @@ async def eventually(pred: Callable[[], Any], timeout: float = 10.0, every: floa
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached")
         await asyncio.sleep(every)
+
+
+class AutoCluster:
+    """A scripted cluster that runs what it is sent: accepts every dispatch, runs each gang for `run_s` once
+    started, reports its nodes busy and then free, and confirms cancels at once. For steady-state tests."""
+
+    def __init__(self, agent: ScriptedAgent, nodes: Iterable[str], *, run_s: float = 0.5) -> None:
+        self.agent = agent
+        self.nodes = list(nodes)
+        self.run_s = run_s
+        self.busy: dict[str, tuple[str, int]] = {}
+        self.placed: dict[tuple[str, int], list[tuple[str, int, str, int, str]]] = {}
+        self.finished = 0
+        self._task: asyncio.Task[None] | None = None
+        self._timers: set[asyncio.Task[None]] = set()
+
+    def _report(self) -> None:
+        bound = [b for key, bs in self.placed.items() for b in bs if any(v == key for v in self.busy.values())]
+        self.agent.snapshot([node(n, free=0 if n in self.busy else 8) for n in self.nodes], bound=bound)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            msg = await self.agent.inbox.get()
+            if msg is None:
+                return
+            kind = msg.WhichOneof("body")
+            if kind == "dispatch":
+                d = msg.dispatch
+                key = (d.attempt.job_id, d.attempt.attempt)
+                bound, index = [], 0
+                for ps in d.pod_sets:
+                    for n in ps.nodes:
+                        for _ in range(n.replicas):
+                            bound.append((key[0], key[1], ps.name, index, n.node))
+                            index += 1
+                self.placed[key] = bound
+                self.agent.accept(d)
+                self.agent.status(key[0], key[1], cs.WORKLOAD_PHASE_GATED, replicas=len(bound))
+            elif kind == "start":
+                key = (msg.start.attempt.job_id, msg.start.attempt.attempt)
+                replicas = len(self.placed.get(key, ()))
+                for b in self.placed.get(key, ()):
+                    self.busy[b[4]] = key
+                self.agent.status(key[0], key[1], cs.WORKLOAD_PHASE_RUNNING, replicas=replicas, running=replicas)
+                self._report()
+                t = asyncio.get_running_loop().create_task(self._finish(key, replicas))
+                self._timers.add(t)
+                t.add_done_callback(self._timers.discard)
+            elif kind == "cancel":
+                key = (msg.cancel.attempt.job_id, msg.cancel.attempt.attempt)
+                self._free(key)
+                self.agent.cancel_ack(*key)
+                self._report()
+
+    def _free(self, key: tuple[str, int]) -> bool:
+        held = [n for n, k in self.busy.items() if k == key]
+        for n in held:
+            del self.busy[n]
+        return bool(held)
+
+    async def _finish(self, key: tuple[str, int], replicas: int) -> None:
+        await asyncio.sleep(self.run_s)
+        if self._free(key):
+            self.agent.status(key[0], key[1], cs.WORKLOAD_PHASE_SUCCEEDED, replicas=replicas, running=replicas,
+                              outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+            self.finished += 1
+            self._report()
+
+    async def stop(self) -> None:
+        for t in [self._task, *self._timers]:
+            if t is not None:
+                t.cancel()

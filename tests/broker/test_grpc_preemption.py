@@ -4,6 +4,7 @@ and a victim runs again."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ from tandem.v1 import job_pb2
 
 from broker.client import SubmitItem
 from broker.config import FairnessConfig
-from tests.broker.hub_builders import Broker, ScriptedAgent, eventually, node, policy_doc, spec, start_broker
+from tests.broker.hub_builders import (
+    AutoCluster, Broker, ScriptedAgent, eventually, node, policy_doc, spec, start_broker,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -203,5 +206,48 @@ async def test_fair_share_preemption_does_not_ping_pong(tmp_path: Path) -> None:
     assert await _state(b, a1.job_id) == job_pb2.JOB_STATE_RUNNING
     assert await _state(b, victim) == job_pb2.JOB_STATE_QUEUED
     assert len(b.hub.preemptor.history) == 1
+    await agent.close()
+    await b.close()
+
+
+async def test_three_tenants_weighted_1_1_2_converge_to_their_shares(tmp_path: Path) -> None:
+    """A steady stream of 8-GPU jobs from three tenants on 64 GPUs: the queue's weighted order gives 16/16/32.
+
+    Bound: over the second half, the GPUs in use split 1:1:2 within 5 points of each tenant's fraction, and
+    all three within one job (8 GPUs) of their water-filled fair share in at least 80 % of samples (jobs end and start
+    one at a time, so a sample may fall between the two); the time it takes is printed."""
+    doc = policy_doc(names=("alpha", "beta", "gamma"), gamma={"weight": 2.0})
+    b = await start_broker(tmp_path, policy=doc, fairness=FAST)
+    nodes = [f"n{i}" for i in range(8)]
+    agent = b.agent("c1")
+    await agent.connect([node(n) for n in nodes])
+    cluster = AutoCluster(agent, nodes, run_s=0.3)
+    cluster.start()
+    clients = {t: b.client(t) for t in ("alpha", "beta", "gamma")}
+    submitted = {t: 0 for t in clients}
+    fair = {"alpha": 16.0, "beta": 16.0, "gamma": 32.0}
+    samples: list[tuple[float, dict[str, float]]] = []
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while cluster.finished < 160:
+        for t, c in clients.items():
+            queued = sum(1 for j in b.hub.placer.queued.values() if j.tenant == t)
+            for _ in range(max(0, 4 - queued)):
+                submitted[t] += 1
+                await c.submit("s", [SubmitItem(f"{t}-{submitted[t]}", spec(gpus=8))])
+        _, shares = b.hub.placer.shares()
+        samples.append((loop.time() - t0, {t: shares.usage.get(t, 0.0) for t in clients}))
+        await asyncio.sleep(0.05)
+    within = [all(abs(u[t] - fair[t]) <= 8.0 for t in fair) for _, u in samples]
+    late = samples[len(samples) // 2:]
+    mean = {t: sum(u[t] for _, u in late) / len(late) for t in fair}
+    held = sum(mean.values())
+    assert all(abs(mean[t] / held - fair[t] / 64.0) <= 0.05 for t in fair), mean  # the GPUs in use split 1:1:2
+    second_half = within[len(within) // 2:]
+    assert sum(second_half) >= 0.8 * len(second_half), late
+    converged = next(ts for i, (ts, _) in enumerate(samples) if sum(within[i:]) >= 0.8 * len(within[i:]))
+    print(f"converged after {converged:.1f}s; {sum(second_half)}/{len(second_half)} late samples within one job;"
+          f" late mean {mean}")
+    await cluster.stop()
     await agent.close()
     await b.close()
