@@ -133,6 +133,14 @@ class FairnessConfig(_Strict):
     """Most blocked jobs whose victims are searched per round (count)."""
     max_plans: int = Field(default=4, ge=1)
     """Most preemptions started per round (count): the fleet changes one step at a time."""
+    hold_after_s: float = Field(default=1800.0, ge=0)
+    """A gang blocked on capacity this long holds a domain while it drains, in seconds."""
+    hold_min_gpus: float = Field(default=16.0, ge=0)
+    """Only gangs of at least this many GPUs hold domains (smaller jobs find room without)."""
+    max_held_domains: int = Field(default=2, ge=0)
+    """Most domains held at once, fleet-wide (count); 0 = never hold."""
+    max_hold_s: float = Field(default=4 * 3600.0, gt=0)
+    """A hold is given up after this long, drained or not, so a held gang cannot starve the rest, in seconds."""
 
 
 class BrokerConfig(_Strict):

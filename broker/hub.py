@@ -48,6 +48,7 @@ class Hub:
             candidate_domains=cfg.candidate_domains, reservation_ttl_s=cfg.dispatch_ack_timeout_s * 2,
             metrics=self.metrics, choice=make_choice(cfg.cluster_choice, cfg.candidate_domains),
             model_weights=cfg.fairness.gpu_model_weights, usage_half_life_s=cfg.fairness.usage_half_life_s,
+            start_timeout_s=cfg.gang_start_deadline_s,
         )
         self.dispatcher = Dispatcher(store, self.catalog, cfg, send=self._to_placer, clock=clock,
                                      metrics=self.metrics)

@@ -53,6 +53,11 @@ class Metrics:
                                        ["tenant"], registry=r)
         self.preemption_holds = Gauge("tandem_broker_preemption_holds", "Waiting jobs holding nodes while their "
                                       "victims leave", registry=r)
+        self.domain_holds = Counter("tandem_broker_domain_holds_total", "Domains held for long-waiting gangs",
+                                    registry=r)
+        self.held_domains = Gauge("tandem_broker_held_domains", "Domains held now for draining gangs", registry=r)
+        self.held_idle_gpus = Gauge("tandem_broker_held_idle_gpus", "Idle GPUs kept by held domains (charged to "
+                                    "their gangs)", registry=r)
         self.preemption_timeouts = Counter("tandem_broker_preemption_timeouts_total",
                                            "Preemptions whose victims did not free the nodes in time", registry=r)
         self.submissions = Counter("tandem_broker_submissions_total", "Submitted items by outcome",
@@ -112,6 +117,8 @@ class Metrics:
             for model, gpus in row.borrowed.items():
                 self.borrowed_gpus.labels(row.tenant, model).set(gpus)
         self.preemption_holds.set(len(placer.preempting))
+        self.held_domains.set(len(placer.drains))
+        self.held_idle_gpus.set(sum(h.idle_gpus for h in placer.drains.holds.values()))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

@@ -18,10 +18,12 @@ from fleetplan.choice import ClusterChoice, TandemChoice
 from fleetplan.decide import (
     Choice, ClusterPredicate, ClusterVerdict, Decision, Wait, cluster_verdicts, within_policy,
 )
+from fleetplan.drain import DrainDomain
 from fleetplan.view import FleetView
 
 from broker import errors, fairness, lifecycle, serde
 from broker import queue as q
+from broker.drains import DrainHolds
 from broker.events import JobChanged, ReservationMade, ToDispatcher, ToPlacer
 from broker.policy import PolicyFile
 from broker.records import JobRecord
@@ -82,6 +84,7 @@ class Placer:
         metrics: object | None = None,
         model_weights: Mapping[str, float] | None = None,
         usage_half_life_s: float = 0.0,
+        start_timeout_s: float = 600.0,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -104,6 +107,10 @@ class Placer:
         self.requests: dict[str, JobRequest] = {}
         self.held: dict[str, Held] = {}
         self.waits: dict[str, WaitInfo] = {}
+        self.start_timeout_s = start_timeout_s
+        """Default gang start bound: with max runtime, what a backfill job's enforced end is counted from."""
+        self.drains = DrainHolds(catalog)
+        """Domains held for long-waiting gangs while they drain (see broker.drains)."""
         self.preempting: dict[str, PreemptionHold] = {}
         """Waiting jobs whose victims are leaving: the nodes they will get are held for them meanwhile."""
         self._todo: set[str] = set()
@@ -161,11 +168,13 @@ class Placer:
     def _entry(self, job: JobRecord) -> None:
         self._version += 1
         held = self.held.get(job.job_id) if job.state in HOLDS_CAPACITY else None
+        drain = self.drains.holds.get(job.job_id) if job.state is JobState.QUEUED else None
+        model, gpus = (held.gpu_model, held.gpus) if held else (drain.gpu_model, float(drain.idle_gpus)) if drain \
+            else ("", 0.0)
         self.book.upsert(q.QueueEntry(
             job_id=job.job_id, tenant=job.tenant, queue=job.queue, band=job.priority_band, priority=job.priority,
             seq=job.seq, state=job.state, gpus=job.gpus, gpu_models=job.gpu_models, preemptible=job.preemptible,
-            not_before=job.not_before, charged_model=held.gpu_model if held else "",
-            charged_gpus=held.gpus if held else 0.0))
+            not_before=job.not_before, charged_model=model, charged_gpus=gpus, drain_hold=drain is not None))
 
     def observe(self, job: JobRecord) -> None:
         """Every committed job change passes here: keeps the queue, holds and overlay in step with the store."""
@@ -177,6 +186,7 @@ class Placer:
             self.queued.pop(job.job_id, None)
             self.waits.pop(job.job_id, None)
             self.preempting.pop(job.job_id, None)
+            self.drains.end(job.job_id)
         if job.state not in HOLDS_CAPACITY:
             for holder, hold in self.preempting.items():
                 if job.job_id in hold.victims:
@@ -293,6 +303,9 @@ class Placer:
         loop (reports and releases may land then); the step's own holds go through the view."""
         now = self.clock()
         self.catalog.sweep(now)
+        for job_id in self.drains.refresh(now):
+            if job_id in self.queued:
+                self._entry(self.queued[job_id])
         view = FleetView(self.catalog, now)
         t_snap = time.perf_counter()
         snap = self.snapshot(now)
@@ -324,12 +337,24 @@ class Placer:
                     continue
                 self.catalog.drop_reservation(hold.reservation.key)  # decided below over what is free now
                 view = FleetView(self.catalog, now)
+            lifted = self.drains.lifted_for(job.job_id, job.max_runtime_s,
+                                            serde.start_timeout_s(job.spec, self.start_timeout_s), now) \
+                if self.drains.holds else []
+            if lifted:
+                view = FleetView(self.catalog, now)
             t0 = time.perf_counter()
-            d = self.decide_one(job, view, snap, usage)
+            d = self.decide_one(job, view, snap, self._without_own_drain(job, snap, usage))
             if self.metrics is not None:
                 self.metrics.decision_seconds.observe(time.perf_counter() - t0)  # type: ignore[attr-defined]
             if hold is not None:
                 self._after_hold(job, hold, d, view, now)
+            if lifted:
+                if d.choice is not None:
+                    view.hold((self._reservation(job, d.choice.cluster, job.attempt + 1, d.choice.assignments,
+                                                 d.choice.gpu_model),))
+                    self.drains.end(job.job_id)
+                self.drains.restore([h for h in lifted if h.job_id in self.drains.holds], now)
+                view = FleetView(self.catalog, now)
             if d.choice is None:
                 self.waits[job.job_id] = WaitInfo(d.wait or Wait.INSUFFICIENT_CAPACITY, d.message, now)
                 if d.wait is Wait.RETRY_BACKOFF:
@@ -381,6 +406,20 @@ class Placer:
                          extra={"job": job.job_id, "victims": sorted(hold.victims)})
             if self.metrics is not None:
                 self.metrics.preemption_timeouts.inc()  # type: ignore[attr-defined]
+
+    def _without_own_drain(self, job: JobRecord, snap: q.QueueSnapshot, usage: q.Usage) -> q.Usage:
+        """The cycle's usage less the idle GPUs the job's own drain hold is charged (they are its to take)."""
+        drain = self.drains.holds.get(job.job_id)
+        if drain is None or drain.idle_gpus == 0:
+            return usage
+        return snap.charge(usage, job.tenant, drain.gpu_model, -float(drain.idle_gpus))
+
+    def hold_domain(self, job: JobRecord, domain: DrainDomain, now: float, max_hold_s: float) -> None:
+        """Hold `domain` for the waiting gang `job` while it drains (see broker.drains)."""
+        self.drains.start(job.job_id, domain, now, max_hold_s)
+        self.drains.refresh(now, {job.job_id})
+        self._entry(job)
+        self.capacity_changed()
 
     def request_of(self, job: JobRecord) -> JobRequest:
         """The job's request as placement sees it under the current policy (cached until it ends)."""

@@ -24,10 +24,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fleetplan.decide import Wait
+from fleetplan.drain import BusyJob, choose_drain_domain
 from fleetplan.preempt import PreemptionPlan, VictimCandidate, plan_preemption
 from fleetplan.view import FleetView
 
-from broker import fairness, lifecycle
+from broker import fairness, lifecycle, serde
 from broker import queue as q
 from broker.config import FairnessConfig
 from broker.placer import Placer
@@ -120,12 +121,11 @@ class Preemptor:
                    and (w := self.placer.waits.get(e.job_id)) is not None and w.reason in _BLOCKED]
         pool = [e for e in snap.entries.values()
                 if e.preemptible and e.state in fairness.PREEMPTABLE_STATES and e.charged and e.job_id not in holding]
-        if not blocked or not pool:
+        to_hold = self._hold_candidates(blocked, now)
+        if not blocked or not (pool or to_hold):
             return []
-        pool_ids = {e.job_id for e in pool}
         runs: dict[str, tuple[JobRecord, AttemptRecord]] = {
-            j.job_id: (j, a) for j, a in await self.store.active_runs()
-            if j.job_id in pool_ids and a.number == j.attempt}
+            j.job_id: (j, a) for j, a in await self.store.active_runs() if a.number == j.attempt}
         started: list[Preemption] = []
         taken: set[str] = set()
         for e in blocked[: self.cfg.max_searches]:
@@ -138,7 +138,41 @@ class Preemptor:
             if done is not None:
                 started.append(done)
                 taken.update(v for v, _ in done.victims)
+        for e in to_hold:
+            job = self.placer.queued.get(e.job_id)
+            if job is not None and e.job_id not in self.placer.preempting:
+                self._hold(job, runs, now)
         return started
+
+    def _hold_candidates(self, blocked: list[q.QueueEntry], now: float) -> list[q.QueueEntry]:
+        """Blocked gangs, big enough and waiting past the bound, while fewer domains than the cap are held."""
+        room = self.cfg.max_held_domains - len(self.placer.drains)
+        if room <= 0:
+            return []
+        out = []
+        for e in blocked:
+            job = self.placer.queued.get(e.job_id)
+            if (job is not None and e.job_id not in self.placer.drains.holds and e.gpus >= self.cfg.hold_min_gpus
+                    and now - job.update_time >= self.cfg.hold_after_s):
+                out.append(e)
+        return out[:room]
+
+    def _hold(self, job: JobRecord, runs: dict[str, tuple[JobRecord, AttemptRecord]], now: float) -> None:
+        busy = []
+        for other, a in runs.values():
+            start = a.accept_time or a.dispatch_time or a.reserve_time
+            ends_by = None
+            if other.max_runtime_s is not None:
+                ends_by = start + other.max_runtime_s + serde.start_timeout_s(other.spec, self.placer.start_timeout_s)
+            busy.append(BusyJob(other.job_id, a.cluster, frozenset(r.node for r in a.assignments), ends_by,
+                                other.preemptible))
+        hold_until = now + self.cfg.max_hold_s
+        domain = choose_drain_domain(FleetView(self.placer.catalog, now), self.placer.request_of(job), busy,
+                                     now=now, hold_until=hold_until, policy_allows=self.placer.allows(job))
+        if domain is not None:
+            self.placer.hold_domain(job, domain, now, self.cfg.max_hold_s)
+            if self.metrics is not None:
+                self.metrics.domain_holds.inc()  # type: ignore[attr-defined]
 
     def _candidates(
         self, e: q.QueueEntry, snap: q.QueueSnapshot, shares: fairness.Shares, pool: list[q.QueueEntry],

@@ -44,14 +44,19 @@ def _nodes(d: cs.Dispatch) -> list[str]:
     return sorted(n.node for ps in d.pod_sets for n in ps.nodes)
 
 
-async def _run(agent: ScriptedAgent, d: cs.Dispatch, all_nodes: list[str], busy: set[str]) -> None:
-    """Accept, start and run a dispatched gang; report its nodes busy."""
+async def _start(agent: ScriptedAgent, d: cs.Dispatch) -> None:
+    """Accept, start and run a dispatched gang."""
     replicas = sum(n.replicas for ps in d.pod_sets for n in ps.nodes)
     agent.accept(d)
     agent.status(d.attempt.job_id, d.attempt.attempt, cs.WORKLOAD_PHASE_GATED, replicas=replicas)
     await agent.expect("start")
     agent.status(d.attempt.job_id, d.attempt.attempt, cs.WORKLOAD_PHASE_RUNNING, replicas=replicas,
                  running=replicas)
+
+
+async def _run(agent: ScriptedAgent, d: cs.Dispatch, all_nodes: list[str], busy: set[str]) -> None:
+    """Accept, start and run a dispatched gang; report its nodes busy."""
+    await _start(agent, d)
     busy.update(_nodes(d))
     agent.snapshot([node(n, free=0 if n in busy else 8) for n in all_nodes], bound=_bound(d))
 
@@ -249,5 +254,73 @@ async def test_three_tenants_weighted_1_1_2_converge_to_their_shares(tmp_path: P
     print(f"converged after {converged:.1f}s; {sum(second_half)}/{len(second_half)} late samples within one job;"
           f" late mean {mean}")
     await cluster.stop()
+    await agent.close()
+    await b.close()
+
+
+def _with_runtime(s: job_pb2.JobSpec, seconds: int) -> job_pb2.JobSpec:
+    s.max_runtime.FromSeconds(seconds)
+    return s
+
+
+async def test_a_held_domain_drains_for_its_gang_and_backfill_cannot_starve_it(tmp_path: Path) -> None:
+    b = await _broker(tmp_path, fairness=FairnessConfig(interval_s=0.05, hold_after_s=0.0, hold_min_gpus=16))
+    racks = {"a0": "rA", "a1": "rA", "b0": "rB", "b1": "rB"}
+    nodes = list(racks)
+    agent = b.agent("c1")
+
+    def report(free: set[str], bound: list[tuple[str, int, str, int, str]]) -> None:
+        agent.snapshot([node(n, rack=racks[n], free=8 if n in free else 0) for n in nodes], bound=bound)
+
+    await agent.connect([node(n, rack=racks[n]) for n in nodes])
+    beta = b.client("beta")
+    where: dict[str, str] = {}
+    runtime: dict[str, int] = {}
+    bound: list[tuple[str, int, str, int, str]] = []
+    for k, seconds in (("f1", 100), ("f2", 200), ("f3", 1000), ("f4", 2000)):
+        [r] = await beta.submit("s", [SubmitItem(k, _with_runtime(spec(gpus=8), seconds))])
+        d = await agent.expect("dispatch")
+        await _start(agent, d)
+        where[r.job_id], runtime[r.job_id] = _nodes(d)[0], seconds
+        bound += _bound(d)
+        report(set(nodes) - set(where.values()), bound)
+    # the rack whose jobs end first is the one a rack-wide gang will hold
+    drains = {rack: max(runtime[j] for j, n in where.items() if racks[n] == rack) for rack in ("rA", "rB")}
+    held = min(drains, key=drains.__getitem__)
+    first, second = sorted((j for j, n in where.items() if racks[n] == held), key=runtime.__getitem__)
+    [gang] = await b.client("alpha").submit("s", [SubmitItem("g", spec(gpus=8, replicas=2, level="rack"))])
+    await eventually(lambda: gang.job_id in b.hub.placer.drains.holds)
+    hold = b.hub.placer.drains.holds[gang.job_id]
+    assert hold.domain.path[-1] == held and sorted(hold.domain.nodes) == sorted(n for n in nodes if racks[n] == held)
+    # a job without max runtime cannot backfill; one that ends before the rack has drained can
+    [unbounded] = await beta.submit("s", [SubmitItem("y", spec(gpus=8))])
+    [short] = await beta.submit("s", [SubmitItem("z", _with_runtime(spec(gpus=8), 10))])
+    agent.status(first, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1,
+                 outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+    free = {where[first]}
+    report(free, [x for x in bound if x[0] != first])
+    d = await agent.expect("dispatch")
+    assert d.attempt.job_id == short.job_id and _nodes(d) == [where[first]]
+    assert await _state(b, unbounded.job_id) == job_pb2.JOB_STATE_QUEUED
+    await _start(agent, d)
+    bound = [x for x in bound if x[0] != first] + _bound(d)
+    report(set(), bound)
+    # the rest of the rack drains: its idle GPUs are charged to the gang while it waits
+    agent.status(second, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1,
+                 outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+    bound = [x for x in bound if x[0] != second]
+    report({where[second]}, bound)
+    await eventually(lambda: b.hub.placer.drains.holds[gang.job_id].idle_gpus == 8)
+    waiting = await _job(b, gang.job_id)
+    assert job_pb2.WAIT_REASON_DRAINING_DOMAIN in (waiting.status.queue_info.reason,) or \
+        "holding a domain while it drains" in waiting.status.queue_info.message
+    assert await _state(b, unbounded.job_id) == job_pb2.JOB_STATE_QUEUED  # the idle node stays the gang's
+    agent.status(short.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1,
+                 outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+    bound = [x for x in bound if x[0] != short.job_id]
+    report({where[first], where[second]}, bound)
+    d = await agent.expect("dispatch")
+    assert d.attempt.job_id == gang.job_id and sorted(_nodes(d)) == sorted(hold.domain.nodes)
+    await eventually(lambda: gang.job_id not in b.hub.placer.drains.holds)
     await agent.close()
     await b.close()
