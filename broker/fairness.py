@@ -23,15 +23,22 @@ Shares here are current allocation only (F-4): decayed usage orders the queue an
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from placement.model import JobRequest, PodShape
+
+from fleetplan.decide import ClusterPredicate
+from fleetplan.preempt import PreemptionPlan, VictimCandidate, plan_preemption
+from fleetplan.view import FleetView
 
 from broker.queue import QueueEntry, QueueSnapshot, job_cost
 from broker.states import JobState
 
 __all__ = [
     "PreemptReason", "TenantKnobs", "Shares", "water_fill", "shares_of", "victim_reason", "final_share_ok",
-    "DecayedUsage", "PREEMPTABLE_STATES", "TenantUsage", "tenant_usage",
+    "DecayedUsage", "PREEMPTABLE_STATES", "TenantUsage", "tenant_usage", "RunningJob", "PreemptionChoice",
+    "choose_preemption",
 ]
 
 _EPS = 1e-9
@@ -268,3 +275,83 @@ def tenant_usage(snap: QueueSnapshot, shares: Shares, tenants: Iterable[str] = (
         rows.append(TenantUsage(t, policy.tenant_weight(t), gpus, quotas, borrowed, shares.usage.get(t, 0.0),
                                 shares.fair.get(t, 0.0), shares.demand.get(t, 0.0)))
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A running attempt as the victim search sees it."""
+
+    entry: QueueEntry
+    """Its queue entry (charged for what it holds)."""
+    cluster: str
+    attempt: int
+    replicas: tuple[tuple[str, PodShape], ...]
+    """(node, shape) per replica."""
+    running_s: float
+    """Since it started running (0 while gated)."""
+    lost_gpu_hours: float
+    """Work lost if it is preempted now (since start, or since its last checkpoint when that is known)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionChoice:
+    plan: PreemptionPlan
+    victims: tuple[tuple[RunningJob, PreemptReason], ...]
+
+
+_STAGE = {JobState.ACCEPTED: 0, JobState.STARTING: 1, JobState.RUNNING: 2}
+
+
+def choose_preemption(
+    view: FleetView,
+    snap: QueueSnapshot,
+    shares: Shares,
+    preemptor: QueueEntry,
+    req: JobRequest,
+    running: Iterable[RunningJob],
+    knobs: TenantKnobs,
+    *,
+    min_runtime_s: float,
+    policy_allows: ClusterPredicate = lambda _c: True,
+    may_take: Callable[[str], bool] = lambda _victim: True,
+) -> PreemptionChoice | None:
+    """Whom the waiting `preemptor` (its request `req`) should preempt now, and where it goes then, or None.
+
+    The rules above pick the candidates; `fleetplan.preempt` finds the cheapest set that lets the gang fit;
+    the set as a whole must leave the preemptor admissible under its quota on the model it gets (its own
+    tenant's victims give theirs back) and keep F-3's final-share rule. ``may_take(victim)`` is the shell's
+    own veto (the anti-ping-pong memory)."""
+    allowed: dict[str, tuple[RunningJob, PreemptReason]] = {}
+    cands: list[VictimCandidate] = []
+    for r in running:
+        v = r.entry
+        if not may_take(v.job_id):
+            continue
+        cost = preemptor.gpus * snap.policy.model_weight(v.charged_model)
+        reason = victim_reason(snap, shares, preemptor, v.charged_model, cost, v, knobs, running_s=r.running_s,
+                               min_runtime_s=min_runtime_s)
+        if reason is None:
+            continue
+        allowed[v.job_id] = (r, reason)
+        cands.append(VictimCandidate(
+            v.job_id, r.cluster, r.replicas, _STAGE.get(v.state, 2), r.lost_gpu_hours,
+            snap.policy.band_rank(v.band) * 10000 + v.priority,
+            shares.usage.get(v.tenant, 0.0) - shares.fair.get(v.tenant, 0.0)))
+    if not cands:
+        return None
+    plan = plan_preemption(view, req, cands, policy_allows=policy_allows)
+    if plan is None:
+        return None
+    victims = tuple(allowed[v.job_id] for v in plan.victims)
+    c = plan.choice
+    usage = snap.usage
+    for r, _ in victims:
+        if r.entry.tenant == preemptor.tenant:
+            usage = usage.add(snap.policy, r.entry.tenant, r.entry.charged_model, -r.entry.charged_gpus)
+    if not snap.admit(preemptor.tenant, c.gpu_model, c.gpus, preemptible=preemptor.preemptible, usage=usage).allowed:
+        return None
+    p_cost = c.gpus * snap.policy.model_weight(c.gpu_model)
+    if not final_share_ok(shares, preemptor.tenant, p_cost, ((r.entry, why, victim_cost(snap, r.entry))
+                                                             for r, why in victims)):
+        return None
+    return PreemptionChoice(plan, victims)

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from fleetplan.decide import Wait
 from fleetplan.drain import BusyJob, choose_drain_domain
-from fleetplan.preempt import PreemptionPlan, VictimCandidate, plan_preemption
 from fleetplan.view import FleetView
 
 from broker import fairness, lifecycle, serde
@@ -34,7 +33,6 @@ from broker.config import FairnessConfig
 from broker.placer import Placer
 from broker.policy import PolicyFile
 from broker.records import AttemptRecord, JobRecord
-from broker.states import JobState
 from broker.store.base import Store
 
 __all__ = ["Preemptor", "Preemption"]
@@ -42,20 +40,8 @@ __all__ = ["Preemptor", "Preemption"]
 _log = logging.getLogger("tandem.broker.preemptor")
 
 _BLOCKED = frozenset({Wait.INSUFFICIENT_CAPACITY, Wait.TOPOLOGY_FRAGMENTED})
-_STAGE = {JobState.ACCEPTED: 0, JobState.STARTING: 1, JobState.RUNNING: 2}
 
 Apply = Callable[[lifecycle.Event], Awaitable[JobRecord | None]]
-
-
-@dataclass(frozen=True, slots=True)
-class _Victim:
-    """A job the rules let this preemptor take: what the search sees, and what the round must remember."""
-
-    candidate: VictimCandidate
-    entry: q.QueueEntry
-    reason: fairness.PreemptReason
-    cost: float
-    attempt: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,23 +112,42 @@ class Preemptor:
             return []
         runs: dict[str, tuple[JobRecord, AttemptRecord]] = {
             j.job_id: (j, a) for j, a in await self.store.active_runs() if a.number == j.attempt}
+        running = [r for e in pool if (r := self._running(e, runs, now)) is not None]
         started: list[Preemption] = []
         taken: set[str] = set()
         for e in blocked[: self.cfg.max_searches]:
-            if len(started) >= self.cfg.max_plans:
+            if len(started) >= self.cfg.max_plans or not running:
                 break
             job = self.placer.queued.get(e.job_id)
             if job is None:
                 continue
-            done = await self._consider(job, e, snap, shares, [v for v in pool if v.job_id not in taken], runs, now)
-            if done is not None:
-                started.append(done)
-                taken.update(v for v, _ in done.victims)
+            choice = fairness.choose_preemption(
+                FleetView(self.placer.catalog, now), snap, shares, e, self.placer.request_of(job),
+                [r for r in running if r.entry.job_id not in taken], self._knobs(e.tenant),
+                min_runtime_s=self.cfg.min_runtime_s, policy_allows=self.placer.allows(job),
+                may_take=lambda victim, p=e.job_id: not self._ping_pong(p, victim, now))  # type: ignore[misc]
+            if choice is not None:
+                started.append(await self._start(job, choice, now))
+                taken.update(r.entry.job_id for r, _ in choice.victims)
         for e in to_hold:
             job = self.placer.queued.get(e.job_id)
             if job is not None and e.job_id not in self.placer.preempting:
                 self._hold(job, runs, now)
         return started
+
+    def _running(self, e: q.QueueEntry, runs: dict[str, tuple[JobRecord, AttemptRecord]],
+                 now: float) -> fairness.RunningJob | None:
+        run = runs.get(e.job_id)
+        if run is None:
+            return None
+        job, attempt = run
+        since = attempt.running_time or attempt.start_time
+        running_s = max(0.0, now - since) if since is not None else 0.0
+        shapes = {ps.name: ps.shape for ps in self.placer.request_of(job).pod_sets}
+        replicas = tuple((a.node, shapes[a.pod_set]) for a in attempt.assignments if a.pod_set in shapes)
+        # The broker does not know a job's checkpoints: all work since it started counts as lost.
+        return fairness.RunningJob(e, attempt.cluster, attempt.number, replicas, running_s,
+                                   e.charged_gpus * running_s / 3600.0)
 
     def _hold_candidates(self, blocked: list[q.QueueEntry], now: float) -> list[q.QueueEntry]:
         """Blocked gangs, big enough and waiting past the bound, while fewer domains than the cap are held."""
@@ -174,82 +179,19 @@ class Preemptor:
             if self.metrics is not None:
                 self.metrics.domain_holds.inc()  # type: ignore[attr-defined]
 
-    def _candidates(
-        self, e: q.QueueEntry, snap: q.QueueSnapshot, shares: fairness.Shares, pool: list[q.QueueEntry],
-        runs: dict[str, tuple[JobRecord, AttemptRecord]], now: float,
-    ) -> dict[str, _Victim]:
-        knobs = self._knobs(e.tenant)
-        out: dict[str, _Victim] = {}
-        for v in pool:
-            run = runs.get(v.job_id)
-            if run is None or self._ping_pong(e.job_id, v.job_id, now):
-                continue
-            vjob, attempt = run
-            since = attempt.running_time or attempt.start_time
-            running_s = max(0.0, now - since) if since is not None else 0.0
-            p_cost = e.gpus * snap.policy.model_weight(v.charged_model)
-            reason = fairness.victim_reason(snap, shares, e, v.charged_model, p_cost, v, knobs,
-                                            running_s=running_s, min_runtime_s=self.cfg.min_runtime_s)
-            if reason is None:
-                continue
-            shapes = {ps.name: ps.shape for ps in self.placer.request_of(vjob).pod_sets}
-            replicas = tuple((a.node, shapes[a.pod_set]) for a in attempt.assignments if a.pod_set in shapes)
-            cost = fairness.victim_cost(snap, v)
-            over = shares.usage.get(v.tenant, 0.0) - shares.fair.get(v.tenant, 0.0)
-            cand = VictimCandidate(v.job_id, attempt.cluster, replicas, _STAGE.get(v.state, 2),
-                                   v.charged_gpus * running_s / 3600.0,
-                                   snap.policy.band_rank(v.band) * 10000 + v.priority, over)
-            out[v.job_id] = _Victim(cand, v, reason, cost, attempt.number)
-        return out
-
-    async def _consider(
-        self, job: JobRecord, e: q.QueueEntry, snap: q.QueueSnapshot, shares: fairness.Shares,
-        pool: list[q.QueueEntry], runs: dict[str, tuple[JobRecord, AttemptRecord]], now: float,
-    ) -> Preemption | None:
-        cands = self._candidates(e, snap, shares, pool, runs, now)
-        if not cands:
-            return None
-        view = FleetView(self.placer.catalog, now)
-        plan = plan_preemption(view, self.placer.request_of(job), [c.candidate for c in cands.values()],
-                               policy_allows=self.placer.allows(job))
-        if plan is None or not self._admissible(job, e, snap, shares, plan, cands):
-            return None
-        return await self._start(job, plan, cands, now)
-
-    def _admissible(
-        self, job: JobRecord, e: q.QueueEntry, snap: q.QueueSnapshot, shares: fairness.Shares,
-        plan: PreemptionPlan, cands: dict[str, _Victim],
-    ) -> bool:
-        """The plan as a whole: the preemptor's quota on the model it gets, and F-3's final-share rule."""
-        c = plan.choice
-        usage = snap.usage
-        for v in plan.victims:
-            entry = cands[v.job_id].entry
-            if entry.tenant == e.tenant:  # its own victims give their GPUs back to the same quota
-                usage = usage.add(snap.policy, entry.tenant, entry.charged_model, -entry.charged_gpus)
-        if not snap.admit(e.tenant, c.gpu_model, c.gpus, preemptible=job.preemptible, usage=usage).allowed:
-            return False
-        p_cost = c.gpus * snap.policy.model_weight(c.gpu_model)
-        chosen = [(cands[v.job_id].entry, cands[v.job_id].reason, cands[v.job_id].cost) for v in plan.victims]
-        return fairness.final_share_ok(shares, e.tenant, p_cost, chosen)
-
-    async def _start(
-        self, job: JobRecord, plan: PreemptionPlan,
-        cands: dict[str, _Victim], now: float,
-    ) -> Preemption:
-        victims = tuple((v.job_id, cands[v.job_id].reason) for v in plan.victims)
+    async def _start(self, job: JobRecord, choice: fairness.PreemptionChoice, now: float) -> Preemption:
+        plan = choice.plan
+        victims = tuple((r.entry.job_id, why) for r, why in choice.victims)
         deadline = now + self.grace_s + self.cfg.release_timeout_s
         self.placer.hold_for_preemption(job, plan.choice, frozenset(v for v, _ in victims), deadline)
-        for v in plan.victims:
-            victim = cands[v.job_id]
-            entry, reason = victim.entry, victim.reason
+        for r, why in choice.victims:
             # Another tenant's victim learns why, never which job took its place.
-            who = f" for {job.job_id}" if entry.tenant == job.tenant else ""
+            who = f" for {job.job_id}" if r.entry.tenant == job.tenant else ""
             await self.apply(lifecycle.PreemptRequested(
-                v.job_id, victim.attempt, grace_s=self.grace_s, message=f"preempted{who}: {_WHY[reason]}"))
-            self.preempted_for[v.job_id] = (job.job_id, now + self.cfg.ping_pong_s)
+                r.entry.job_id, r.attempt, grace_s=self.grace_s, message=f"preempted{who}: {_WHY[why]}"))
+            self.preempted_for[r.entry.job_id] = (job.job_id, now + self.cfg.ping_pong_s)
             if self.metrics is not None:
-                self.metrics.preempted(reason.value, entry.tenant, v.lost_gpu_hours)  # type: ignore[attr-defined]
+                self.metrics.preempted(why.value, r.entry.tenant, r.lost_gpu_hours)  # type: ignore[attr-defined]
         done = Preemption(job.job_id, plan.choice.cluster, victims, plan.lost_gpu_hours)
         self.history = (self.history + [done])[-1000:]
         _log.info("preemption started", extra={"job": job.job_id, "cluster": plan.choice.cluster,
