@@ -7,6 +7,10 @@ Two modes on the same workload (FLEET-NOTES S-1):
   measured overhead. It shows the product doing its job, with Tandem's cluster choice.
 * fast mode — the broker's own decision code (fleetplan) in virtual time, for every cluster choice
   (Tandem and the baselines) over several seeds: the headline comparison.
+
+And the preemption experiment (fast mode, its own report under `preemption/`): one tenant floods the fleet
+with long preemptible work, then the others' usual mix arrives; Tandem with and without the broker's
+preemption decision on the same workloads (`fleetsim.workload.flood_then_mix`).
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from fleetsim.model import FleetSpec, RunResult, WorkItem
 from fleetsim.report import summarise, summary_table, write_report
 from fleetsim.spec import default_fleet, load_fleet, node_objects
 from fleetsim.wire import run_wire
-from fleetsim.workload import training_mix
+from fleetsim.workload import flood_then_mix, training_mix
 
 __all__ = ["main", "FAST_POLICIES"]
 
 REPO = Path(__file__).resolve().parents[1]
-FAST_POLICIES = ("tandem", "aggregate", "round-robin", "multikueue", "merged")
+FAST_POLICIES = ("tandem", "tandem-preempt", "aggregate", "round-robin", "multikueue", "merged")
+PREEMPTION_POLICIES = ("tandem", "tandem-preempt")
+"""The preemption experiment (`workload.flood_then_mix`): the same flood and mix with and without preemption."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,9 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fast(fleet: FleetSpec, workloads: dict[int, list[WorkItem]], progress: Progress) -> list[RunResult]:
-    runs = [(policy, seed) for seed in workloads for policy in FAST_POLICIES]
-    task = progress.add_task("fast mode (virtual time)", total=len(runs))
+def _fast(fleet: FleetSpec, workloads: dict[int, list[WorkItem]], progress: Progress,
+          policies: Sequence[str] = FAST_POLICIES, what: str = "fast mode (virtual time)") -> list[RunResult]:
+    runs = [(policy, seed) for seed in workloads for policy in policies]
+    task = progress.add_task(what, total=len(runs))
     out = []
     for policy, seed in runs:
         out.append(run_fast(fleet, workloads[seed], policy=policy, seed=seed))
@@ -97,14 +104,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         results += _fast(fleet, workloads, progress)
+        floods = {s: flood_then_mix(fleet, hours=args.hours, load=args.load, seed=s) for s in seeds}
+        flooded = _fast(fleet, floods, progress, PREEMPTION_POLICIES, "preemption: a flood, then the mix (fast)")
         if not args.no_wire:
             with tempfile.TemporaryDirectory(prefix="tandem-fleet-") as tmp:
                 horizon_s = (args.hours + args.wire_tail) * 3600.0
                 results.append(asyncio.run(_wire(fleet, workloads[0], args.compression, horizon_s, Path(tmp),
                                                  progress)))
     report = write_report(results, out_dir)
+    flood_report = write_report(flooded, out_dir / "preemption")
     print(summary_table(summarise(results)))  # plain: a fixed-width table rich would wrap
-    console.print(f"{len(results)} runs in {time.perf_counter() - started:.0f} s. Report: {report}")
+    console.print(f"{len(results) + len(flooded)} runs in {time.perf_counter() - started:.0f} s. Report: {report}; "
+                  f"preemption: {flood_report}")
     return 0
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from broker import fairness
 from broker.queue import QueueEntry, QueuePolicy, QueueSnapshot, Usage
 from broker.states import JobState
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Reservation, ReservedReplica
@@ -68,7 +69,9 @@ __all__ = [
     "shape_of",
 ]
 
-POLICIES = ("tandem", "aggregate", "round-robin", "multikueue", "merged")
+POLICIES = ("tandem", "tandem-preempt", "aggregate", "round-robin", "multikueue", "merged")
+"""tandem-preempt: Tandem's choice plus the broker's preemption decision (broker.fairness.choose_preemption)."""
+_PINNED = frozenset({"tandem", "tandem-preempt", "merged"})
 CAUSE_NODE_TAKEN = "node taken by a pod outside Tandem"
 CAUSE_GANG_TIMEOUT = "gang did not fully bind before the timeout"
 POD_SET = "workers"
@@ -116,6 +119,17 @@ class FastParams:
     only background churn could free (the report counts them as never started)."""
     max_time_s: float | None = None
     """Stop at this simulated time (None: when every item finished or the run stalls)."""
+    preempt_interval_s: float = 10.0
+    """tandem-preempt: how often blocked jobs are looked at for preemption (the broker's `fairness.interval_s`)."""
+    preempt_grace_s: float = 30.0
+    """tandem-preempt: a victim's pods leave this long after it is preempted (their grace period)."""
+    preempt_min_runtime_s: float = 900.0
+    """tandem-preempt: the broker's `fairness.min_runtime_s` (fair-share victims only)."""
+    preempt_release_s: float = 120.0
+    """tandem-preempt: victims not gone this long after their grace: the preemptor's hold is given up."""
+    checkpoint_s: float = 1800.0
+    """tandem-preempt: a preemptible job checkpoints every this many seconds of its run; preemption loses the
+    work since the last one (0 = it never checkpoints: everything since its start is lost)."""
 
 
 def shape_of(item: WorkItem) -> PodShape:
@@ -145,7 +159,8 @@ def request_of(item: WorkItem) -> JobRequest:
 _FUTURE, _QUEUED, _RESERVED, _BINDING, _RUNNING, _DONE, _NEVER = range(7)
 
 # event kinds, also the order of events at one instant: releases first, reports after binds, rounds last
-_E_FINISH, _E_BG_END, _E_ARRIVE, _E_BG_ARRIVE, _E_DISPATCH, _E_TIMEOUT, _E_REPORT, _E_ROUND, _E_SAMPLE = range(9)
+(_E_FINISH, _E_BG_END, _E_ARRIVE, _E_BG_ARRIVE, _E_DISPATCH, _E_TIMEOUT, _E_REPORT, _E_ROUND, _E_SAMPLE,
+ _E_PREEMPTED) = range(10)
 
 
 @dataclass(eq=False, slots=True)
@@ -202,6 +217,16 @@ class _Job:
     checked: tuple[object, ...] = ()
     """The state fingerprint at which its last "no" was last found up to date."""
     tried: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    done_s: float = 0.0
+    """Run time saved by checkpoints of preempted attempts (the next attempt runs only the rest)."""
+    run_start: float = 0.0
+    """When the current attempt started running."""
+    preempting: bool = False
+    """Preempted: its pods are in their grace period."""
+    hold: tuple[Reservation, frozenset[str], float] | None = None
+    """Nodes held for it while its victims leave: the reservation, the victims, the deadline."""
+    searched: tuple[object, ...] = ()
+    """State fingerprint of its last victim search that found nothing."""
     """round-robin: per cluster, the record of its last "no" there."""
 
     @property
@@ -281,7 +306,7 @@ class FastSim:
         """The cursor's phase that fixes whom every job asks (candidate lists are 1..clusters long)."""
         self.choice: ClusterChoice | None = None
         if policy != "multikueue":
-            self.choice = make_choice("tandem" if policy == "merged" else policy, params.candidate_domains)
+            self.choice = make_choice("tandem" if policy in _PINNED else policy, params.candidate_domains)
         self.qpolicy = QueuePolicy(
             tenant_weights={t.name: t.weight for t in fleet.tenants},
             quotas={(t.name, model): float(limit) for t in fleet.tenants for model, limit in t.quota})
@@ -302,6 +327,10 @@ class FastSim:
         self._idle_rounds: set[tuple[object, ...]] = set()
         """round-robin: (state fingerprint, cursor phase) of rounds that decided nothing (see _round)."""
         self._last_round = -1.0
+        self._last_preempt = -math.inf
+        self.preemptions: dict[str, int] = {}
+        """tandem-preempt: victims by rule."""
+        self.tenant_samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
 
         # multikueue's worker queues: nominal GPUs per (cluster, model) and what admitted copies hold
         self.nominal: dict[tuple[str, str], float] = {}
@@ -384,6 +413,7 @@ class FastSim:
             _E_FINISH: self._finish, _E_BG_END: self._background_end, _E_ARRIVE: self._arrive,
             _E_BG_ARRIVE: self._background_arrive, _E_DISPATCH: self._dispatch, _E_TIMEOUT: self._timeout,
             _E_REPORT: self._report, _E_ROUND: self._round, _E_SAMPLE: self._sample,
+            _E_PREEMPTED: self._preempted,
         }
         while self._heap and self.remaining > 0:
             t, kind, _, payload = heapq.heappop(self._heap)
@@ -650,8 +680,10 @@ class FastSim:
         # Nothing to decide unless some job's last "no" may be out of date (a round's own holds only take room);
         # a job found up to date stays so while nothing moved at all.
         fp = self._fingerprint()
-        due = False
+        due = any(j.hold is not None and self._hold_over(j) for j in self.queued.values())
         for j in self.queued.values():
+            if due:
+                break
             if j.checked == fp:
                 continue
             if not self._still_no(j, j.failed, self._pick(view, j, picks) if self.policy == "aggregate" else ""):
@@ -664,6 +696,8 @@ class FastSim:
                 self._round_multikueue(snap)
             else:
                 self._round_choice(snap, view)
+        if self.policy == "tandem-preempt":
+            self._maybe_preempt()
 
     def _round_choice(self, snap: QueueSnapshot, view: FleetView) -> None:
         """broker.placer.Placer.step over one view: decide in queue order, admit by quota, hold in the view."""
@@ -681,6 +715,15 @@ class FastSim:
             job = self.queued.get(entry.job_id)
             if job is None:
                 continue
+            rehold: tuple[Reservation, frozenset[str], float] | None = None
+            if job.hold is not None:
+                if not self._hold_over(job):
+                    continue  # its victims are still leaving: its nodes stay held
+                # as the broker's placer: the hold is given back right before its own decision
+                rehold, job.hold, job.failed = job.hold, None, None
+                self.catalog.drop_reservation(rehold[0].key)
+                view = FleetView(self.catalog, self.now)
+                asked.clear()
             # The cluster this decision will ask: round-robin's at its cursor, aggregate's top estimate (read
             # after this round's earlier holds), both from the choice's own candidate list; "" for Tandem's.
             pick = ""
@@ -721,6 +764,10 @@ class FastSim:
                 adm = snap.admit(job.item.tenant, c.gpu_model, c.gpus, preemptible=job.item.preemptible, usage=usage)
                 if not adm.allowed and adm.violation is not None:
                     refused, c = c, None
+            if c is None and rehold is not None and self.now < rehold[2]:
+                view.hold((rehold[0],))  # no report shows its victims' nodes free yet
+                job.hold = rehold
+                continue
             if c is None:
                 record = self._record(job, pick, refused, snap, usage, view)
                 asked[alike] = (holds, record)
@@ -813,7 +860,7 @@ class FastSim:
         job, attempt = payload[0], payload[1]
         if job.attempt != attempt or job.state != _RESERVED:
             return
-        if self.policy in ("tandem", "merged"):
+        if self.policy in _PINNED:
             self._bind_pinned(job)
             return
         job.state = _BINDING
@@ -946,16 +993,18 @@ class FastSim:
         level = job.full.required_level
         depth = cell.depth_of(level) if level else None
         out.domains = tuple(cell.level_value(r, depth) for r in rows) if depth is not None else ()
-        if depth is not None and self.policy in ("tandem", "merged") and len({cell.domain(r, depth) for r in rows}) > 1:
+        if depth is not None and self.policy in _PINNED and len({cell.domain(r, depth) for r in rows}) > 1:
             raise AssertionError(f"Tandem split gang {job.item.name} across {level} domains {sorted(set(out.domains))}")
         clusters = {cell.owner[r] for r in rows}
         out.cluster = clusters.pop() if len(clusters) == 1 else cell.name
-        out.started_s = self.now
+        if out.started_s is None:
+            out.started_s = self.now
+        out.last_start_s = job.run_start = self.now
         job.state = _RUNNING
         self.running += 1
         self.last_progress = self.now
         self._note("start", job.item.name, out.cluster)
-        self._at(self.now + job.item.duration_s, _E_FINISH, (job, job.attempt))
+        self._at(self.now + job.item.duration_s - job.done_s, _E_FINISH, (job, job.attempt))
 
     def _finish(self, payload: tuple[_Job, int]) -> None:
         job, attempt = payload
@@ -973,6 +1022,99 @@ class FastSim:
         self._note("finish", job.item.name)
         self._wake()
 
+    # ------------------------------------------------------------------ preemption (tandem-preempt)
+
+    def _hold_over(self, job: _Job) -> bool:
+        """Its victims have left (or they are past the deadline): the held job is decided again."""
+        assert job.hold is not None
+        _, victims, deadline = job.hold
+        return self.now >= deadline or not any(self.jobs[v].preempting for v in victims)
+
+    def _maybe_preempt(self) -> None:
+        """The broker's preemptor round (broker.preemptor.Preemptor.round) over this state, every interval."""
+        p = self.params
+        if self.now - self._last_preempt < p.preempt_interval_s:
+            return
+        self._last_preempt = self.now
+        running: list[fairness.RunningJob] = []
+        for j in self.jobs.values():
+            if j.state != _RUNNING or not j.item.preemptible or j.preempting or j.choice is None:
+                continue
+            entry = QueueEntry(job_id=j.item.name, tenant=j.item.tenant, queue="default", band="",
+                               priority=j.item.priority, seq=j.seq, state=JobState.RUNNING, gpus=j.item.gpu_cost,
+                               gpu_models=j.item.gpu_models, preemptible=True, charged_model=j.model,
+                               charged_gpus=j.charged)
+            ran = self.now - j.run_start
+            lost = ran - (ran // p.checkpoint_s) * p.checkpoint_s if p.checkpoint_s > 0 else ran
+            running.append(fairness.RunningJob(entry, j.cell, j.attempt,
+                                               tuple((a.node, j.shape) for a in j.choice.assignments), ran,
+                                               j.item.gpu_cost * lost / 3600.0))
+        if not running:
+            return
+        snap = self._snapshot()
+        shares = fairness.shares_of(snap, float(self.fleet.gpus))
+        key = (self._fingerprint(), sum(1 for r in running if r.running_s >= p.preempt_min_runtime_s))
+        view = FleetView(self.catalog, self.now)
+        taken: set[str] = set()
+        plans = 0
+        for entry in snap.order()[:16]:
+            job = self.queued.get(entry.job_id)
+            if job is None or job.hold is not None or job.failed is None or job.failed[0] != "room":
+                continue  # only jobs the last decision found no room for (not quota, not undecided)
+            if job.searched == key:
+                continue
+            choice = fairness.choose_preemption(
+                view, snap, shares, entry, job.req, [r for r in running if r.entry.job_id not in taken],
+                fairness.TenantKnobs(), min_runtime_s=p.preempt_min_runtime_s)
+            if choice is None:
+                job.searched = key
+                continue
+            c = choice.plan.choice
+            res = Reservation(job.item.name, job.attempt + 1, c.cluster,
+                              tuple(ReservedReplica(a.pod_set, a.index, a.node) for a in c.assignments),
+                              {POD_SET: job.shape}, c.gpu_model)
+            view.hold((res,))
+            victims = frozenset(r.entry.job_id for r, _ in choice.victims)
+            job.hold = (res, victims, self.now + p.preempt_grace_s + p.preempt_release_s)
+            for r, why in choice.victims:
+                victim = self.jobs[r.entry.job_id]
+                victim.preempting = True
+                victim.outcome.preemptions += 1
+                self.preemptions[why.value] = self.preemptions.get(why.value, 0) + 1
+                self._note("preempt", victim.item.name, f"{why.value} for {job.item.name}")
+                self._at(self.now + p.preempt_grace_s, _E_PREEMPTED, (victim, victim.attempt))
+            taken |= victims
+            plans += 1
+            if plans >= 4:
+                break
+        if any(j.failed is not None and j.hold is None for j in self.queued.values()):
+            t = self.now + p.preempt_interval_s  # the next look, even if nothing else wakes the rounds
+            if self._round_at is None or t < self._round_at:
+                self._round_at = t
+                self._at(t, _E_ROUND, t)
+
+    def _preempted(self, payload: tuple[_Job, int]) -> None:
+        """A victim's grace period is over: its pods go, the work since its last checkpoint is lost, and it is
+        queued again with its original arrival (no retry spent)."""
+        job, attempt = payload
+        job.preempting = False
+        if job.attempt != attempt or job.state != _RUNNING:
+            return  # it finished during its grace period
+        p = self.params
+        ran = self.now - job.run_start
+        kept = (ran // p.checkpoint_s) * p.checkpoint_s if p.checkpoint_s > 0 else 0.0
+        job.done_s += kept
+        out = job.outcome
+        out.lost_gpu_s += (ran - kept) * job.item.gpu_cost
+        out.ran_s += ran
+        for copy in job.copies:
+            self._withdraw(copy)
+        self._drop_reservation(job)
+        self._uncharge(job)
+        self.running -= 1
+        self._note("preempted", job.item.name)
+        self._enqueue(job)
+
     # ------------------------------------------------------------------ reports
 
     def _report(self, cell: Cell) -> None:
@@ -984,7 +1126,7 @@ class FastSim:
         if cell.bound_changed:
             bound = self._bound_sent[cell.name] = {k: frozenset(v) for k, v in cell.bound.items()}
             cell.bound_changed = False
-            if self.policy not in ("tandem", "merged"):
+            if self.policy not in _PINNED:
                 # Unpinned pods bind where kube-scheduler puts them: once reported bound, their reservation stops
                 # holding its own nodes, which gain room in the view though the report shows no change there.
                 for key, replicas in bound.items():
@@ -1064,6 +1206,16 @@ class FastSim:
             for cluster, used in cell.used.items():
                 sample[cluster] = round(used, 6)
         self.samples.append((self.now, sample))
+        held: dict[str, float] = {}
+        for (tenant, _), gpus in self.usage.items():
+            held[tenant] = held.get(tenant, 0.0) + gpus
+        demand = dict(held)
+        for j in self.queued.values():
+            demand[j.item.tenant] = demand.get(j.item.tenant, 0.0) + j.item.gpu_cost
+        weights = {t.name: t.weight for t in self.fleet.tenants}
+        fair = fairness.water_fill(float(self.fleet.gpus), {t: weights.get(t, 1.0) for t in demand}, demand)
+        self.tenant_samples.append((self.now, {t: (round(held.get(t, 0.0), 6), round(fair.get(t, 0.0), 6))
+                                               for t in sorted(set(held) | set(fair))}))
         self._at(self.now + self.params.sample_s, _E_SAMPLE, None)
 
     def _result(self) -> RunResult:
@@ -1071,6 +1223,7 @@ class FastSim:
         finished = [o.finished_s for o in outcomes if o.finished_s is not None]
         return RunResult(mode="fast", policy=self.policy, fleet=self.fleet, seed=self.seed, outcomes=outcomes,
                          allocation=list(self.samples), decision_latency_s=list(self.latency),
+                         tenant_shares=list(self.tenant_samples), preemptions=dict(self.preemptions),
                          background_pods=self.background_placed, makespan_s=max(finished, default=0.0),
                          notes=self._notes())
 
@@ -1098,14 +1251,19 @@ class FastSim:
              f"fits: {self.background_placed} placed, {self.background_dropped} dropped"),
             ("does not model: API-server, watch and agent latency beyond the fixed delays; container start-up; pod "
              "or node failures; cluster disconnects and stale reports"),
-            ("does not model: preemption, quota reclaim and rebalancing, retry back-off, reservation expiry, DRA "
-             "devices"),
+            ("does not model: retry back-off, reservation expiry, DRA devices, held domains"
+             + ("" if self.policy == "tandem-preempt" else ", preemption")),
             ("decision latency: one sample per decision computed; a waiting job's provably repeated \"no\" is not "
              "recomputed (FastSim.memo); multikueue's samples time its admission check"),
         ]
         if self.policy == "multikueue":
             notes.append(f"multikueue: copies that lost held {self.lost_copy_gpu_s:.0f} GPU-seconds; worker queues "
                          "admit per GPU model up to the cluster's GPUs (background pods unseen)")
+        if self.policy == "tandem-preempt":
+            notes.append(f"tandem-preempt: the broker's preemption decision every {p.preempt_interval_s:g} s "
+                         f"(tenants' default knobs, minimum runtime {p.preempt_min_runtime_s:g} s); victims leave "
+                         f"after {p.preempt_grace_s:g} s and lose the work since their last checkpoint (every "
+                         f"{p.checkpoint_s:g} s of run); the preemptor's nodes are held until they have left")
         if self.policy == "merged":
             notes.append("merged: one cluster holding every node (levels prefixed by their cluster), Tandem's choice: "
                          "an upper bound, not a deployable system")

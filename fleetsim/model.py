@@ -131,6 +131,13 @@ class Outcome:
     false_dispatch_causes: tuple[str, ...] = ()
     duplicates: int = 0
     """MultiKueue-style: copies created in other clusters and withdrawn."""
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+    """GPU-seconds of work lost to preemption (run since the last checkpoint)."""
+    ran_s: float = 0.0
+    """Run time of its preempted attempts (the last attempt's is finished_s - last_start_s)."""
+    last_start_s: float | None = None
+    """When its last attempt started (None: as started_s)."""
 
     @property
     def queueing_delay_s(self) -> float | None:
@@ -159,3 +166,7 @@ class RunResult:
     makespan_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     """What the report must say about this run (compression factor, synthesised durations, …)."""
+    tenant_shares: list[tuple[float, dict[str, tuple[float, float]]]] = field(default_factory=list)
+    """(simulated time, tenant -> (GPUs held, water-filled fair share of the fleet's GPUs)) samples."""
+    preemptions: dict[str, int] = field(default_factory=dict)
+    """Victims by rule (tandem-preempt)."""

@@ -125,8 +125,40 @@ def _gpu_seconds_received(run: RunResult) -> dict[str, float]:
         if o.started_s is None:
             continue
         stop = o.finished_s if o.finished_s is not None else end
-        out[o.item.tenant] = out.get(o.item.tenant, 0.0) + o.item.gpu_cost * max(stop - o.started_s, 0.0)
+        start = o.last_start_s if o.last_start_s is not None else o.started_s
+        out[o.item.tenant] = out.get(o.item.tenant, 0.0) + o.item.gpu_cost * (max(stop - start, 0.0) + o.ran_s)
     return out
+
+
+def _share_over_time(runs: Sequence[RunResult]) -> dict[str, Any] | None:
+    """How far tenants' GPUs held were from their water-filled fair share, sample by sample over the arrival
+    window: per sample the largest |held - fair| over tenants, in points of the fleet's GPUs; mean and p95 over
+    every sample of every run, and each tenant's mean |held - fair|. The split gap compares shares of what is held
+    with shares of the fair shares (idle GPUs no tenant can use then count for no one)."""
+    worst: list[float] = []
+    split: list[float] = []
+    per_tenant: dict[str, list[float]] = {}
+    for run in runs:
+        arrivals = [o.item.arrival_s for o in run.outcomes]
+        window_end = max(arrivals, default=0.0)
+        gpus = run.fleet.gpus or 1
+        for t, shares in run.tenant_shares:
+            if t > window_end or not shares:
+                continue
+            gaps = {tenant: abs(held - fair) for tenant, (held, fair) in shares.items()}
+            worst.append(100.0 * max(gaps.values()) / gpus)
+            held_sum = sum(h for h, _ in shares.values())
+            fair_sum = sum(f for _, f in shares.values())
+            if held_sum > 0 and fair_sum > 0:
+                split.append(100.0 * max(abs(h / held_sum - f / fair_sum) for h, f in shares.values()))
+            for tenant, gap in gaps.items():
+                per_tenant.setdefault(tenant, []).append(100.0 * gap / gpus)
+    if not worst:
+        return None
+    return {"samples": len(worst), "mean_max_gap_pts": _round(sum(worst) / len(worst)),
+            "p95_max_gap_pts": _round(percentile(worst, 95)),
+            "mean_split_gap_pts": _round(sum(split) / len(split)) if split else None,
+            "per_tenant_mean_gap_pts": {t: _round(sum(v) / len(v)) for t, v in sorted(per_tenant.items())}}
 
 
 def _fair_share(runs: Sequence[RunResult]) -> dict[str, Any]:
@@ -220,6 +252,12 @@ def _group_summary(mode: str, policy: str, runs: Sequence[RunResult]) -> dict[st
         "decision_latency_ms": ({"n": len(latencies_ms), "p50": _round(percentile(latencies_ms, 50)),
                                  "p99": _round(percentile(latencies_ms, 99))} if latencies_ms else None),
         "fair_share": _fair_share(runs),
+        "fair_share_over_time": _share_over_time(runs),
+        "preemption": {
+            "victims": sum(o.preemptions for o in outcomes),
+            "by_rule": dict(sum((Counter(r.preemptions) for r in runs), Counter())),
+            "lost_gpu_hours": _round(sum(o.lost_gpu_s for o in outcomes) / 3600.0),
+        },
         "notes": notes,
     }
 
@@ -404,6 +442,24 @@ def _mode_markdown(mode: str, groups: Sequence[dict[str, Any]], plots: Sequence[
                    for g in groups for t, v in g["fair_share"]["per_tenant"].items()])
     out += _table(("policy", "max abs deviation (points)"),
                   [(g["policy"], _pct(g["fair_share"]["max_abs_deviation_pts"])) for g in groups])
+    timed = [g for g in groups if g.get("fair_share_over_time")]
+    if timed:
+        out += [f"### Fair share over time, and preemption {tag}", "",
+                ("Each allocation sample while jobs arrive: every tenant's GPUs held against its water-filled fair "
+                 "share (demand-capped, by weight, of the fleet's GPUs); the largest gap per sample, in points of "
+                 "the fleet's GPUs. Work lost = GPU-hours run since a victim's last checkpoint."), ""]
+        out += _table(("policy", "samples", "largest gap, mean (points)", "largest gap, p95 (points)",
+                       "split gap, mean (points)", "per tenant mean gap (points)", "victims", "by rule",
+                       "GPU-hours lost"),
+                      [(g["policy"], g["fair_share_over_time"]["samples"],
+                        _pct(g["fair_share_over_time"]["mean_max_gap_pts"]),
+                        _pct(g["fair_share_over_time"]["p95_max_gap_pts"]),
+                        _pct(g["fair_share_over_time"]["mean_split_gap_pts"]),
+                        ", ".join(f"{t} {_pct(v)}" for t, v in
+                                  g["fair_share_over_time"]["per_tenant_mean_gap_pts"].items()),
+                        g["preemption"]["victims"],
+                        ", ".join(f"{k} {v}" for k, v in sorted(g["preemption"]["by_rule"].items())) or "–",
+                        _pct(g["preemption"]["lost_gpu_hours"])) for g in timed])
     if plots:
         out += [f"### Plots {tag}", ""]
         out += [f"![{p} ({mode} mode)]({p})" for p in plots] + [""]

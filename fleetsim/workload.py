@@ -11,6 +11,7 @@ shape it emits fits, at its required level, in one domain of some empty cluster.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import random
 import re
@@ -182,6 +183,10 @@ def _mig_groups(fleet: FleetSpec) -> list[NodeGroup]:
 # --------------------------------------------------------------------------- templates
 
 
+PREEMPTIBLE_KINDS = frozenset({"elastic", "batch"})
+"""Kinds submitted preemptible (they checkpoint, or are short): they may borrow beyond quota and be preempted."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Template:
     """One item shape of the mix; `weight` is its frequency within its kind."""
@@ -203,6 +208,7 @@ class _Template:
             replicas=self.replicas, gpus=self.gpus, mig_profile=INFERENCE_MIG_PROFILE if self.mig_count else "",
             mig_count=self.mig_count, cpu_milli=self.cpu_milli, memory_bytes=self.memory_bytes,
             gpu_models=self.gpu_models, required_level=self.required_level, min_replicas=self.min_replicas,
+            preemptible=self.kind in PREEMPTIBLE_KINDS,
         )
 
     @property
@@ -368,6 +374,7 @@ def training_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int) -> l
     - "elastic": 4–32 such pods that may start with half (`min_replicas` = replicas // 2);
     - "inference": one pod with 1–2 MIG `1g.10gb` slices on the A100 MIG models (only when the fleet has MIG nodes);
     - "batch": one pod with 1–2 whole GPUs of any model.
+    Elastic gangs and batch pods are preemptible (`PREEMPTIBLE_KINDS`); the others are not.
 
     Shares of the offered GPU-hours: inference gets the MIG GPUs' fraction of the fleet (so MIG nodes are as loaded as
     the rest); of the remainder batch gets 15 % and gangs 85 %, split between clique gangs and rack/block gangs in
@@ -408,6 +415,42 @@ def training_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int) -> l
         items.append(template.item(name, tenant, round(arrival_s, 3), round(duration_s, 3)))
         arrival_s += rng.expovariate(rate)
     return items
+
+
+def flood_then_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int, flood_tenant: str = "",
+                   flood_hours: float = 0.25, flood_median_s: float = 3 * 3600.0) -> list[WorkItem]:
+    """The case preemption exists for: one tenant fills the fleet with long preemptible work, then everyone's
+    usual work arrives (`training_mix` over the other tenants, `hours` at `load`).
+
+    The flood: the mix's preemptible kinds (elastic gangs and batch pods, sizes and shares as in the mix) from
+    `flood_tenant` (default: the lowest-weight tenant, last by name), arriving as a Poisson process over the first
+    `flood_hours` with enough offered GPU-seconds to hold every GPU for the flood's median duration
+    (log-normal, median `flood_median_s`, sigma 0.3). Names start with "flood-". Deterministic per `seed`."""
+    tenants = sorted(fleet.tenants, key=lambda t: (t.weight, t.name))
+    if len(tenants) < 2:
+        raise ValueError("a flood needs another tenant to arrive after it")
+    flooder = flood_tenant or tenants[0].name
+    if flooder not in {t.name for t in tenants}:
+        raise ValueError(f"unknown flood tenant {flooder!r}")
+    kinds = [k for k in _mix(fleet) if k.templates and k.templates[0].kind in PREEMPTIBLE_KINDS]
+    if not kinds:
+        raise ValueError(f"fleet {fleet.name!r} runs none of the preemptible kinds")
+    rng = random.Random(seed * 7919 + 1)
+    shares = [k.share for k in kinds]
+    mean_cost = sum(sh * sum(t.weight * t.gpu_cost for t in k.templates) / sum(t.weight for t in k.templates)
+                    for sh, k in zip(shares, kinds)) / sum(shares)
+    count = max(1, round(fleet.gpus / mean_cost))
+    items: list[WorkItem] = []
+    for n in range(count):
+        kind = rng.choices(kinds, weights=shares)[0]
+        template = rng.choices(kind.templates, weights=[t.weight for t in kind.templates])[0]
+        arrival = rng.uniform(0.0, flood_hours * 3600.0)
+        duration = max(rng.lognormvariate(math.log(flood_median_s), 0.3), MIN_DURATION_S)
+        items.append(template.item(f"flood-{template.kind}-{n:05d}", flooder, round(arrival, 3), round(duration, 3)))
+    others = dataclasses.replace(fleet, tenants=tuple(t for t in fleet.tenants if t.name != flooder))
+    rest = [dataclasses.replace(i, arrival_s=round(i.arrival_s + flood_hours * 3600.0, 3))
+            for i in training_mix(others, hours=hours, load=load, seed=seed)]
+    return sorted(items + rest, key=lambda i: (i.arrival_s, i.name))
 
 
 # --------------------------------------------------------------------------- Alibaba openb
