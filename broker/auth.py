@@ -24,6 +24,7 @@ __all__ = [
     "Authorizer",
     "AuditLog",
     "MUTATING",
+    "AUDITED",
     "check_agent_speaks_for",
 ]
 
@@ -53,6 +54,12 @@ class Method(enum.Enum):
     WATCH_JOBS = ("WatchJobs", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
     CANCEL_JOB = ("CancelJob", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
     CANCEL_JOB_SET = ("CancelJobSet", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
+    GET_USAGE = ("GetUsage", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
+    EXPORT_USAGE = ("ExportUsage", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
+    REQUEUE_JOB = ("RequeueJob", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
+    SET_JOB_PRIORITY = ("SetJobPriority", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
+    HOLD_JOB = ("HoldJob", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
+    RELEASE_JOB = ("ReleaseJob", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
     CONNECT = ("Connect", frozenset({CallerKind.AGENT}))
     LIST_CLUSTERS = ("ListClusters", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
     GET_CLUSTER = ("GetCluster", frozenset({CallerKind.TENANT, CallerKind.ADMIN}))
@@ -64,8 +71,13 @@ class Method(enum.Enum):
         self.allowed = allowed
 
 
-MUTATING = frozenset({Method.SUBMIT_JOBS, Method.CANCEL_JOB, Method.CANCEL_JOB_SET, Method.CORDON, Method.UNCORDON})
+MUTATING = frozenset({Method.SUBMIT_JOBS, Method.CANCEL_JOB, Method.CANCEL_JOB_SET, Method.CORDON, Method.UNCORDON,
+                      Method.REQUEUE_JOB, Method.SET_JOB_PRIORITY, Method.HOLD_JOB, Method.RELEASE_JOB})
 """Methods that change state: rate limited for tenants and audited for everyone."""
+
+AUDITED = MUTATING | frozenset({Method.GET_USAGE, Method.EXPORT_USAGE})
+"""Methods with an audit record (outcome ok / denied / error): every mutating one, and the usage reads
+(accounting data)."""
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,17 @@
-"""`tandem`: the launcher-side command line (submit, get, list, watch, cancel, clusters, cordon) over the client."""
+"""`tandem`: the launcher- and operator-side command line over the client: submit, get, list, watch, cancel,
+clusters, cordon; usage (and its GPU-hour export as CSV), requeue, priority, hold, release."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
+import datetime
+import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -15,11 +19,12 @@ import grpc
 
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
+from tandem.v1 import job_service_pb2 as svc
 
 from broker.client import BrokerClient, SubmitItem, status_details
-from broker.jobfile import default_key, load_job_file, to_spec
+from broker.jobfile import default_key, load_job_file, parse_duration, to_spec
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "parse_time"]
 
 
 def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -36,6 +41,29 @@ def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
                         help="bearer token (env TANDEM_TOKEN)")
     parser.add_argument("--ca", default=default(os.environ.get("TANDEM_CA")), help="CA certificate (PEM) to use TLS")
     parser.add_argument("--server-name", default=default(None), help="TLS server name override")
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """A point in time for --since / --until: seconds since the epoch ("1767225600"), an ISO 8601 date or time
+    ("2026-01-01", "2026-01-01T12:00:00Z"; UTC unless it names an offset), or a duration ago ("24h", "7d")."""
+    t = text.strip()
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    try:
+        return (time.time() if now is None else now) - parse_duration(t)
+    except ValueError:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(t[:-1] + "+00:00" if t[-1:] in ("Z", "z") else t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (use epoch seconds, an ISO 8601 date/time, or a duration ago such as 24h)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +95,29 @@ def build_parser() -> argparse.ArgumentParser:
         x = sub.add_parser(name, parents=[connection], help=f"{name} a cluster (admin)")
         x.add_argument("cluster")
         x.add_argument("--reason", required=True)
+    u = sub.add_parser("usage", parents=[connection],
+                       help="GPUs held per tenant against quota and fair share; --csv: GPU-hours over a window")
+    u.add_argument("--tenant", default="", help="one tenant (admins; tenants always see only their own)")
+    shape = u.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="print the usage rows as JSON")
+    shape.add_argument("--csv", action="store_true",
+                       help="print GPU-hours per tenant, GPU model and cluster as CSV (ExportUsage)")
+    u.add_argument("--since", type=parse_time, default=None,
+                   help="with --csv: window start (epoch seconds, ISO 8601, or a duration ago like 7d; default: all)")
+    u.add_argument("--until", type=parse_time, default=None, help="with --csv: window end (default: now)")
+    r = sub.add_parser("requeue", parents=[connection],
+                       help="end a job's current attempt and queue it again (no retry spent)")
+    r.add_argument("job_id")
+    r.add_argument("--reason", default="requeued from the command line")
+    pr = sub.add_parser("priority", parents=[connection], help="change a job's priority and / or priority band")
+    pr.add_argument("job_id")
+    pr.add_argument("--priority", type=int, default=None, help="-1000..1000")
+    pr.add_argument("--band", default="", help="a priority band the job's tenant may use")
+    pr.add_argument("--reason", default="")
+    for name, what in (("hold", "keep a job from being placed until it is released"), ("release", "lift a hold")):
+        h = sub.add_parser(name, parents=[connection], help=what)
+        h.add_argument("job_id")
+        h.add_argument("--reason", default="")
     return p
 
 
@@ -93,6 +144,8 @@ def _print_job(job: job_pb2.Job, out: TextIO) -> None:
     out.write(f"job:      {job.job_id}\nstate:    {_state(st.state)}\n")
     out.write(f"tenant:   {job.spec.tenant}   queue: {job.spec.queue}   job set: {job.spec.job_set_id}\n")
     out.write(f"created:  {_ts(st.create_time)}   attempt: {st.current_attempt}   infra retries: {st.infra_retries}\n")
+    out.write(f"priority: {job.spec.priority}   band: {job.spec.priority_band or 'default'}"
+              f"{'   HELD by ' + st.held_by if st.held else ''}\n")
     if st.state == job_pb2.JOB_STATE_QUEUED and st.HasField("queue_info"):
         qi = st.queue_info
         pos = qi.position if qi.HasField("position") else "?"
@@ -134,6 +187,45 @@ def _print_domains(c: cs.ClusterSummary, out: TextIO) -> None:
                      ", ".join(f"{g.model}: {g.free}/{g.total}" for g in d.gpus) or "-"])
     out.write(f"{c.name} domains:\n")
     _table(rows, out)
+
+
+def _num(x: float) -> str:
+    return f"{round(x, 3):g}"
+
+
+def _per_model(m: Mapping[str, float]) -> str:
+    return ", ".join(f"{k}: {_num(v)}" for k, v in sorted(m.items())) or "-"
+
+
+def _print_usage(resp: svc.GetUsageResponse, out: TextIO) -> None:
+    rows = [["TENANT", "WEIGHT", "GPUS (held by model)", "QUOTA", "BORROWED", "USAGE", "FAIR SHARE", "DEMAND"]]
+    for t in resp.tenants:
+        rows.append([t.tenant, _num(t.weight), _per_model(t.gpus), _per_model(t.quotas), _per_model(t.borrowed),
+                     _num(t.usage_cost), _num(t.fair_share_cost), _num(t.demand_cost)])
+    _table(rows, out)
+    out.write(f"(usage, fair share and demand in cost units: GPUs x model weight; fleet capacity "
+              f"{_num(resp.capacity_cost)})\n")
+
+
+def _usage_json(resp: svc.GetUsageResponse) -> str:
+    doc = {
+        "evaluate_time": _ts(resp.evaluate_time), "capacity_cost": resp.capacity_cost,
+        "tenants": [{"tenant": t.tenant, "weight": t.weight, "gpus": dict(t.gpus), "quotas": dict(t.quotas),
+                     "borrowed": dict(t.borrowed), "usage_cost": t.usage_cost,
+                     "fair_share_cost": t.fair_share_cost, "demand_cost": t.demand_cost} for t in resp.tenants],
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def _usage_csv(resp: svc.ExportUsageResponse, out: TextIO) -> None:
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["tenant", "gpu_model", "cluster", "gpu_hours"])
+    for r in resp.records:
+        w.writerow([r.tenant, r.gpu_model, r.cluster, repr(r.gpu_hours)])
+
+
+def _held(job: job_pb2.Job) -> str:
+    return f"held by {job.status.held_by}" if job.status.held else "not held"
 
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
@@ -199,6 +291,35 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
         if args.cmd in ("cordon", "uncordon"):
             summary = await c.cordon(args.cluster, args.reason, on=args.cmd == "cordon")
             _print_clusters([summary], out)
+            return 0
+        if args.cmd == "usage":
+            if args.csv:
+                _usage_csv(await c.export_usage(since=args.since, until=args.until, tenant=args.tenant), out)
+            elif args.since is not None or args.until is not None:
+                out.write("--since / --until go with --csv (GPU-hours over a window)\n")
+                return 2
+            elif args.json:
+                out.write(_usage_json(await c.usage(args.tenant)))
+            else:
+                _print_usage(await c.usage(args.tenant), out)
+            return 0
+        if args.cmd == "requeue":
+            requeued = await c.requeue(args.job_id, args.reason)
+            out.write(f"{args.job_id}: {_state(requeued.state)}\n")
+            return 0
+        if args.cmd == "priority":
+            job = await c.set_priority(args.job_id, priority=args.priority, band=args.band, reason=args.reason)
+            out.write(f"{job.job_id}: priority {job.spec.priority}, band {job.spec.priority_band or 'default'}\n")
+            return 0
+        if args.cmd == "hold":
+            held = await c.hold(args.job_id, args.reason)
+            note = " (already held)" if held.already_held else ""
+            out.write(f"{held.job.job_id}: {_state(held.job.status.state)}, {_held(held.job)}{note}\n")
+            return 0
+        if args.cmd == "release":
+            released = await c.release(args.job_id, args.reason)
+            note = " (was not held)" if released.was_not_held else ""
+            out.write(f"{released.job.job_id}: {_state(released.job.status.state)}, {_held(released.job)}{note}\n")
             return 0
     return 2
 

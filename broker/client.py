@@ -1,4 +1,5 @@
-"""A small async client for training launchers: submit / get / list / watch / cancel, bearer token + TLS."""
+"""A small async client for training launchers and operators: submit / get / list / watch / cancel, usage,
+requeue / priority / hold / release; bearer token + TLS."""
 
 from __future__ import annotations
 
@@ -128,6 +129,40 @@ class BrokerClient:
         return await self.jobs.CancelJobSet(  # type: ignore[no-any-return]
             svc.CancelJobSetRequest(job_set_id=job_set_id, reason=reason, tenant=tenant),
             metadata=self.metadata, timeout=self.timeout_s)
+
+    async def usage(self, tenant: str = "") -> svc.GetUsageResponse:
+        return await self.jobs.GetUsage(svc.GetUsageRequest(tenant=tenant), metadata=self.metadata,  # type: ignore[no-any-return]
+                                        timeout=self.timeout_s)
+
+    async def export_usage(self, *, since: float | None = None, until: float | None = None,
+                           tenant: str = "") -> svc.ExportUsageResponse:
+        """GPU-hours per (tenant, model, cluster) in [since, until] (seconds since the epoch; None = open)."""
+        req = svc.ExportUsageRequest(tenant=tenant)
+        if since is not None:
+            req.since.FromNanoseconds(round(since * 1e9))
+        if until is not None:
+            req.until.FromNanoseconds(round(until * 1e9))
+        return await self.jobs.ExportUsage(req, metadata=self.metadata, timeout=self.timeout_s)  # type: ignore[no-any-return]
+
+    async def requeue(self, job_id: str, reason: str = "") -> svc.RequeueJobResponse:
+        return await self.jobs.RequeueJob(svc.RequeueJobRequest(job_id=job_id, reason=reason),  # type: ignore[no-any-return]
+                                          metadata=self.metadata, timeout=self.timeout_s)
+
+    async def set_priority(self, job_id: str, *, priority: int | None = None, band: str = "",
+                           reason: str = "") -> job_pb2.Job:
+        req = svc.SetJobPriorityRequest(job_id=job_id, priority_band=band, reason=reason)
+        if priority is not None:
+            req.priority = priority
+        resp = await self.jobs.SetJobPriority(req, metadata=self.metadata, timeout=self.timeout_s)
+        return resp.job  # type: ignore[no-any-return]
+
+    async def hold(self, job_id: str, reason: str = "") -> svc.HoldJobResponse:
+        return await self.jobs.HoldJob(svc.HoldJobRequest(job_id=job_id, reason=reason),  # type: ignore[no-any-return]
+                                       metadata=self.metadata, timeout=self.timeout_s)
+
+    async def release(self, job_id: str, reason: str = "") -> svc.ReleaseJobResponse:
+        return await self.jobs.ReleaseJob(svc.ReleaseJobRequest(job_id=job_id, reason=reason),  # type: ignore[no-any-return]
+                                          metadata=self.metadata, timeout=self.timeout_s)
 
     async def list_clusters(self) -> cs.ListClustersResponse:
         return await self.clusters.ListClusters(cs.ListClustersRequest(), metadata=self.metadata,  # type: ignore[no-any-return]

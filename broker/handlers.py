@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from broker import errors, validation
+from broker import errors, fairness, lifecycle, serde, validation
 from broker.auth import Caller, CallerKind
 from fleetplan.catalog import ClusterEntry, Usability
 from fleetplan.decide import could_ever_fit, within_policy
@@ -14,7 +14,7 @@ from fleetplan.view import ClusterState, FleetView
 from broker.errors import ErrorDetails, PolicyViolation, QuotaViolation
 from broker.hub import Hub
 from broker.jobstatus import QueueView
-from broker.records import AttemptRecord, JobFilter, JobPage, JobRecord, WatchEvent
+from broker.records import AttemptRecord, GpuHours, JobFilter, JobPage, JobRecord, WatchEvent
 from broker.serde import ParsedItem
 from broker.states import JobState
 
@@ -27,6 +27,14 @@ __all__ = [
     "watch_jobs",
     "cancel_job",
     "cancel_job_set",
+    "Usage",
+    "usage",
+    "export_usage",
+    "REQUEUEABLE",
+    "requeue_job",
+    "set_job_priority",
+    "hold_job",
+    "release_job",
     "cordon",
     "ClusterView",
     "list_clusters",
@@ -177,6 +185,10 @@ def queue_info(hub: Hub, job: JobRecord, *, per_cluster: bool = False) -> QueueV
         return None
     info = hub.placer.why(job.job_id)
     clusters = hub.placer.cluster_verdicts(job) if per_cluster else ()
+    if job.held:
+        held = f"held by {job.held_by}"
+        message = info.message if info.message.startswith(held) else "; ".join(x for x in (held, info.message) if x)
+        return QueueView(info.position, "HELD", message, clusters)
     return QueueView(info.position, info.reason.value, info.message, clusters)
 
 
@@ -255,6 +267,109 @@ async def cancel_job_set(hub: Hub, caller: Caller, tenant: str, job_set: str, re
     for cluster in {c for c in hub.dispatcher.sessions}:
         await hub.dispatcher.deliver(cluster)
     return [j.job_id for j in changed], terminal
+
+
+# ----------------------------------------------------------------------------- operations
+
+
+def _actor(caller: Caller) -> str:
+    return f"{caller.kind.value}/{caller.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    rows: list[fairness.TenantUsage]
+    capacity_cost: float
+    at: float
+
+
+def usage(hub: Hub, caller: Caller, tenant: str) -> Usage:
+    """Usage now from the placer's queue snapshot and fair shares: a tenant's own row, or (admins) every
+    tenant's (each tenant of the policy, and any other that holds or waits) or the one named."""
+    who = _tenant_of(caller, tenant)
+    snap, shares = hub.placer.shares()
+    named = [who] if who else sorted(hub.policy.current().tenants)
+    rows = fairness.tenant_usage(snap, shares, tenants=named)
+    if who:
+        rows = [r for r in rows if r.tenant == who]
+    return Usage(rows, shares.capacity, snap.now)
+
+
+async def export_usage(hub: Hub, caller: Caller, tenant: str, since: float | None,
+                       until: float | None) -> tuple[list[GpuHours], float, float]:
+    """GPU-hours per (tenant, model, cluster) in [since, until] (defaults: 0, now), scoped to the caller."""
+    who = _tenant_of(caller, tenant) or None
+    now = hub.clock()
+    lo = 0.0 if since is None else since
+    hi = now if until is None else until
+    return await hub.store.gpu_hours(since=lo, until=hi, now=now, tenant=who), lo, hi
+
+
+REQUEUEABLE = frozenset({JobState.RESERVED, JobState.DISPATCHED, JobState.ACCEPTED, JobState.STARTING,
+                         JobState.RUNNING})
+"""States RequeueJob acts on: the job's current attempt holds capacity and is not already ending."""
+
+
+async def requeue_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> JobRecord:
+    """End the current attempt and queue the job again, no retry spent (lifecycle.RequeueRequested)."""
+    job = await hub.store.get_job(job_id, tenant=_scope(caller))
+    if job.terminal:
+        raise errors.JobFinished(f"job {job_id} already {job.state.value}", job_id=job_id, state=job.state.value)
+    if job.state not in REQUEUEABLE:
+        raise errors.FailedPrecondition(
+            f"job {job_id} is {job.state.value}: only a job holding capacity "
+            f"({', '.join(s.value for s in sorted(REQUEUEABLE))}) can be requeued",
+            details=errors.ErrorDetails(reason="NOT_REQUEUEABLE"), job_id=job_id, state=job.state.value)
+    actor = _actor(caller)
+    event = lifecycle.RequeueRequested(job_id, job.attempt, actor=actor, grace_s=hub.cfg.grace_period_s,
+                                       message=reason or f"requeued by {actor}")
+    after, reaction = await hub.store.apply_event(event)
+    if reaction.transition is None:  # it moved on between the read and the write
+        raise errors.FailedPrecondition(
+            f"job {job_id} changed meanwhile (now {after.state.value}, attempt {after.attempt}); read it again",
+            details=errors.ErrorDetails(reason="NOT_REQUEUEABLE"), job_id=job_id, state=after.state.value)
+    hub.placer.observe(after)
+    await hub.dispatcher.deliver_for(after)
+    return after
+
+
+async def set_job_priority(hub: Hub, caller: Caller, job_id: str, priority: int | None, band: str,
+                           reason: str) -> JobRecord:
+    """New priority and / or band for a job that is not terminal; the band must be one its tenant may use."""
+    scope = _scope(caller)
+    job = await hub.store.get_job(job_id, tenant=scope)
+    if band:
+        pol = hub.policy.current()
+        tp = pol.tenants.get(job.tenant)
+        if pol.band_priority(band) is None or tp is None or not tp.allows_band(band):
+            raise errors.InvalidArgument.fields(errors.FieldViolation(
+                "priority_band", f"tenant {job.tenant} may not use priority band {band}"))
+    after = await hub.store.set_priority(job_id, tenant=scope, actor=_actor(caller), priority=priority,
+                                         band=band or None, message=reason, respec=serde.respec_priority)
+    if after.revision != job.revision:
+        hub.placer.requests.pop(job_id, None)  # the cached request carries the old priority
+        hub.placer.observe(after)
+        hub.placer.capacity_changed()  # the order changed: waiting jobs deserve another look
+    return after
+
+
+async def hold_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[JobRecord, bool]:
+    """Hold a job (idempotent): (job, changed)."""
+    job, changed = await hub.store.set_hold(job_id, held=True, tenant=_scope(caller), actor=_actor(caller),
+                                            message=reason)
+    if changed:
+        hub.placer.observe(job)
+    return job, changed
+
+
+async def release_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[JobRecord, bool]:
+    """Lift a hold (idempotent): (job, changed). Tenants may not lift an admin's hold."""
+    job, changed = await hub.store.set_hold(job_id, held=False, tenant=_scope(caller), actor=_actor(caller),
+                                            message=reason)
+    if changed:
+        hub.placer.observe(job)
+        hub.placer.capacity_changed()  # observe() only queues a look at jobs new to the queue
+    return job, changed
 
 
 # ----------------------------------------------------------------------------- clusters

@@ -39,6 +39,7 @@ __all__ = [
     "ClusterSilent",
     "ReservationExpired",
     "AbandonLost",
+    "RequeueRequested",
     "Event",
     "Reaction",
     "react",
@@ -102,6 +103,9 @@ class RetryPolicy:
     backoff_factor: float = 2.0
     backoff_max_s: float = 600.0
     """Back-off cap (seconds)."""
+    preempted_backoff_s: float = 1.0
+    """A preempted job waits this long before it is placed again (about one inventory report), so its next
+    attempt is decided over a report that no longer shows its old pods (FLEET-NOTES F-9)."""
 
 
 def backoff_s(policy: RetryPolicy, retries_spent: int) -> float:
@@ -219,9 +223,23 @@ class AbandonLost:
     actor: str = "broker"
 
 
+@dataclass(frozen=True, slots=True)
+class RequeueRequested:
+    """An operator (admin or the job's tenant) sends a job holding capacity back to the queue, no retry spent,
+    preemptible or not: ACCEPTED/STARTING/RUNNING → PREEMPTED with a PREEMPT order (QUEUED once the cluster
+    confirms); RESERVED/DISPATCHED → QUEUED now (outcome PREEMPTED) with a CANCEL order. Else not applicable."""
+
+    job_id: str
+    attempt: int
+    actor: str = "broker"
+    grace_s: float = 30.0
+    message: str = ""
+
+
 Event = (
     Reserve | DispatchSent | DispatchAccepted | DispatchRejected | WorkloadReady | AllRunning
     | AttemptEnded | CancelRequested | PreemptRequested | ClusterSilent | ReservationExpired | AbandonLost
+    | RequeueRequested
 )
 
 
@@ -332,6 +350,8 @@ def react(
             return _requeue(job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor,
                             orders=cleanup)
         return _ignore(IgnoreReason.NOT_APPLICABLE)
+    if isinstance(event, RequeueRequested):
+        return _requeue_requested(job, current, event, policy, now)
     raise TypeError(f"unknown event {event!r}")
 
 
@@ -382,6 +402,8 @@ def _requeue(
         return _fail(job, close, Reason.MAX_ATTEMPTS,
                      f"{message}; attempt cap reached ({policy.max_attempts})", orders, actor, spent)
     not_before = now + backoff_s(policy, retries) if spent else now
+    if close.outcome is O.PREEMPTED:
+        not_before = max(not_before, now + policy.preempted_backoff_s)
     return Reaction(transition=Transition(
         job_id=job.job_id, expect_state=job.state, expect_attempt=job.attempt, new_state=S.QUEUED,
         reason=reason.value, message=message, actor=actor, close_attempt=close,
@@ -453,3 +475,19 @@ def _cancel(job: JobRecord, current: AttemptRecord | None, ev: CancelRequested, 
                      orders=(OrderSpec(OrderKind.CANCEL, current.cluster, grace_s=0.0),))
     return _move(job, S.CANCELLING, Reason.CANCEL_REQUESTED, message=msg, actor=ev.actor,
                  orders=(OrderSpec(OrderKind.CANCEL, current.cluster, grace_s=ev.grace_s),))
+
+
+def _requeue_requested(
+    job: JobRecord, current: AttemptRecord, ev: RequeueRequested, policy: RetryPolicy, now: float
+) -> Reaction:
+    """RequeueRequested: like PreemptRequested without the preemptible check, and like ReservationExpired
+    (outcome PREEMPTED, no retry spent) for an attempt the cluster has not accepted yet."""
+    msg = ev.message or f"requeued by {ev.actor}"
+    if job.state in (S.ACCEPTED, S.STARTING, S.RUNNING):
+        return _move(job, S.PREEMPTED, Reason.PREEMPTION_REQUESTED, message=msg, actor=ev.actor,
+                     orders=(OrderSpec(OrderKind.PREEMPT, current.cluster, grace_s=ev.grace_s),))
+    if job.state in (S.RESERVED, S.DISPATCHED):
+        close = AttemptClose(outcome=O.PREEMPTED, end_time=now, message=msg)
+        return _requeue(job, close, Reason.PREEMPTED, policy, now, msg, actor=ev.actor,
+                        orders=(OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),))
+    return _ignore(IgnoreReason.NOT_APPLICABLE)

@@ -70,6 +70,7 @@ class WaitReason(enum.StrEnum):
     RATE_LIMITED = "RATE_LIMITED"
     CLUSTERS_CORDONED = "CLUSTERS_CORDONED"
     NOT_ALLOWED = "NOT_ALLOWED"
+    HELD = "HELD"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,8 @@ class QueueEntry:
     charged_gpus: float = 0.0
     drain_hold: bool = False
     """A QUEUED gang holding a draining domain: ``charged_*`` (the domain's idle GPUs) count as its usage."""
+    held: bool = False
+    """Held by an operator (``tandem hold``): out of the order until released."""
 
     @classmethod
     def of(cls, job: JobRecord, attempt: AttemptRecord | None) -> "QueueEntry":
@@ -137,7 +140,7 @@ class QueueEntry:
             priority=job.priority, seq=job.seq, state=job.state, gpus=job.gpus, gpu_models=job.gpu_models,
             preemptible=job.preemptible, not_before=job.not_before,
             charged_model=attempt.gpu_model if held and attempt else "",
-            charged_gpus=attempt.gpus if held and attempt else 0.0,
+            charged_gpus=attempt.gpus if held and attempt else 0.0, held=job.held,
         )
 
     @property
@@ -379,7 +382,7 @@ class QueueSnapshot:
         e = self.entries.get(job_id)
         if e is None or e.state is not JobState.QUEUED:
             return WaitInfo(WaitReason.UNSPECIFIED, (), None, "not waiting")
-        reasons: list[WaitReason] = []
+        reasons: list[WaitReason] = [WaitReason.HELD] if e.held else []
         parts: list[str] = []
         pos = self.position(job_id)
         if pos is not None:
@@ -429,7 +432,7 @@ def _fair_order(
 ) -> tuple[QueueEntry, ...]:
     bands: dict[int, dict[str, list[QueueEntry]]] = defaultdict(lambda: defaultdict(list))
     for e in entries:
-        if e.state is JobState.QUEUED and e.not_before <= now:
+        if e.state is JobState.QUEUED and e.not_before <= now and not e.held:
             bands[policy.band_rank(e.band)][e.tenant].append(e)
     projected: dict[str, float] = dict(start)
     out: list[QueueEntry] = []

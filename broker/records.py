@@ -30,10 +30,12 @@ __all__ = [
     "DispatchOrder",
     "Transition",
     "EventKind",
+    "UpdateReason",
     "WatchEvent",
     "JobFilter",
     "JobPage",
     "WatchPage",
+    "GpuHours",
     "CompactionResult",
 ]
 
@@ -130,6 +132,10 @@ class JobRecord:
     message: str
     revision: int
     """Store revision of the latest change to this job."""
+    held: bool = False
+    """An operator hold (HoldJob) is on: the placer must not reserve it; the store refuses a Reserve for it."""
+    held_by: str = ""
+    """Who placed the hold (``tenant/<name>`` or ``admin/<principal>``); '' when not held."""
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -309,6 +315,16 @@ class Transition:
 class EventKind(enum.StrEnum):
     SUBMITTED = "SUBMITTED"
     TRANSITION = "TRANSITION"
+    UPDATED = "UPDATED"
+    """Scheduling settings changed (priority, band, hold) without a state change: from_state = to_state."""
+
+
+class UpdateReason(enum.StrEnum):
+    """Reasons of UPDATED events (CamelCase like lifecycle.Reason)."""
+
+    PRIORITY_CHANGED = "PriorityChanged"
+    HELD = "Held"
+    RELEASED = "Released"
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +371,16 @@ class WatchPage:
     events: tuple[WatchEvent, ...]
     revision: int
     """Resume from here: every revision up to it was scanned (matching events are in ``events``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHours:
+    """GPU-hours of one (tenant, GPU model, cluster) inside a usage window (ExportUsage)."""
+
+    tenant: str
+    gpu_model: str
+    cluster: str
+    gpu_hours: float
 
 
 @dataclass(frozen=True, slots=True)

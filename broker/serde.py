@@ -28,6 +28,7 @@ __all__ = [
     "ParsedItem",
     "request_from_spec",
     "request_from_record",
+    "respec_priority",
     "job_to_proto",
     "event_to_proto",
     "status_from_error",
@@ -183,6 +184,15 @@ def start_timeout_s(raw: bytes, default: float) -> float:
     """The job's own gang start deadline (JobSpec.start_timeout), else the broker's default, in seconds."""
     spec = spec_from_bytes(raw)
     return _dur_s(spec.start_timeout) if spec.HasField("start_timeout") else default
+
+
+def respec_priority(raw: bytes, priority: int, band: str) -> bytes:
+    """The stored spec bytes with a new priority and band (SetJobPriority keeps the spec and the indexed
+    columns saying the same)."""
+    spec = spec_from_bytes(raw)
+    spec.priority = priority
+    spec.priority_band = band
+    return spec.SerializeToString(deterministic=True)
 
 
 def request_from_record(rec: JobRecord) -> JobRequest:
@@ -353,6 +363,8 @@ def job_to_proto(
     st.infra_retries = rec.infra_retries
     st.message = rec.message
     st.revision = rec.revision
+    st.held = rec.held
+    st.held_by = rec.held_by
     if queue_info is not None and rec.state is JobState.QUEUED:
         if queue_info.position is not None:
             st.queue_info.position = queue_info.position
@@ -388,7 +400,8 @@ def _transition(ev: WatchEvent) -> job_pb2.StateTransition:
 
 
 def event_to_proto(ev: WatchEvent, job: JobRecord | None) -> job_service_pb2.JobEvent:
-    kind = svc.JOB_EVENT_TYPE_SUBMITTED if ev.kind.value == "SUBMITTED" else svc.JOB_EVENT_TYPE_STATE_CHANGED
+    kind = {"SUBMITTED": svc.JOB_EVENT_TYPE_SUBMITTED, "UPDATED": svc.JOB_EVENT_TYPE_JOB_UPDATED}.get(
+        ev.kind.value, svc.JOB_EVENT_TYPE_STATE_CHANGED)
     out = svc.JobEvent(revision=ev.revision, type=kind, job_id=ev.job_id)
     out.time.CopyFrom(ts(ev.time))
     out.transition.CopyFrom(_transition(ev))

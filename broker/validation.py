@@ -33,6 +33,10 @@ __all__ = [
     "check_watch_jobs",
     "check_cancel_job",
     "check_cancel_job_set",
+    "check_job_request",
+    "check_get_usage",
+    "check_export_usage",
+    "check_set_job_priority",
     "check_list_clusters",
     "check_cluster_request",
     "check_json_depth",
@@ -358,12 +362,63 @@ def check_watch_jobs(req: Any) -> list[FieldViolation]:
 
 
 def check_cancel_job(req: Any) -> list[FieldViolation]:
-    return check_job_id(req.job_id) + check_text(req.reason, "reason", MAX_REASON, multiline=True)
+    return check_job_request(req)
 
 
 def check_cancel_job_set(req: Any) -> list[FieldViolation]:
     out = [V("job_set_id", "required")] if not req.job_set_id else []
     out.extend(_filters(req.tenant, "", req.job_set_id))
+    out.extend(check_text(req.reason, "reason", MAX_REASON, multiline=True))
+    return out
+
+
+MAX_TIMESTAMP_S = 253_402_300_799
+"""9999-12-31T23:59:59Z: the largest google.protobuf.Timestamp."""
+MAX_PRIORITY = 1000
+"""JobSpec.priority and SetJobPriority lie in -MAX_PRIORITY..MAX_PRIORITY."""
+
+
+def check_job_request(req: Any) -> list[FieldViolation]:
+    """RequeueJob / HoldJob / ReleaseJob (and CancelJob): a job id, and a reason for the history and audit log."""
+    return check_job_id(req.job_id) + check_text(req.reason, "reason", MAX_REASON, multiline=True)
+
+
+def check_get_usage(req: Any) -> list[FieldViolation]:
+    return _filters(req.tenant, "", "")
+
+
+def _check_timestamp(ts: Any, path: str) -> list[FieldViolation]:
+    if not 0 <= ts.seconds <= MAX_TIMESTAMP_S:
+        return [V(f"{path}.seconds", f"must lie in 0..{MAX_TIMESTAMP_S} (1970 to 9999)")]
+    if not 0 <= ts.nanos <= 999_999_999:
+        return [V(f"{path}.nanos", "must lie in 0..999999999")]
+    return []
+
+
+def check_export_usage(req: Any) -> list[FieldViolation]:
+    """The window's ends are valid timestamps and `until` is not before `since`."""
+    out = _filters(req.tenant, "", "")
+    bad = []
+    for name in ("since", "until"):
+        if req.HasField(name):
+            bad.extend(_check_timestamp(getattr(req, name), name))
+    out.extend(bad)
+    if not bad and req.HasField("since") and req.HasField("until") and \
+            (req.until.seconds, req.until.nanos) < (req.since.seconds, req.since.nanos):
+        out.append(V("until", "must not be before since"))
+    return out
+
+
+def check_set_job_priority(req: Any) -> list[FieldViolation]:
+    """A job id, a new priority and / or band (at least one), and a reason. Whether the tenant may use the band
+    is the handler's check (it depends on the job's tenant)."""
+    out = check_job_id(req.job_id)
+    if not req.HasField("priority") and not req.priority_band:
+        out.append(V("priority", "give a priority and / or a priority_band"))
+    if req.HasField("priority") and not -MAX_PRIORITY <= req.priority <= MAX_PRIORITY:
+        out.append(V("priority", f"must lie in -{MAX_PRIORITY}..{MAX_PRIORITY}"))
+    if req.priority_band:
+        out.extend(_name(req.priority_band, "priority_band"))
     out.extend(check_text(req.reason, "reason", MAX_REASON, multiline=True))
     return out
 
@@ -435,8 +490,8 @@ def check_spec(spec: Any, path: str) -> list[FieldViolation]:
         out.extend(_name(spec.priority_band, f"{path}.priority_band"))
     if spec.namespace_hint:
         out.extend(_dns_label(spec.namespace_hint, f"{path}.namespace_hint"))
-    if not -1000 <= spec.priority <= 1000:
-        out.append(V(f"{path}.priority", "must lie in -1000..1000"))
+    if not -MAX_PRIORITY <= spec.priority <= MAX_PRIORITY:
+        out.append(V(f"{path}.priority", f"must lie in -{MAX_PRIORITY}..{MAX_PRIORITY}"))
     out.extend(check_text(spec.display_name, f"{path}.display_name", MAX_DISPLAY_NAME))
     if not spec.pod_sets:
         out.append(V(f"{path}.pod_sets", "at least one pod set is required"))

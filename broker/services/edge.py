@@ -17,7 +17,7 @@ import grpc
 from grpc_status import rpc_status
 
 from broker import errors, validation
-from broker.auth import Caller, Credentials, Listener, Method, MUTATING, credentials_from_metadata
+from broker.auth import AUDITED, Caller, Credentials, Listener, Method, credentials_from_metadata
 from broker.hub import Hub
 from broker.serde import status_from_error
 from broker.services.wire import Undecodable, decoder
@@ -52,7 +52,7 @@ class Edge:
         try:
             self.hub.authz.authorize(caller, method)
         except errors.TandemError as exc:
-            if method in MUTATING:
+            if method in AUDITED:
                 self.hub.audit.record(caller, method, "denied", reason=exc.details.reason, message=exc.message)
             raise
         return caller
@@ -60,7 +60,7 @@ class Edge:
     async def refuse(self, context: grpc.aio.ServicerContext, method: Method,
                      violations: list[errors.FieldViolation]) -> NoReturn:
         """INVALID_ARGUMENT naming `violations`, after authentication (an unknown caller learns nothing about
-        the request) and with the audit record of a mutating method."""
+        the request) and with the audit record of an audited method."""
         caller: Caller | None = None
         try:
             caller = self.caller(context, method)
@@ -73,9 +73,9 @@ class Edge:
         err = exc if isinstance(exc, errors.TandemError) else errors.Internal("internal error")
         if not isinstance(exc, errors.TandemError):
             _log.exception("handler failed", extra={"method": method.rpc})
-        if method in MUTATING and caller is not None:
+        if method in AUDITED and caller is not None:
             self.hub.audit.record(caller, method, "error", reason=err.details.reason, **audit)
-        elif caller is None and method in MUTATING:
+        elif caller is None and method in AUDITED:
             self.hub.audit.record(None, method, "unauthenticated", reason=err.details.reason, peer=context.peer())
         await abort(context, err)
 

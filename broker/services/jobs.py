@@ -145,3 +145,99 @@ class JobServicer(svc_grpc.JobServiceServicer):
             await self.edge.fail(context, exc, Method.CANCEL_JOB_SET, caller, job_set=request.job_set_id)
         self.hub.audit.record(caller, Method.CANCEL_JOB_SET, "ok", job_set=request.job_set_id, jobs=ids)
         return svc.CancelJobSetResponse(cancelled_job_ids=ids, already_terminal_count=terminal)
+
+    # ------------------------------------------------------------------ operations
+
+    async def GetUsage(self, request: svc.GetUsageRequest, context: grpc.aio.ServicerContext) -> svc.GetUsageResponse:
+        caller: Caller | None = None
+        try:
+            caller = self.edge.caller(context, Method.GET_USAGE)
+            validation.raise_if(validation.check_get_usage(request))
+            view = handlers.usage(self.hub, caller, request.tenant)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.GET_USAGE, caller, tenant=request.tenant)
+        out = svc.GetUsageResponse(capacity_cost=view.capacity_cost)
+        out.evaluate_time.CopyFrom(serde.ts(view.at))
+        for r in view.rows:
+            out.tenants.add(tenant=r.tenant, weight=r.weight, gpus=dict(r.gpus), quotas=dict(r.quotas),
+                            borrowed=dict(r.borrowed), usage_cost=r.usage_cost, fair_share_cost=r.fair_share_cost,
+                            demand_cost=r.demand_cost)
+        self.hub.audit.record(caller, Method.GET_USAGE, "ok", tenant=request.tenant, rows=len(view.rows))
+        return out
+
+    async def ExportUsage(self, request: svc.ExportUsageRequest,
+                          context: grpc.aio.ServicerContext) -> svc.ExportUsageResponse:
+        caller: Caller | None = None
+        try:
+            caller = self.edge.caller(context, Method.EXPORT_USAGE)
+            validation.raise_if(validation.check_export_usage(request))
+            since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
+            until = request.until.ToNanoseconds() / 1e9 if request.HasField("until") else None
+            rows, lo, hi = await handlers.export_usage(self.hub, caller, request.tenant, since, until)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.EXPORT_USAGE, caller, tenant=request.tenant)
+        out = svc.ExportUsageResponse()
+        out.since.CopyFrom(serde.ts(lo))
+        out.until.CopyFrom(serde.ts(hi))
+        for r in rows:
+            out.records.add(tenant=r.tenant, gpu_model=r.gpu_model, cluster=r.cluster, gpu_hours=r.gpu_hours)
+        self.hub.audit.record(caller, Method.EXPORT_USAGE, "ok", tenant=request.tenant, since=lo, until=hi,
+                              rows=len(rows))
+        return out
+
+    async def RequeueJob(self, request: svc.RequeueJobRequest,
+                         context: grpc.aio.ServicerContext) -> svc.RequeueJobResponse:
+        caller: Caller | None = None
+        try:
+            caller = self.edge.caller(context, Method.REQUEUE_JOB)
+            validation.raise_if(validation.check_job_request(request))
+            job = await handlers.requeue_job(self.hub, caller, request.job_id, request.reason)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.REQUEUE_JOB, caller, job_id=request.job_id)
+        self.hub.audit.record(caller, Method.REQUEUE_JOB, "ok", job_id=request.job_id, reason=request.reason,
+                              attempt=job.attempt, state=job.state.value)
+        return svc.RequeueJobResponse(state=serde.state_to_proto(job.state))  # type: ignore[arg-type]
+
+    async def SetJobPriority(self, request: svc.SetJobPriorityRequest,
+                             context: grpc.aio.ServicerContext) -> svc.SetJobPriorityResponse:
+        caller: Caller | None = None
+        priority = request.priority if request.HasField("priority") else None
+        try:
+            caller = self.edge.caller(context, Method.SET_JOB_PRIORITY)
+            validation.raise_if(validation.check_set_job_priority(request))
+            job = await handlers.set_job_priority(self.hub, caller, request.job_id, priority, request.priority_band,
+                                                  request.reason)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.SET_JOB_PRIORITY, caller, job_id=request.job_id)
+        self.hub.audit.record(caller, Method.SET_JOB_PRIORITY, "ok", job_id=request.job_id, priority=priority,
+                              priority_band=request.priority_band, reason=request.reason)
+        return svc.SetJobPriorityResponse(job=self._basic(job))
+
+    async def HoldJob(self, request: svc.HoldJobRequest, context: grpc.aio.ServicerContext) -> svc.HoldJobResponse:
+        caller: Caller | None = None
+        try:
+            caller = self.edge.caller(context, Method.HOLD_JOB)
+            validation.raise_if(validation.check_job_request(request))
+            job, changed = await handlers.hold_job(self.hub, caller, request.job_id, request.reason)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.HOLD_JOB, caller, job_id=request.job_id)
+        self.hub.audit.record(caller, Method.HOLD_JOB, "ok", job_id=request.job_id, reason=request.reason,
+                              changed=changed)
+        return svc.HoldJobResponse(job=self._basic(job), already_held=not changed)
+
+    async def ReleaseJob(self, request: svc.ReleaseJobRequest,
+                         context: grpc.aio.ServicerContext) -> svc.ReleaseJobResponse:
+        caller: Caller | None = None
+        try:
+            caller = self.edge.caller(context, Method.RELEASE_JOB)
+            validation.raise_if(validation.check_job_request(request))
+            job, changed = await handlers.release_job(self.hub, caller, request.job_id, request.reason)
+        except Exception as exc:  # noqa: BLE001
+            await self.edge.fail(context, exc, Method.RELEASE_JOB, caller, job_id=request.job_id)
+        self.hub.audit.record(caller, Method.RELEASE_JOB, "ok", job_id=request.job_id, reason=request.reason,
+                              changed=changed)
+        return svc.ReleaseJobResponse(job=self._basic(job), was_not_held=not changed)
+
+    def _basic(self, job: JobRecord) -> job_pb2.Job:
+        return serde.job_to_proto(job, queue_info=handlers.queue_info(self.hub, job), full=False)
+

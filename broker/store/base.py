@@ -41,10 +41,12 @@ from types import TracebackType
 
 from broker.errors import JobNotFound
 from broker.lifecycle import Event, Reaction, RetryPolicy
+from broker.store.updates import Respec
 from broker.records import (
     AttemptRecord,
     CompactionResult,
     DispatchOrder,
+    GpuHours,
     JobFilter,
     JobPage,
     JobRecord,
@@ -203,6 +205,34 @@ class Store(abc.ABC):
         self, tenant: str, job_set: str, *, actor: str, message: str = "", grace_s: float = 30.0
     ) -> list[JobRecord]:
         """Cancel every non-terminal job of the tenant's job set in one transaction; returns those changed."""
+
+    # -- scheduling settings (no state change) ----------------------------------------------
+
+    @abc.abstractmethod
+    async def set_priority(
+        self, job_id: str, *, tenant: str | None, actor: str, priority: int | None = None, band: str | None = None,
+        message: str = "", respec: Respec | None = None,
+    ) -> JobRecord:
+        """Change a non-terminal job's priority and / or band (None = keep) with an UPDATED event; ``respec``
+        rewrites the stored spec bytes to carry the new values (called inside the transaction). Unchanged
+        values write nothing. JobFinished when terminal. The fingerprint stays: a retry of the original
+        submission still finds the job."""
+
+    @abc.abstractmethod
+    async def set_hold(
+        self, job_id: str, *, held: bool, tenant: str | None, actor: str, message: str = ""
+    ) -> tuple[JobRecord, bool]:
+        """Hold or release a non-terminal job with an UPDATED event; returns (job, changed). JobFinished when
+        terminal. A tenant caller (``tenant`` given) may release only holds it placed (PermissionDenied,
+        reason HELD_BY_ADMIN). While held, ``apply_event`` ignores a Reserve for the job."""
+
+    @abc.abstractmethod
+    async def gpu_hours(
+        self, *, since: float, until: float, now: float, tenant: str | None = None
+    ) -> list[GpuHours]:
+        """GPU-hours per (tenant, GPU model, cluster): each attempt's [running time (start time if it never
+        ran), end time (``now`` while open)] overlapped with [since, until], x its GPUs; aggregated by the
+        database (no spec is read). Non-zero rows only, sorted by tenant, model, cluster."""
 
     # -- outbox ------------------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ def _opt_float(v: object) -> float | None:
 def job_from_row(r: Row) -> JobRecord:
     labels = orjson.loads(r["labels"])
     mir = r["max_infra_retries"]
+    held_by = r["held_by"]
     return JobRecord(
         job_id=r["job_id"], seq=r["seq"], tenant=r["tenant"], queue=r["queue"], job_set=r["job_set"],
         priority_band=r["priority_band"], priority=r["priority"], preemptible=bool(r["preemptible"]),
@@ -103,7 +104,7 @@ def job_from_row(r: Row) -> JobRecord:
         fingerprint=bytes(r["fingerprint"]), state=JobState(r["state"]), attempt=r["attempt"],
         infra_retries=r["infra_retries"], not_before=r["not_before"], create_time=r["create_time"],
         update_time=r["update_time"], end_time=_opt_float(r["end_time"]), reason=r["reason"],
-        message=r["message"], revision=r["revision"],
+        message=r["message"], revision=r["revision"], held=held_by is not None, held_by=held_by or "",
     )
 
 

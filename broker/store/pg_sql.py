@@ -19,13 +19,23 @@ from broker.errors import (
     StoreUnavailable,
 )
 from broker.lifecycle import Reason
-from broker.records import AttemptRecord, CompactionResult, EventKind, JobRecord, NewJob, SubmitResult, Transition
+from broker.records import (
+    AttemptRecord,
+    CompactionResult,
+    EventKind,
+    GpuHours,
+    JobRecord,
+    NewJob,
+    SubmitResult,
+    Transition,
+)
 from broker.states import ACTIVE, TERMINAL, JobState, is_allowed
 from broker.store import codec
 from broker.store.migrations import PG_LATEST, PG_MIGRATIONS
+from broker.store.updates import Update
 
 __all__ = ["ACTIVE_STATES", "migrate", "submit_job", "load_job", "current_attempt", "apply_transition",
-           "compact_jobs", "meta_int", "revision"]
+           "write_update", "gpu_hours", "compact_jobs", "meta_int", "revision"]
 
 Conn = Any  # asyncpg.Connection (asyncpg ships no type hints)
 ACTIVE_STATES = sorted(s.value for s in ACTIVE)
@@ -190,6 +200,36 @@ async def apply_transition(c: Conn, job: JobRecord, t: Transition, now: float) -
         job, state=t.new_state, attempt=attempt_no, infra_retries=retries, not_before=not_before,
         update_time=now, end_time=end_time, reason=t.reason, message=t.message, revision=rev,
     )
+
+
+async def write_update(c: Conn, job: JobRecord, u: Update, actor: str, now: float) -> JobRecord:
+    """A settings change with its UPDATED event (see ``broker.store.sql.write_update``)."""
+    rev = await insert_event(c, job.job_id, job.tenant, job.job_set, EventKind.UPDATED, job.state, job.state,
+                             job.attempt, u.reason.value, u.message, actor, now)
+    new = u.job
+    await c.execute(
+        "UPDATE jobs SET priority=$1, priority_band=$2, spec=$3, held_by=$4, revision=$5 WHERE job_id=$6",
+        new.priority, new.priority_band, new.spec, new.held_by if new.held else None, rev, job.job_id,
+    )
+    return dataclasses.replace(new, revision=rev)
+
+
+_GPU_HOURS = (
+    "SELECT j.tenant AS tenant, a.gpu_model AS gpu_model, a.cluster AS cluster,"
+    " SUM((LEAST(COALESCE(a.end_time, $3), $2) - GREATEST(COALESCE(a.running_time, a.start_time), $1))"
+    " * a.gpus) / 3600.0 AS gpu_hours"
+    " FROM attempts a JOIN jobs j ON j.job_id = a.job_id"
+    " WHERE a.gpus > 0 AND COALESCE(a.running_time, a.start_time) IS NOT NULL"
+    " AND LEAST(COALESCE(a.end_time, $3), $2) > GREATEST(COALESCE(a.running_time, a.start_time), $1)"
+    " AND ($4::text IS NULL OR j.tenant = $4)"
+    " GROUP BY j.tenant, a.gpu_model, a.cluster ORDER BY j.tenant, a.gpu_model, a.cluster"
+)
+"""See ``broker.store.sql``: the overlap with the window, x GPUs, summed by the database."""
+
+
+async def gpu_hours(c: Conn, since: float, until: float, now: float, tenant: str | None) -> list[GpuHours]:
+    rows = await c.fetch(_GPU_HOURS, since, until, now, tenant)
+    return [GpuHours(r["tenant"], r["gpu_model"], r["cluster"], float(r["gpu_hours"])) for r in rows]
 
 
 async def meta_int(c: Conn, key: str) -> int:

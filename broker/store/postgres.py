@@ -22,6 +22,7 @@ from broker.records import (
     AttemptRecord,
     CompactionResult,
     DispatchOrder,
+    GpuHours,
     JobFilter,
     JobPage,
     JobRecord,
@@ -34,7 +35,7 @@ from broker.records import (
     WatchPage,
 )
 from broker.states import JobState
-from broker.store import codec, pg_sql
+from broker.store import codec, pg_sql, updates
 from broker.store.base import Clock, Decide, IdGen, Store, StoreOptions
 from broker.store.commit import CommitStats
 
@@ -355,6 +356,9 @@ class PostgresStore(Store):
     async def apply_event(self, event: lifecycle.Event) -> tuple[JobRecord, lifecycle.Reaction]:
         async def op(c: Conn) -> tuple[JobRecord, lifecycle.Reaction]:
             job = await pg_sql.load_job(c, event.job_id)
+            refused = updates.refuse_held_reserve(job, event)
+            if refused is not None:
+                return job, refused
             now = self._clock()
             reaction = lifecycle.react(job, await pg_sql.current_attempt(c, job), event, self._opts.retry, now)
             if reaction.transition is None:
@@ -401,6 +405,39 @@ class PostgresStore(Store):
 
         result: list[JobRecord] = await self._write(op)
         return result
+
+    # -- scheduling settings ---------------------------------------------------------------------
+
+    async def set_priority(
+        self, job_id: str, *, tenant: str | None, actor: str, priority: int | None = None, band: str | None = None,
+        message: str = "", respec: updates.Respec | None = None,
+    ) -> JobRecord:
+        async def op(c: Conn) -> JobRecord:
+            job = await pg_sql.load_job(c, job_id, tenant)
+            u = updates.decide_priority(job, priority, band, message, respec)
+            return job if u is None else await pg_sql.write_update(c, job, u, actor, self._clock())
+
+        result: JobRecord = await self._write(op)
+        return result
+
+    async def set_hold(
+        self, job_id: str, *, held: bool, tenant: str | None, actor: str, message: str = ""
+    ) -> tuple[JobRecord, bool]:
+        async def op(c: Conn) -> tuple[JobRecord, bool]:
+            job = await pg_sql.load_job(c, job_id, tenant)
+            u = updates.decide_hold(job, held, tenant=tenant, actor=actor, message=message)
+            if u is None:
+                return job, False
+            return await pg_sql.write_update(c, job, u, actor, self._clock()), True
+
+        result: tuple[JobRecord, bool] = await self._write(op)
+        return result
+
+    async def gpu_hours(
+        self, *, since: float, until: float, now: float, tenant: str | None = None
+    ) -> list[GpuHours]:
+        rows: list[GpuHours] = await self._read(lambda c: pg_sql.gpu_hours(c, since, until, now, tenant))
+        return sorted(rows, key=lambda r: (r.tenant, r.gpu_model, r.cluster))
 
     # -- outbox ----------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from broker.records import (
     AttemptRecord,
     CompactionResult,
     EventKind,
+    GpuHours,
     JobRecord,
     NewJob,
     SubmitResult,
@@ -31,6 +32,7 @@ from broker.records import (
 from broker.states import ACTIVE, TERMINAL, JobState, is_allowed
 from broker.store import codec
 from broker.store.migrations import LATEST, MIGRATIONS
+from broker.store.updates import Update
 
 __all__ = [
     "ACTIVE_SQL",
@@ -41,6 +43,8 @@ __all__ = [
     "load_job",
     "current_attempt",
     "apply_transition",
+    "write_update",
+    "gpu_hours",
     "compact_jobs",
     "meta_int",
     "revision",
@@ -225,6 +229,38 @@ def apply_transition(c: sqlite3.Connection, job: JobRecord, t: Transition, now: 
         job, state=t.new_state, attempt=attempt_no, infra_retries=retries, not_before=not_before,
         update_time=now, end_time=end_time, reason=t.reason, message=t.message, revision=rev,
     )
+
+
+def write_update(c: sqlite3.Connection, job: JobRecord, u: Update, actor: str, now: float) -> JobRecord:
+    """Persist a settings change (priority, band, spec bytes, hold) with its UPDATED event (caller's transaction).
+    State, attempt, reason, message and update_time (the last state change) stay as they are."""
+    rev = insert_event(c, job.job_id, job.tenant, job.job_set, EventKind.UPDATED, job.state, job.state,
+                       job.attempt, u.reason.value, u.message, actor, now)
+    new = u.job
+    c.execute(
+        "UPDATE jobs SET priority=?, priority_band=?, spec=?, held_by=?, revision=? WHERE job_id=?",
+        (new.priority, new.priority_band, new.spec, new.held_by if new.held else None, rev, job.job_id),
+    )
+    return dataclasses.replace(new, revision=rev)
+
+
+# Overlap of [running (or start) time, end or now] with [since, until], x GPUs, summed in the database:
+# nothing but the attempts' time columns is read (no spec), one row per (tenant, model, cluster).
+_GPU_HOURS = (
+    "SELECT j.tenant AS tenant, a.gpu_model AS gpu_model, a.cluster AS cluster,"
+    " SUM((MIN(COALESCE(a.end_time, :now), :until) - MAX(COALESCE(a.running_time, a.start_time), :since))"
+    " * a.gpus) / 3600.0 AS gpu_hours"
+    " FROM attempts a JOIN jobs j ON j.job_id = a.job_id"
+    " WHERE a.gpus > 0 AND COALESCE(a.running_time, a.start_time) IS NOT NULL"
+    " AND MIN(COALESCE(a.end_time, :now), :until) > MAX(COALESCE(a.running_time, a.start_time), :since)"
+    " AND (:tenant IS NULL OR j.tenant = :tenant)"
+    " GROUP BY j.tenant, a.gpu_model, a.cluster ORDER BY j.tenant, a.gpu_model, a.cluster"
+)
+
+
+def gpu_hours(c: sqlite3.Connection, since: float, until: float, now: float, tenant: str | None) -> list[GpuHours]:
+    rows = c.execute(_GPU_HOURS, {"since": since, "until": until, "now": now, "tenant": tenant})
+    return [GpuHours(r["tenant"], r["gpu_model"], r["cluster"], float(r["gpu_hours"])) for r in rows]
 
 
 def meta_int(c: sqlite3.Connection, key: str) -> int:

@@ -17,6 +17,7 @@ from broker.records import (
     AttemptRecord,
     CompactionResult,
     DispatchOrder,
+    GpuHours,
     JobFilter,
     JobPage,
     JobRecord,
@@ -29,7 +30,7 @@ from broker.records import (
     WatchPage,
 )
 from broker.states import JobState
-from broker.store import codec, sql
+from broker.store import codec, sql, updates
 from broker.store.base import Clock, Decide, Delivery, IdGen, Store, StoreOptions
 from broker.store.commit import GroupCommitter
 
@@ -277,6 +278,9 @@ class SqliteStore(Store):
     async def apply_event(self, event: lifecycle.Event) -> tuple[JobRecord, lifecycle.Reaction]:
         def op(c: sqlite3.Connection) -> tuple[JobRecord, lifecycle.Reaction]:
             job = sql.load_job(c, event.job_id)
+            refused = updates.refuse_held_reserve(job, event)
+            if refused is not None:
+                return job, refused
             reaction = lifecycle.react(job, sql.current_attempt(c, job), event, self._opts.retry, self._clock())
             if reaction.transition is None:
                 return job, reaction
@@ -318,6 +322,33 @@ class SqliteStore(Store):
             return changed
 
         return await self._write(op)
+
+    async def set_priority(
+        self, job_id: str, *, tenant: str | None, actor: str, priority: int | None = None, band: str | None = None,
+        message: str = "", respec: updates.Respec | None = None,
+    ) -> JobRecord:
+        def op(c: sqlite3.Connection) -> JobRecord:
+            job = sql.load_job(c, job_id, tenant)
+            u = updates.decide_priority(job, priority, band, message, respec)
+            return job if u is None else sql.write_update(c, job, u, actor, self._clock())
+
+        return await self._write(op)
+
+    async def set_hold(
+        self, job_id: str, *, held: bool, tenant: str | None, actor: str, message: str = ""
+    ) -> tuple[JobRecord, bool]:
+        def op(c: sqlite3.Connection) -> tuple[JobRecord, bool]:
+            job = sql.load_job(c, job_id, tenant)
+            u = updates.decide_hold(job, held, tenant=tenant, actor=actor, message=message)
+            return (job, False) if u is None else (sql.write_update(c, job, u, actor, self._clock()), True)
+
+        return await self._write(op)
+
+    async def gpu_hours(
+        self, *, since: float, until: float, now: float, tenant: str | None = None
+    ) -> list[GpuHours]:
+        rows = await self._read(lambda c: sql.gpu_hours(c, since, until, now, tenant))
+        return sorted(rows, key=lambda r: (r.tenant, r.gpu_model, r.cluster))
 
     def _apply(self, c: sqlite3.Connection, job: JobRecord, t: Transition) -> JobRecord:
         return sql.apply_transition(c, job, t, self._clock())

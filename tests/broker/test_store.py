@@ -742,3 +742,183 @@ async def test_active_runs_pair_each_open_attempt_with_its_job(store: SqliteStor
     runs = await store.active_runs()
     assert [(j.job_id, j.state, a.number, a.cluster) for j, a in runs] == [(placed.job_id, S.RESERVED, 1, "c1")]
     assert waiting.job_id not in {j.job_id for j, _ in runs}
+
+
+# -- operator requeue --------------------------------------------------------------------------------
+
+
+async def test_requeue_of_a_running_job_preempts_it_even_if_not_preemptible(store: SqliteStore, clock: FakeClock) -> None:
+    j = (await store.submit(new_job(preemptible=False))).job
+    await _reserve(store, j.job_id)
+    await _run(store, j.job_id)
+    _, refused = await store.apply_event(lifecycle.PreemptRequested(j.job_id, 1))
+    assert refused.ignored is lifecycle.IgnoreReason.NOT_PREEMPTIBLE  # what the new event does differently
+    job, r = await store.apply_event(lifecycle.RequeueRequested(j.job_id, 1, actor="admin/ops", grace_s=20,
+                                                                message="maintenance"))
+    assert r.transition is not None and job.state is S.PREEMPTED
+    order = (await store.pending_orders("c1"))[-1]
+    assert (order.kind, order.attempt, order.grace_s) == (OrderKind.PREEMPT, 1, 20)
+    ev = (await store.job_history(j.job_id))[-1]
+    assert (ev.actor, ev.message) == ("admin/ops", "maintenance")
+    clock.advance(3)
+    job, _ = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED))
+    assert (job.state, job.infra_retries, job.attempt) == (S.QUEUED, 0, 1)
+    [a] = await store.list_attempts(j.job_id)
+    assert (a.outcome, a.spent_retry) == (AttemptOutcome.PREEMPTED, False)
+
+
+async def test_requeue_of_a_reserved_job_queues_it_at_once_and_cancels_the_dispatch(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    await _reserve(store, j.job_id)
+    job, r = await store.apply_event(lifecycle.RequeueRequested(j.job_id, 1, actor="tenant/t1"))
+    assert r.transition is not None and (job.state, job.infra_retries) == (S.QUEUED, 0)
+    assert [o.kind for o in await store.pending_orders("c1")] == [OrderKind.DISPATCH, OrderKind.CANCEL]
+    [a] = await store.list_attempts(j.job_id)
+    assert (a.outcome, a.spent_retry, a.message) == (AttemptOutcome.PREEMPTED, False, "requeued by tenant/t1")
+    assert await store.active_reservations() == []
+    _, again = await store.apply_event(lifecycle.RequeueRequested(j.job_id, 1))
+    assert again.ignored is lifecycle.IgnoreReason.NOT_APPLICABLE  # QUEUED: nothing to requeue
+
+
+# -- scheduling settings: priority, band, hold -------------------------------------------------------
+
+
+def _respec(raw: bytes, priority: int, band: str) -> bytes:
+    return raw.split(b"|")[0] + f"|{priority}|{band}".encode()
+
+
+async def test_set_priority_updates_columns_spec_and_history(store: SqliteStore, clock: FakeClock) -> None:
+    j = (await store.submit(new_job(key="k", priority=3))).job
+    clock.advance(10)
+    out = await store.set_priority(j.job_id, tenant="t1", actor="tenant/t1", priority=7, message="deadline",
+                                   respec=_respec)
+    assert (out.priority, out.priority_band, out.spec, out.state) == (7, "default", b"spec|7|default", S.QUEUED)
+    assert out.revision > j.revision and out.update_time == j.update_time  # not a state change
+    assert await store.get_job(j.job_id) == out
+    ev = (await store.job_history(j.job_id))[-1]
+    assert (ev.kind.value, ev.from_state, ev.to_state, ev.reason, ev.actor, ev.revision) == (
+        "UPDATED", S.QUEUED, S.QUEUED, "PriorityChanged", "tenant/t1", out.revision)
+    assert ev.message == "priority 3 -> 7: deadline"
+    both = await store.set_priority(j.job_id, tenant=None, actor="admin/a", priority=1, band="high", respec=_respec)
+    assert (both.priority, both.priority_band, both.spec) == (1, "high", b"spec|1|high")
+    same = await store.set_priority(j.job_id, tenant=None, actor="admin/a", band="high", respec=_respec)
+    assert same.revision == both.revision  # nothing changed, nothing written
+    assert not (await store.submit(new_job(key="k", priority=3))).created  # the original request still matches
+    with pytest.raises(errors.JobNotFound):
+        await store.set_priority(j.job_id, tenant="t2", actor="tenant/t2", priority=9)
+    await store.cancel_job(j.job_id, tenant=None, actor="admin/a")
+    with pytest.raises(errors.JobFinished):
+        await store.set_priority(j.job_id, tenant=None, actor="admin/a", priority=9)
+
+
+async def test_a_held_job_gets_no_reservation_until_released(store: SqliteStore) -> None:
+    j = (await store.submit(new_job())).job
+    held, changed = await store.set_hold(j.job_id, held=True, tenant=None, actor="admin/ops", message="audit")
+    assert changed and (held.held, held.held_by, held.state) == (True, "admin/ops", S.QUEUED)
+    assert await store.get_job(j.job_id) == held
+    again, changed = await store.set_hold(j.job_id, held=True, tenant="t1", actor="tenant/t1")
+    assert not changed and again == held  # idempotent: the first holder stays
+    _, r = await store.apply_event(lifecycle.Reserve(j.job_id, 0, "c1", ("z1",), (ReplicaPlacement("w", 0, "n1"),),
+                                                     "H100", 8.0))
+    assert r.ignored is lifecycle.IgnoreReason.NOT_APPLICABLE and await store.pending_orders("c1") == []
+    with pytest.raises(errors.PermissionDenied) as ei:
+        await store.set_hold(j.job_id, held=False, tenant="t1", actor="tenant/t1")
+    assert ei.value.details.reason == "HELD_BY_ADMIN"
+    with pytest.raises(errors.JobNotFound):
+        await store.set_hold(j.job_id, held=False, tenant="t2", actor="tenant/t2")
+    released, changed = await store.set_hold(j.job_id, held=False, tenant=None, actor="admin/ops")
+    assert changed and (released.held, released.held_by) == (False, "")
+    assert [(e.reason, e.message) for e in (await store.job_history(j.job_id))[1:]] == [
+        ("Held", "held by admin/ops: audit"), ("Released", "released by admin/ops (held by admin/ops)")]
+    await _reserve(store, j.job_id)
+    assert (await store.get_job(j.job_id)).state is S.RESERVED
+    # a tenant lifts its own hold
+    k = (await store.submit(new_job())).job
+    await store.set_hold(k.job_id, held=True, tenant="t1", actor="tenant/t1")
+    out, changed = await store.set_hold(k.job_id, held=False, tenant="t1", actor="tenant/t1")
+    assert changed and not out.held
+
+
+# -- GPU-hours -----------------------------------------------------------------------------------------
+
+
+async def test_gpu_hours_sum_each_attempts_overlap_with_the_window(store: SqliteStore, clock: FakeClock) -> None:
+    t0 = clock()
+    ran = (await store.submit(new_job())).job  # t1, c1: 16 GPUs running t0+120 .. t0+3720
+    await _reserve(store, ran.job_id)
+    for ev in (lifecycle.DispatchSent(ran.job_id, 1), lifecycle.DispatchAccepted(ran.job_id, 1)):
+        await store.apply_event(ev)
+    clock.advance(60)
+    await store.apply_event(lifecycle.WorkloadReady(ran.job_id, 1))  # start t0+60
+    clock.advance(60)
+    await store.apply_event(lifecycle.AllRunning(ran.job_id, 1))  # running t0+120
+    never_ran = (await store.submit(new_job("t2"))).job  # t2, c2: started at t0+120, never all running
+    await _reserve(store, never_ran.job_id, cluster="c2")
+    for ev in (lifecycle.DispatchSent(never_ran.job_id, 1), lifecycle.DispatchAccepted(never_ran.job_id, 1),
+               lifecycle.WorkloadReady(never_ran.job_id, 1)):
+        await store.apply_event(ev)
+    placed_only = (await store.submit(new_job())).job  # reserved, never started: no GPU-hours
+    await _reserve(store, placed_only.job_id)
+    clock.advance(1800)
+    await store.apply_event(lifecycle.AttemptEnded(never_ran.job_id, 1, AttemptOutcome.GANG_TIMEOUT))  # t0+1920
+    clock.advance(1800)
+    await store.apply_event(lifecycle.AttemptEnded(ran.job_id, 1, AttemptOutcome.SUCCEEDED))  # t0+3720
+    still = (await store.submit(new_job(gpus=8))).job  # t1, c1: running from t0+3720, open
+    await _reserve(store, still.job_id)
+    await _run(store, still.job_id)
+    clock.advance(1800)  # now = t0+5520
+
+    def table(rows: list[Any]) -> list[tuple[str, str, str, float]]:
+        return [(r.tenant, r.gpu_model, r.cluster, round(r.gpu_hours, 9)) for r in rows]
+
+    now = clock()
+    everything = await store.gpu_hours(since=0, until=now, now=now)
+    # _reserve charges 16 GPUs: t1 = 16 x 1h (ran) + 16 x 0.5h (still, to now); t2 = 16 x 0.5h from its start
+    assert table(everything) == [("t1", "H100", "c1", 24.0), ("t2", "H100", "c2", 8.0)]
+    # [t0+1020, t0+4620]: 0.75h of ran + 0.25h of still for t1, 0.25h of never_ran (it ended at t0+1920) for t2
+    window = await store.gpu_hours(since=t0 + 1020, until=t0 + 4620, now=now)
+    assert table(window) == [("t1", "H100", "c1", 16.0), ("t2", "H100", "c2", 4.0)]
+    assert table(await store.gpu_hours(since=0, until=now, now=now, tenant="t2")) == [("t2", "H100", "c2", 8.0)]
+    assert await store.gpu_hours(since=now, until=now + 3600, now=now, tenant="t2") == []  # ended before
+    assert await store.gpu_hours(since=0, until=t0 + 100, now=now) == []  # nothing was running yet
+
+
+# -- schema version 3 over a version 2 database ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_version_2_database_opens_with_its_jobs_unchanged(
+    backend: str, tmp_path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest  # type: ignore[no-untyped-def]
+) -> None:
+    from broker.store import pg_sql, sql
+    from broker.store.migrations import PG_MIGRATIONS
+
+    def open_store(ids: str) -> Any:
+        if backend == "postgres":
+            from broker.store.postgres import PostgresStore
+
+            return PostgresStore(dsn, clock=clock, id_gen=id_gen(ids))
+        return SqliteStore(str(tmp_path / "v2.db"), clock=clock, id_gen=id_gen(ids))
+
+    dsn = ""
+    if backend == "postgres":
+        from tests.broker.store_builders import fresh_pg_database
+
+        dsn = await fresh_pg_database(request.getfixturevalue("pg_server"))
+    v2 = [m for m in MIGRATIONS if m[0] <= 2]
+    with monkeypatch.context() as m:
+        m.setattr(sql, "MIGRATIONS", tuple(v2))
+        m.setattr(sql, "LATEST", 2)
+        m.setattr(pg_sql, "PG_MIGRATIONS", tuple(x for x in PG_MIGRATIONS if x[0] <= 2))
+        m.setattr(pg_sql, "PG_LATEST", 2)
+        async with open_store("old") as old:
+            assert old.schema_version == 2
+            written = [(await old.submit(new_job(key=f"k{i}", priority=i, labels={"i": str(i)}))).job
+                       for i in range(3)]
+    async with open_store("new") as s:
+        assert s.schema_version == 3 and LATEST == 3
+        assert list((await s.list_jobs(JobFilter())).jobs) == written  # every field as it was, none held
+        assert not any(j.held for j in written)
+        assert not (await s.submit(new_job(key="k1", priority=1, labels={"i": "1"}))).created
+        held, _ = await s.set_hold(written[0].job_id, held=True, tenant=None, actor="admin/a")
+        assert (await s.get_job(held.job_id)).held_by == "admin/a"

@@ -230,6 +230,8 @@ def job_status() -> j.JobStatus:
         infra_retries=1,
         message="waiting for capacity",
         revision=9_007_199_254_740_993,  # above 2**53: JSON must carry it as a string
+        held=True,
+        held_by="admin/ops",
     )
 
 
@@ -454,3 +456,63 @@ def cancel_job_set_request() -> js.CancelJobSetRequest:
 
 def cancel_job_set_response() -> js.CancelJobSetResponse:
     return js.CancelJobSetResponse(cancelled_job_ids=["train-7f3k", "train-9q2m"], already_terminal_count=4)
+
+
+def get_usage_request() -> js.GetUsageRequest:
+    return js.GetUsageRequest(tenant="acme")
+
+
+def tenant_usage() -> js.TenantUsage:
+    return js.TenantUsage(
+        tenant="acme", weight=2.0, gpus={"NVIDIA-H100-80GB-HBM3": 24.0, "NVIDIA-A100-SXM4-80GB": 0.5},
+        quotas={"NVIDIA-H100-80GB-HBM3": 16.0, "*": 8.0}, borrowed={"NVIDIA-H100-80GB-HBM3": 8.0},
+        usage_cost=48.25, fair_share_cost=40.0, demand_cost=96.0,
+    )
+
+
+def get_usage_response() -> js.GetUsageResponse:
+    return js.GetUsageResponse(tenants=[tenant_usage()], capacity_cost=512.0, evaluate_time=ts(13))
+
+
+def export_usage_request() -> js.ExportUsageRequest:
+    return js.ExportUsageRequest(since=ts(0), until=ts(86400), tenant="acme")
+
+
+def usage_record() -> js.UsageRecord:
+    return js.UsageRecord(tenant="acme", gpu_model="NVIDIA-H100-80GB-HBM3", cluster="eu-a", gpu_hours=1536.5)
+
+
+def export_usage_response() -> js.ExportUsageResponse:
+    return js.ExportUsageResponse(records=[usage_record()], since=ts(0), until=ts(86400))
+
+
+def requeue_job_request() -> js.RequeueJobRequest:
+    return js.RequeueJobRequest(job_id="train-7f3k", reason="node maintenance")
+
+
+def requeue_job_response() -> js.RequeueJobResponse:
+    return js.RequeueJobResponse(state=j.JOB_STATE_PREEMPTED)
+
+
+def set_job_priority_request() -> js.SetJobPriorityRequest:
+    return js.SetJobPriorityRequest(job_id="train-7f3k", priority=500, priority_band="high", reason="deadline")
+
+
+def set_job_priority_response() -> js.SetJobPriorityResponse:
+    return js.SetJobPriorityResponse(job=job())
+
+
+def hold_job_request() -> js.HoldJobRequest:
+    return js.HoldJobRequest(job_id="train-7f3k", reason="dataset not ready")
+
+
+def hold_job_response() -> js.HoldJobResponse:
+    return js.HoldJobResponse(job=job(), already_held=True)
+
+
+def release_job_request() -> js.ReleaseJobRequest:
+    return js.ReleaseJobRequest(job_id="train-7f3k", reason="dataset ready")
+
+
+def release_job_response() -> js.ReleaseJobResponse:
+    return js.ReleaseJobResponse(job=job(), was_not_held=True)

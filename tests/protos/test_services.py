@@ -30,6 +30,12 @@ EXPECTED: dict[str, tuple[ModuleType, Methods]] = {
         "WatchJobs": (SERVER_STREAM, "WatchJobsRequest", "JobEvent"),
         "CancelJob": (UNARY, "CancelJobRequest", "CancelJobResponse"),
         "CancelJobSet": (UNARY, "CancelJobSetRequest", "CancelJobSetResponse"),
+        "GetUsage": (UNARY, "GetUsageRequest", "GetUsageResponse"),
+        "ExportUsage": (UNARY, "ExportUsageRequest", "ExportUsageResponse"),
+        "RequeueJob": (UNARY, "RequeueJobRequest", "RequeueJobResponse"),
+        "SetJobPriority": (UNARY, "SetJobPriorityRequest", "SetJobPriorityResponse"),
+        "HoldJob": (UNARY, "HoldJobRequest", "HoldJobResponse"),
+        "ReleaseJob": (UNARY, "ReleaseJobRequest", "ReleaseJobResponse"),
     }),
     "ClusterService": (cs, {
         "Connect": (BIDI, "AgentMessage", "BrokerMessage"),

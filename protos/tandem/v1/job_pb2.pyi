@@ -336,6 +336,10 @@ class _WaitReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WaitReason
     priority band was removed since); it waits until the policy allows it
     again or it is cancelled.
     """
+    WAIT_REASON_HELD: _WaitReason.ValueType  # 12
+    """Held (HoldJob) until ReleaseJob; JobStatus.held_by says by whom and
+    QueueInfo.message starts with "held by <actor>".
+    """
 
 class WaitReason(_WaitReason, metaclass=_WaitReasonEnumTypeWrapper):
     """Why a queued job is not placed yet. Only facts about the caller's own
@@ -374,6 +378,10 @@ WAIT_REASON_NOT_ALLOWED: WaitReason.ValueType  # 11
 """The tenancy policy no longer allows the job as submitted (its tenant or
 priority band was removed since); it waits until the policy allows it
 again or it is cancelled.
+"""
+WAIT_REASON_HELD: WaitReason.ValueType  # 12
+"""Held (HoldJob) until ReleaseJob; JobStatus.held_by says by whom and
+QueueInfo.message starts with "held by <actor>".
 """
 Global___WaitReason: _TypeAlias = WaitReason  # noqa: Y015
 
@@ -1281,6 +1289,8 @@ class JobStatus(_message.Message):
     INFRA_RETRIES_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    HELD_BY_FIELD_NUMBER: _builtins.int
     state: Global___JobState.ValueType
     """Current state."""
     current_attempt: _builtins.int
@@ -1291,6 +1301,15 @@ class JobStatus(_message.Message):
     """Human-readable summary of the latest transition."""
     revision: _builtins.int
     """Store revision of the last change to this job."""
+    held: _builtins.bool
+    """True while a hold (HoldJob, like Slurm's `scontrol hold`) keeps the job
+    from being placed; ReleaseJob lifts it. A hold on a job that is not
+    QUEUED takes effect when it next returns to the queue.
+    """
+    held_by: _builtins.str
+    """Who placed the hold: "tenant/<name>" or "admin/<principal>" (empty when
+    not held). A tenant may not release a hold an admin placed.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """Submission commit time."""
@@ -1324,10 +1343,12 @@ class JobStatus(_message.Message):
         infra_retries: _builtins.int = ...,
         message: _builtins.str = ...,
         revision: _builtins.int = ...,
+        held: _builtins.bool = ...,
+        held_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "queue_info", b"queue_info", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "create_time", b"create_time", "current_attempt", b"current_attempt", "history", b"history", "infra_retries", b"infra_retries", "message", b"message", "queue_info", b"queue_info", "revision", b"revision", "state", b"state", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "create_time", b"create_time", "current_attempt", b"current_attempt", "held", b"held", "held_by", b"held_by", "history", b"history", "infra_retries", b"infra_retries", "message", b"message", "queue_info", b"queue_info", "revision", b"revision", "state", b"state", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -92,6 +92,36 @@ class JobServiceStub:
                 request_serializer=tandem_dot_v1_dot_job__service__pb2.CancelJobSetRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_job__service__pb2.CancelJobSetResponse.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/tandem.v1.JobService/GetUsage',
+                request_serializer=tandem_dot_v1_dot_job__service__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_job__service__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
+        self.ExportUsage = channel.unary_unary(
+                '/tandem.v1.JobService/ExportUsage',
+                request_serializer=tandem_dot_v1_dot_job__service__pb2.ExportUsageRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_job__service__pb2.ExportUsageResponse.FromString,
+                _registered_method=True)
+        self.RequeueJob = channel.unary_unary(
+                '/tandem.v1.JobService/RequeueJob',
+                request_serializer=tandem_dot_v1_dot_job__service__pb2.RequeueJobRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_job__service__pb2.RequeueJobResponse.FromString,
+                _registered_method=True)
+        self.SetJobPriority = channel.unary_unary(
+                '/tandem.v1.JobService/SetJobPriority',
+                request_serializer=tandem_dot_v1_dot_job__service__pb2.SetJobPriorityRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_job__service__pb2.SetJobPriorityResponse.FromString,
+                _registered_method=True)
+        self.HoldJob = channel.unary_unary(
+                '/tandem.v1.JobService/HoldJob',
+                request_serializer=tandem_dot_v1_dot_job__service__pb2.HoldJobRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_job__service__pb2.HoldJobResponse.FromString,
+                _registered_method=True)
+        self.ReleaseJob = channel.unary_unary(
+                '/tandem.v1.JobService/ReleaseJob',
+                request_serializer=tandem_dot_v1_dot_job__service__pb2.ReleaseJobRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_job__service__pb2.ReleaseJobResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -173,6 +203,65 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """Usage now, one row per tenant: GPUs held per model against quota, what
+        is borrowed, and usage / fair share / demand in cost units. A tenant
+        principal gets only its own row; an admin every tenant's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportUsage(self, request, context):
+        """GPU-hours per (tenant, GPU model, cluster) over a time window, from the
+        stored attempts (jobs deleted by retention are no longer counted). A
+        tenant principal gets only its own rows.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueJob(self, request, context):
+        """Ends the current attempt of a job that holds capacity and puts the job
+        back in the queue without spending a retry, preemptible or not:
+        ACCEPTED / STARTING / RUNNING become PREEMPTED (the cluster is told to
+        delete the workload after the grace period; the job is QUEUED once it
+        confirms), RESERVED / DISPATCHED become QUEUED at once. Any other state
+        fails with FAILED_PRECONDITION (ErrorInfo reason "NOT_REQUEUEABLE", or
+        "JOB_FINISHED" for a terminal job).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetJobPriority(self, request, context):
+        """Changes the priority and / or priority band of a job that is not
+        terminal; the next placement decision (and preemption ranking) uses it.
+        A band the job's tenant may not use is INVALID_ARGUMENT naming
+        "priority_band".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HoldJob(self, request, context):
+        """Holds a job: while held it is never placed (it keeps its place in the
+        queue). Idempotent. Holding a job that holds capacity does not stop it;
+        the hold applies when it next returns to the queue (e.g. RequeueJob).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseJob(self, request, context):
+        """Lifts a hold (idempotent). A tenant may release its own holds only, not
+        a hold an admin placed (PERMISSION_DENIED, ErrorInfo reason
+        "HELD_BY_ADMIN").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +294,36 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.CancelJobSet,
                     request_deserializer=tandem_dot_v1_dot_job__service__pb2.CancelJobSetRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_job__service__pb2.CancelJobSetResponse.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=tandem_dot_v1_dot_job__service__pb2.GetUsageRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_job__service__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'ExportUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportUsage,
+                    request_deserializer=tandem_dot_v1_dot_job__service__pb2.ExportUsageRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_job__service__pb2.ExportUsageResponse.SerializeToString,
+            ),
+            'RequeueJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueJob,
+                    request_deserializer=tandem_dot_v1_dot_job__service__pb2.RequeueJobRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_job__service__pb2.RequeueJobResponse.SerializeToString,
+            ),
+            'SetJobPriority': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetJobPriority,
+                    request_deserializer=tandem_dot_v1_dot_job__service__pb2.SetJobPriorityRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_job__service__pb2.SetJobPriorityResponse.SerializeToString,
+            ),
+            'HoldJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldJob,
+                    request_deserializer=tandem_dot_v1_dot_job__service__pb2.HoldJobRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_job__service__pb2.HoldJobResponse.SerializeToString,
+            ),
+            'ReleaseJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseJob,
+                    request_deserializer=tandem_dot_v1_dot_job__service__pb2.ReleaseJobRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_job__service__pb2.ReleaseJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -397,6 +516,168 @@ class JobService:
             '/tandem.v1.JobService/CancelJobSet',
             tandem_dot_v1_dot_job__service__pb2.CancelJobSetRequest.SerializeToString,
             tandem_dot_v1_dot_job__service__pb2.CancelJobSetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.JobService/GetUsage',
+            tandem_dot_v1_dot_job__service__pb2.GetUsageRequest.SerializeToString,
+            tandem_dot_v1_dot_job__service__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.JobService/ExportUsage',
+            tandem_dot_v1_dot_job__service__pb2.ExportUsageRequest.SerializeToString,
+            tandem_dot_v1_dot_job__service__pb2.ExportUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.JobService/RequeueJob',
+            tandem_dot_v1_dot_job__service__pb2.RequeueJobRequest.SerializeToString,
+            tandem_dot_v1_dot_job__service__pb2.RequeueJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetJobPriority(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.JobService/SetJobPriority',
+            tandem_dot_v1_dot_job__service__pb2.SetJobPriorityRequest.SerializeToString,
+            tandem_dot_v1_dot_job__service__pb2.SetJobPriorityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.JobService/HoldJob',
+            tandem_dot_v1_dot_job__service__pb2.HoldJobRequest.SerializeToString,
+            tandem_dot_v1_dot_job__service__pb2.HoldJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.JobService/ReleaseJob',
+            tandem_dot_v1_dot_job__service__pb2.ReleaseJobRequest.SerializeToString,
+            tandem_dot_v1_dot_job__service__pb2.ReleaseJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
