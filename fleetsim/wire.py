@@ -238,7 +238,7 @@ class _WireRun:
         tokens = {t.name: secrets.token_urlsafe(24) for t in self.fleet.tenants}
         tokens[_ADMIN] = secrets.token_urlsafe(24)
         policy = tenancy_policy(self.fleet.tenants, tokens, tokens[_ADMIN])
-        self.broker = BrokerProcess(self.workdir, policy, tokens, admin=_ADMIN)
+        self.broker = BrokerProcess(self.workdir, policy, tokens, admin=_ADMIN, **self.broker_times())
         await self.broker.start()
         namespaces = {t.name: [t.namespace or t.name] for t in self.fleet.tenants}
         started = await asyncio.gather(*(self._start_cluster(spec, namespaces) for spec in self.fleet.clusters),
@@ -545,12 +545,21 @@ class _WireRun:
                     self._fill(tracked, await client.get(tracked.job_id))
         self.notes.append(f"{why}: {len(unfinished)} of {len(self.tracked)} items had not finished")
 
+    def broker_times(self) -> dict[str, Any]:
+        """The broker's fairness and grace periods in compressed time, as they are in simulated time."""
+        c = self.compression
+        return {"grace_period_s": 30.0 / c,
+                "fairness": {"min_runtime_s": 900.0 / c, "release_timeout_s": max(120.0 / c, 5.0),
+                             "hold_after_s": 1800.0 / c, "max_hold_s": 4 * 3600.0 / c}}
+
     def _result(self) -> RunResult:
         outcomes = [t.outcome for t in self.tracked]
         finished = [o.finished_s for o in outcomes if o.finished_s is not None]
         header = (f"wire mode: real broker, extender and agent processes; time compressed {self.compression:g}x "
                   f"(1 real second = {self.compression:g} simulated seconds)")
-        notes = [header]
+        notes = [header, ("wire mode: the broker's grace period, minimum runtime before fair-share preemption, "
+                          "hold bound and hold length are compressed likewise; a preempted job runs its whole "
+                          "duration again (no checkpoints)")]
         durations = [self.real(i.duration_s) for i in self.items]
         median = statistics.median(durations) if durations else 0.0
         # S-1's figure is submit -> all bound; only an item the broker placed on arrival (not held for
