@@ -95,6 +95,7 @@ class Dispatcher:
         """Per started attempt, whether its last WorkloadStatus showed every replica bound to a node."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
+        self._applying: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ sessions
 
@@ -175,8 +176,10 @@ class Dispatcher:
         prev = session.chains.get(job_id)
         task = asyncio.get_running_loop().create_task(self._chained(prev, session, sequence, msg))
         session.chains[job_id] = task
+        self._applying.add(task)
 
         def done(t: asyncio.Task[None]) -> None:
+            self._applying.discard(t)
             if session.chains.get(job_id) is t:
                 del session.chains[job_id]
 
@@ -487,6 +490,10 @@ class Dispatcher:
                 await self.sweep()
             except Exception:  # noqa: BLE001 - keep sweeping
                 _log.exception("sweep failed")
+
+    def in_flight(self) -> list[asyncio.Task[None]]:
+        """Agent messages being applied now (shutdown lets them finish before the store closes)."""
+        return list(self._applying)
 
     def stop(self) -> None:
         self._stopped = True

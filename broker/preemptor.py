@@ -132,7 +132,7 @@ class Preemptor:
         for e in to_hold:
             job = self.placer.queued.get(e.job_id)
             if job is not None and e.job_id not in self.placer.preempting:
-                self._hold(job, runs, now)
+                self._hold(job, snap, runs, now)
         return started
 
     def _running(self, e: q.QueueEntry, runs: dict[str, tuple[JobRecord, AttemptRecord]],
@@ -162,7 +162,8 @@ class Preemptor:
                 out.append(e)
         return out[:room]
 
-    def _hold(self, job: JobRecord, runs: dict[str, tuple[JobRecord, AttemptRecord]], now: float) -> None:
+    def _hold(self, job: JobRecord, snap: q.QueueSnapshot, runs: dict[str, tuple[JobRecord, AttemptRecord]],
+              now: float) -> None:
         busy = []
         for other, a in runs.values():
             start = a.accept_time or a.dispatch_time or a.reserve_time
@@ -172,8 +173,10 @@ class Preemptor:
             busy.append(BusyJob(other.job_id, a.cluster, frozenset(r.node for r in a.assignments), ends_by,
                                 other.preemptible))
         hold_until = now + self.cfg.max_hold_s
-        domain = choose_drain_domain(FleetView(self.placer.catalog, now), self.placer.request_of(job), busy,
-                                     now=now, hold_until=hold_until, policy_allows=self.placer.allows(job))
+        domain = choose_drain_domain(
+            FleetView(self.placer.catalog, now), self.placer.request_of(job), busy, now=now, hold_until=hold_until,
+            policy_allows=self.placer.allows(job),
+            model_ok=lambda m: snap.admit(job.tenant, m, job.gpus, preemptible=job.preemptible).allowed)
         if domain is not None:
             self.placer.hold_domain(job, domain, now, self.cfg.max_hold_s)
             if self.metrics is not None:

@@ -73,6 +73,9 @@ class Servers:
             await h.enter_graceful_shutdown()
         self.hub.dispatcher.stop()
         await asyncio.gather(self.tenant.stop(grace_s), self.agent.stop(grace_s))
+        in_flight = self.hub.dispatcher.in_flight()
+        if in_flight:  # agent messages already taken off a stream are applied, not cut off by the store closing
+            await asyncio.wait(in_flight, timeout=max(grace_s, 0.1))
         await self.hub.close()
 
     def _healths(self) -> list[Any]:

@@ -11,7 +11,7 @@ never chosen.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from placement.model import JobRequest, Node, PodShape, TopologyLevels
@@ -54,8 +54,12 @@ def choose_drain_domain(
     now: float,
     hold_until: float,
     policy_allows: ClusterPredicate = lambda _c: True,
+    model_ok: Callable[[str], bool] = lambda _m: True,
 ) -> DrainDomain | None:
-    """The domain that would hold the gang empty and drains soonest, or None (see the module docstring)."""
+    """The domain that would hold the gang empty and drains soonest, or None (see the module docstring).
+
+    `model_ok(gpu model)`: whether the gang's quota admits it on that model (a domain it could never be
+    admitted to is never held)."""
     by_cluster: dict[str, list[BusyJob]] = {}
     for b in busy:
         by_cluster.setdefault(b.cluster, []).append(b)
@@ -76,6 +80,9 @@ def choose_drain_domain(
             nodes = [arrays.nodes[r] for r in rows]
             placed = fit_gang([empty_node(n) for n in nodes], core_req, levels)
             if not isinstance(placed, GangPlacement):
+                continue
+            used = {n.gpu_model for n in nodes if n.name in {a.node for a in placed.assignments} and n.gpu_model}
+            if not all(model_ok(m) for m in used):
                 continue
             names = {n.name for n in nodes}
             on = [b for b in by_cluster.get(name, ()) if b.nodes & names]

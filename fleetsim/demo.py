@@ -38,8 +38,8 @@ from fleetsim.workload import flood_then_mix, training_mix
 __all__ = ["main", "FAST_POLICIES"]
 
 REPO = Path(__file__).resolve().parents[1]
-FAST_POLICIES = ("tandem", "tandem-preempt", "aggregate", "round-robin", "multikueue", "merged")
-PREEMPTION_POLICIES = ("tandem", "tandem-preempt")
+FAST_POLICIES = ("tandem", "aggregate", "round-robin", "multikueue", "merged")
+PREEMPTION_POLICIES = ("tandem", "tandem-fair")
 """The preemption experiment (`workload.flood_then_mix`): the same flood and mix with and without preemption."""
 
 

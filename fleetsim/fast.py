@@ -32,11 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from broker import fairness
+from broker.drains import DrainHold, DrainHolds
 from broker.queue import QueueEntry, QueuePolicy, QueueSnapshot, Usage
 from broker.states import JobState
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Reservation, ReservedReplica
 from fleetplan.choice import AggregateChoice, ClusterChoice, RoundRobinChoice, make_choice, usable_clusters
 from fleetplan.decide import Choice, ClusterPredicate, Decision, could_ever_fit, within_policy
+from fleetplan.drain import BusyJob, choose_drain_domain
 from fleetplan.view import ClusterState, FleetView
 from fleetsim.fast_cluster import (
     GPU_TOLERATION,
@@ -69,9 +71,10 @@ __all__ = [
     "shape_of",
 ]
 
-POLICIES = ("tandem", "tandem-preempt", "aggregate", "round-robin", "multikueue", "merged")
-"""tandem-preempt: Tandem's choice plus the broker's preemption decision (broker.fairness.choose_preemption)."""
-_PINNED = frozenset({"tandem", "tandem-preempt", "merged"})
+POLICIES = ("tandem", "tandem-fair", "aggregate", "round-robin", "multikueue", "merged")
+"""tandem-fair: Tandem's choice plus the broker's fairness machinery: its preemption decision
+(broker.fairness.choose_preemption) and its held domains for long-waiting gangs (broker.drains.DrainHolds)."""
+_PINNED = frozenset({"tandem", "tandem-fair", "merged"})
 CAUSE_NODE_TAKEN = "node taken by a pod outside Tandem"
 CAUSE_GANG_TIMEOUT = "gang did not fully bind before the timeout"
 POD_SET = "workers"
@@ -120,15 +123,22 @@ class FastParams:
     max_time_s: float | None = None
     """Stop at this simulated time (None: when every item finished or the run stalls)."""
     preempt_interval_s: float = 10.0
-    """tandem-preempt: how often blocked jobs are looked at for preemption (the broker's `fairness.interval_s`)."""
+    """tandem-fair: how often blocked jobs are looked at for preemption (the broker's `fairness.interval_s`)."""
     preempt_grace_s: float = 30.0
-    """tandem-preempt: a victim's pods leave this long after it is preempted (their grace period)."""
+    """tandem-fair: a victim's pods leave this long after it is preempted (their grace period)."""
     preempt_min_runtime_s: float = 900.0
-    """tandem-preempt: the broker's `fairness.min_runtime_s` (fair-share victims only)."""
+    """tandem-fair: the broker's `fairness.min_runtime_s` (fair-share victims only)."""
     preempt_release_s: float = 120.0
-    """tandem-preempt: victims not gone this long after their grace: the preemptor's hold is given up."""
+    """tandem-fair: victims not gone this long after their grace: the preemptor's hold is given up."""
+    hold_after_s: float = 1800.0
+    """tandem-fair: the broker's `fairness.hold_after_s`: a gang blocked this long holds a domain."""
+    hold_min_gpus: float = 16.0
+    max_held_domains: int = 2
+    max_hold_s: float = 4 * 3600.0
+    start_timeout_s: float = 600.0
+    """tandem-fair: the gang start bound counted into a job's enforced end (the broker's default)."""
     checkpoint_s: float = 1800.0
-    """tandem-preempt: a preemptible job checkpoints every this many seconds of its run; preemption loses the
+    """tandem-fair: a preemptible job checkpoints every this many seconds of its run; preemption loses the
     work since the last one (0 = it never checkpoints: everything since its start is lost)."""
 
 
@@ -227,6 +237,9 @@ class _Job:
     """Nodes held for it while its victims leave: the reservation, the victims, the deadline."""
     searched: tuple[object, ...] = ()
     """State fingerprint of its last victim search that found nothing."""
+    queued_at: float = 0.0
+    drain_charge: tuple[str, float] = ("", 0.0)
+    """(model, idle GPUs) its held domain is charged to it now."""
     """round-robin: per cluster, the record of its last "no" there."""
 
     @property
@@ -328,8 +341,11 @@ class FastSim:
         """round-robin: (state fingerprint, cursor phase) of rounds that decided nothing (see _round)."""
         self._last_round = -1.0
         self._last_preempt = -math.inf
+        self.drains = DrainHolds(self.catalog)
+        """tandem-fair: domains held for long-waiting gangs."""
+        self.holds_started = 0
         self.preemptions: dict[str, int] = {}
-        """tandem-preempt: victims by rule."""
+        """tandem-fair: victims by rule."""
         self.tenant_samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
 
         # multikueue's worker queues: nominal GPUs per (cluster, model) and what admitted copies hold
@@ -494,6 +510,7 @@ class FastSim:
 
     def _enqueue(self, job: _Job) -> None:
         job.state = _QUEUED
+        job.queued_at = self.now
         job.failed = None
         job.tried = {}
         job.choice = None
@@ -659,6 +676,8 @@ class FastSim:
         for name in self.cells:
             self.catalog.heartbeat(name, self.now)  # agents stay connected: their heartbeats keep reports fresh
         self.catalog.sweep(self.now)
+        if self.drains.holds:
+            self._refresh_drains()
         view = FleetView(self.catalog, self.now)
         rr = self.choice if isinstance(self.choice, RoundRobinChoice) else None
         if rr is not None:
@@ -696,7 +715,7 @@ class FastSim:
                 self._round_multikueue(snap)
             else:
                 self._round_choice(snap, view)
-        if self.policy == "tandem-preempt":
+        if self.policy == "tandem-fair":
             self._maybe_preempt()
 
     def _round_choice(self, snap: QueueSnapshot, view: FleetView) -> None:
@@ -711,10 +730,22 @@ class FastSim:
         # decision and the admission read nothing else of a job.
         asked: dict[tuple[object, ...], tuple[int, tuple[object, ...]]] = {}
         holds = 0
+        lifted_before: list[DrainHold] = []
         for entry in snap.order():
             job = self.queued.get(entry.job_id)
             if job is None:
                 continue
+            if lifted_before:  # what the previous decision lifted is held again first
+                self._restore_drains(lifted_before)
+                lifted_before = []
+                view = FleetView(self.catalog, self.now)
+            lifted = self.drains.lifted_for(job.item.name, job.item.max_runtime_s, self.params.start_timeout_s,
+                                            self.now) if self.drains.holds else []
+            lifted_before = lifted
+            if lifted:
+                view = FleetView(self.catalog, self.now)
+                asked.clear()
+                job.failed = None  # a "no" made with the holds in place says nothing about them lifted
             rehold: tuple[Reservation, frozenset[str], float] | None = None
             if job.hold is not None:
                 if not self._hold_over(job):
@@ -761,7 +792,9 @@ class FastSim:
             c = d.choice
             refused: Choice | None = None
             if c is not None:
-                adm = snap.admit(job.item.tenant, c.gpu_model, c.gpus, preemptible=job.item.preemptible, usage=usage)
+                own_model, own_idle = job.drain_charge  # its held domain's idle GPUs are its own to take
+                mine = snap.charge(usage, job.item.tenant, own_model, -own_idle) if own_idle else usage
+                adm = snap.admit(job.item.tenant, c.gpu_model, c.gpus, preemptible=job.item.preemptible, usage=mine)
                 if not adm.allowed and adm.violation is not None:
                     refused, c = c, None
             if c is None and rehold is not None and self.now < rehold[2]:
@@ -788,6 +821,11 @@ class FastSim:
             job.choice = c
             self._charge(job, c.gpu_model, c.gpus)
             self._at(self.now + self.params.dispatch_delay_s, _E_DISPATCH, (job, job.attempt))
+            if job.item.name in self.drains.holds:
+                self._end_drain(job)
+                lifted_before = [h for h in lifted_before if h.job_id != job.item.name]
+        if lifted_before:
+            self._restore_drains(lifted_before)
 
     def _placed(self, job: _Job, cluster: str) -> None:
         del self.queued[job.item.name]
@@ -1022,7 +1060,86 @@ class FastSim:
         self._note("finish", job.item.name)
         self._wake()
 
-    # ------------------------------------------------------------------ preemption (tandem-preempt)
+    # ------------------------------------------------------------------ held domains (tandem-fair)
+
+    def _drain_kinds(self, cluster: str, nodes: Sequence[str]) -> None:
+        """A held domain's room came back to everyone: jobs that found none there may look again."""
+        cell = self.cells[cluster]
+        for k in {cell.kinds[cell.row[n]] for n in nodes if n in cell.row}:
+            self.kind_epoch[k] += 1
+        self.change[cluster] += 1
+
+    def _recharge(self, job_id: str) -> None:
+        """The holder's charge follows the idle GPUs its domain keeps (broker: the queue entry's drain_hold)."""
+        job = self.jobs[job_id]
+        hold = self.drains.holds.get(job_id)
+        new = (hold.gpu_model, float(hold.idle_gpus)) if hold is not None else ("", 0.0)
+        if new == job.drain_charge:
+            return
+        tenant = job.item.tenant
+        old_model, old_gpus = job.drain_charge
+        if old_gpus:
+            self.usage[(tenant, old_model)] = self.usage.get((tenant, old_model), 0.0) - old_gpus
+            self.usage_epoch[tenant] = self.usage_epoch.get(tenant, 0) + 1
+        if new[1]:
+            self.usage[(tenant, new[0])] = self.usage.get((tenant, new[0]), 0.0) + new[1]
+        job.drain_charge = new
+        self._usage_version += 1
+
+    def _refresh_drains(self) -> None:
+        ended = [j for j, h in self.drains.holds.items() if self.now >= h.until]
+        domains = {j: self.drains.holds[j].domain for j in ended}
+        for job_id in self.drains.refresh(self.now):
+            self._recharge(job_id)
+        for job_id, domain in domains.items():
+            self._drain_kinds(domain.cluster, domain.nodes)
+            self._note("hold-ended", job_id)
+
+    def _restore_drains(self, lifted: list[DrainHold]) -> None:
+        for job_id in self.drains.restore([h for h in lifted if h.job_id in self.drains.holds], self.now):
+            self._recharge(job_id)
+
+    def _end_drain(self, job: _Job) -> None:
+        hold = self.drains.holds.get(job.item.name)
+        self.drains.end(job.item.name)
+        self._recharge(job.item.name)
+        if hold is not None:
+            self._drain_kinds(hold.domain.cluster, hold.domain.nodes)
+
+    def _maybe_hold(self, snap: QueueSnapshot) -> None:
+        """The broker's preemptor round, its held-domain half (broker.preemptor.Preemptor._hold)."""
+        p = self.params
+        room = p.max_held_domains - len(self.drains)
+        if room <= 0:
+            return
+        busy: list[BusyJob] | None = None
+        for entry in snap.order():
+            job = self.queued.get(entry.job_id)
+            if (job is None or job.hold is not None or job.item.name in self.drains.holds
+                    or job.failed is None or job.failed[0] != "room" or job.item.gpu_cost < p.hold_min_gpus
+                    or self.now - job.queued_at < p.hold_after_s):
+                continue
+            if busy is None:
+                busy = [BusyJob(j.item.name, j.cell, frozenset(a.node for a in j.choice.assignments),
+                                (j.run_start + j.item.max_runtime_s + p.start_timeout_s
+                                 if j.item.max_runtime_s is not None else None), j.item.preemptible)
+                        for j in self.jobs.values() if j.state == _RUNNING and j.choice is not None]
+            it = job.item
+            domain = choose_drain_domain(
+                FleetView(self.catalog, self.now), job.req, busy, now=self.now, hold_until=self.now + p.max_hold_s,
+                model_ok=lambda m, it=it: snap.admit(it.tenant, m, it.gpu_cost, preemptible=it.preemptible).allowed)  # type: ignore[misc]
+            if domain is None:
+                continue
+            self.drains.start(job.item.name, domain, self.now, p.max_hold_s)
+            self.drains.refresh(self.now, {job.item.name})
+            self._recharge(job.item.name)
+            self.holds_started += 1
+            self._note("hold", job.item.name, f"{domain.cluster}/{'/'.join(domain.path)}")
+            room -= 1
+            if room <= 0:
+                return
+
+    # ------------------------------------------------------------------ preemption (tandem-fair)
 
     def _hold_over(self, job: _Job) -> bool:
         """Its victims have left (or they are past the deadline): the held job is decided again."""
@@ -1036,6 +1153,16 @@ class FastSim:
         if self.now - self._last_preempt < p.preempt_interval_s:
             return
         self._last_preempt = self.now
+        self._preempt_round()
+        self._maybe_hold(self._snapshot())
+        if any(j.failed is not None and j.hold is None for j in self.queued.values()):
+            t = self.now + p.preempt_interval_s  # the next look, even if nothing else wakes the rounds
+            if self._round_at is None or t < self._round_at:
+                self._round_at = t
+                self._at(t, _E_ROUND, t)
+
+    def _preempt_round(self) -> None:
+        p = self.params
         running: list[fairness.RunningJob] = []
         for j in self.jobs.values():
             if j.state != _RUNNING or not j.item.preemptible or j.preempting or j.choice is None:
@@ -1087,11 +1214,6 @@ class FastSim:
             plans += 1
             if plans >= 4:
                 break
-        if any(j.failed is not None and j.hold is None for j in self.queued.values()):
-            t = self.now + p.preempt_interval_s  # the next look, even if nothing else wakes the rounds
-            if self._round_at is None or t < self._round_at:
-                self._round_at = t
-                self._at(t, _E_ROUND, t)
 
     def _preempted(self, payload: tuple[_Job, int]) -> None:
         """A victim's grace period is over: its pods go, the work since its last checkpoint is lost, and it is
@@ -1251,16 +1373,22 @@ class FastSim:
              f"fits: {self.background_placed} placed, {self.background_dropped} dropped"),
             ("does not model: API-server, watch and agent latency beyond the fixed delays; container start-up; pod "
              "or node failures; cluster disconnects and stale reports"),
-            ("does not model: retry back-off, reservation expiry, DRA devices, held domains"
-             + ("" if self.policy == "tandem-preempt" else ", preemption")),
+            ("does not model: retry back-off, reservation expiry, DRA devices"
+             + ("" if self.policy == "tandem-fair" else ", preemption, held domains")),
             ("decision latency: one sample per decision computed; a waiting job's provably repeated \"no\" is not "
              "recomputed (FastSim.memo); multikueue's samples time its admission check"),
         ]
         if self.policy == "multikueue":
             notes.append(f"multikueue: copies that lost held {self.lost_copy_gpu_s:.0f} GPU-seconds; worker queues "
                          "admit per GPU model up to the cluster's GPUs (background pods unseen)")
-        if self.policy == "tandem-preempt":
-            notes.append(f"tandem-preempt: the broker's preemption decision every {p.preempt_interval_s:g} s "
+        if self.policy == "tandem-fair":
+            notes.append(f"tandem-fair: held domains as the broker's (a gang of >= {p.hold_min_gpus:g} GPUs blocked "
+                         f"{p.hold_after_s:g} s holds the domain that drains soonest, at most "
+                         f"{p.max_held_domains} at once, for at most {p.max_hold_s:g} s; only jobs whose "
+                         f"declared max runtime ends before the drain backfill it; pods outside Tandem still take a "
+                         f"held domain's idle GPUs, as in a cluster, which the broker's hold never reaches): "
+                         f"{self.holds_started} held")
+            notes.append(f"tandem-fair: the broker's preemption decision every {p.preempt_interval_s:g} s "
                          f"(tenants' default knobs, minimum runtime {p.preempt_min_runtime_s:g} s); victims leave "
                          f"after {p.preempt_grace_s:g} s and lose the work since their last checkpoint (every "
                          f"{p.checkpoint_s:g} s of run); the preemptor's nodes are held until they have left")

@@ -103,6 +103,8 @@ class WorkItem:
     """Elastic gangs: the fewest replicas it may start with (0 = all)."""
     preemptible: bool = False
     priority: int = 0
+    max_runtime_s: float | None = None
+    """The limit the job declares (enforced by the cluster: the Job's activeDeadlineSeconds); None = none."""
 
     @property
     def gpu_cost(self) -> float:

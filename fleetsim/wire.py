@@ -73,8 +73,9 @@ _MIG_SLICES = 7.0
 # ----------------------------------------------------------------------------- the job a launcher submits
 
 
-def job_spec(item: WorkItem) -> job_pb2.JobSpec:
-    """One pod set of `item.replicas` with the item's shape and a pod template that requests exactly it."""
+def job_spec(item: WorkItem, compression: float = 0.0) -> job_pb2.JobSpec:
+    """One pod set of `item.replicas` with the item's shape and a pod template that requests exactly it; with a
+    `compression` factor, the item's declared max runtime in compressed time (0: none is sent)."""
     spec = job_pb2.JobSpec(tenant=item.tenant, queue="default", priority=max(-1000, min(1000, item.priority)),
                            preemptible=item.preemptible, display_name=item.name,
                            framework=job_pb2.FRAMEWORK_TORCHRUN if item.replicas > 1 else job_pb2.FRAMEWORK_PLAIN)
@@ -102,6 +103,8 @@ def job_spec(item: WorkItem) -> job_pb2.JobSpec:
         spec.topology.required_level = item.required_level
     if item.min_replicas and item.min_replicas < item.replicas:
         spec.min_available = item.min_replicas
+    if item.max_runtime_s is not None and compression > 0:
+        spec.max_runtime.FromMilliseconds(max(1000, int(1000 * item.max_runtime_s / compression)))
     return spec
 
 
@@ -405,7 +408,7 @@ class _WireRun:
     async def _submit(self, client: BrokerClient, tracked: _Tracked) -> None:
         tracked.submitted_at = time.time()
         tracked.outcome.submitted_s = self.sim_time(tracked.submitted_at)
-        request = [SubmitItem(tracked.item.name, job_spec(tracked.item))]
+        request = [SubmitItem(tracked.item.name, job_spec(tracked.item, self.compression))]
         result = None
         for attempt in range(5):  # the idempotency key makes a resend safe
             try:

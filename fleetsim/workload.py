@@ -16,7 +16,7 @@ import math
 import random
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,8 +183,15 @@ def _mig_groups(fleet: FleetSpec) -> list[NodeGroup]:
 # --------------------------------------------------------------------------- templates
 
 
+def declared_max_runtime(duration_s: float) -> float:
+    """The max runtime a job declares: 1.5 x its run, rounded up to 15 minutes (users ask for a margin, in
+    round figures); its run always ends within it."""
+    return math.ceil(1.5 * duration_s / 900.0) * 900.0
+
+
 PREEMPTIBLE_KINDS = frozenset({"elastic", "batch"})
-"""Kinds submitted preemptible (they checkpoint, or are short): they may borrow beyond quota and be preempted."""
+"""The kinds that checkpoint or are short: what a flood is made of (`flood_then_mix`), and what `training_mix`
+submits preemptible when asked to (they may then borrow beyond quota, and be preempted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,13 +209,14 @@ class _Template:
     cpu_milli: int = 1000
     memory_bytes: int = GIB
 
-    def item(self, name: str, tenant: str, arrival_s: float, duration_s: float) -> WorkItem:
+    def item(self, name: str, tenant: str, arrival_s: float, duration_s: float, *,
+             preemptible: bool = False) -> WorkItem:
         return WorkItem(
             name=name, tenant=tenant, kind=self.kind, arrival_s=arrival_s, duration_s=duration_s,
             replicas=self.replicas, gpus=self.gpus, mig_profile=INFERENCE_MIG_PROFILE if self.mig_count else "",
             mig_count=self.mig_count, cpu_milli=self.cpu_milli, memory_bytes=self.memory_bytes,
             gpu_models=self.gpu_models, required_level=self.required_level, min_replicas=self.min_replicas,
-            preemptible=self.kind in PREEMPTIBLE_KINDS,
+            preemptible=preemptible, max_runtime_s=declared_max_runtime(duration_s) if duration_s > 0 else None,
         )
 
     @property
@@ -363,7 +371,8 @@ def expected_gpu_hours(items: Sequence[WorkItem]) -> float:
     return sum(i.gpu_cost * i.duration_s for i in items) / 3600.0
 
 
-def training_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int) -> list[WorkItem]:
+def training_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int,
+                 preemptible_kinds: Collection[str] = ()) -> list[WorkItem]:
     """A synthetic training workload for `fleet`, arriving over `hours` simulated hours, sorted by arrival.
 
     Kinds (`WorkItem.kind`):
@@ -374,7 +383,8 @@ def training_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int) -> l
     - "elastic": 4–32 such pods that may start with half (`min_replicas` = replicas // 2);
     - "inference": one pod with 1–2 MIG `1g.10gb` slices on the A100 MIG models (only when the fleet has MIG nodes);
     - "batch": one pod with 1–2 whole GPUs of any model.
-    Elastic gangs and batch pods are preemptible (`PREEMPTIBLE_KINDS`); the others are not.
+    Items of `preemptible_kinds` (e.g. `PREEMPTIBLE_KINDS`) are submitted preemptible; by default none is.
+    Every item declares a max runtime (`declared_max_runtime`: 1.5 x its run, in quarter hours).
 
     Shares of the offered GPU-hours: inference gets the MIG GPUs' fraction of the fleet (so MIG nodes are as loaded as
     the rest); of the remainder batch gets 15 % and gangs 85 %, split between clique gangs and rack/block gangs in
@@ -412,7 +422,8 @@ def training_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int) -> l
         tenant = rng.choices(tenant_names, weights=tenant_weights)[0]
         duration_s = max(rng.lognormvariate(math.log(kind.median_s), kind.sigma), MIN_DURATION_S)
         name = f"{template.kind}-{len(items):06d}"
-        items.append(template.item(name, tenant, round(arrival_s, 3), round(duration_s, 3)))
+        items.append(template.item(name, tenant, round(arrival_s, 3), round(duration_s, 3),
+                                   preemptible=template.kind in preemptible_kinds))
         arrival_s += rng.expovariate(rate)
     return items
 
@@ -423,9 +434,10 @@ def flood_then_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int, fl
     usual work arrives (`training_mix` over the other tenants, `hours` at `load`).
 
     The flood: the mix's preemptible kinds (elastic gangs and batch pods, sizes and shares as in the mix) from
-    `flood_tenant` (default: the lowest-weight tenant, last by name), arriving as a Poisson process over the first
+    `flood_tenant` (default: the lowest-weight tenant, first by name), all preemptible, arriving as a Poisson process over the first
     `flood_hours` with enough offered GPU-seconds to hold every GPU for the flood's median duration
-    (log-normal, median `flood_median_s`, sigma 0.3). Names start with "flood-". Deterministic per `seed`."""
+    (log-normal, median `flood_median_s`, sigma 0.3). Names start with "flood-". The others' work is not
+    preemptible: they are the owners coming back. Deterministic per `seed`."""
     tenants = sorted(fleet.tenants, key=lambda t: (t.weight, t.name))
     if len(tenants) < 2:
         raise ValueError("a flood needs another tenant to arrive after it")
@@ -446,7 +458,8 @@ def flood_then_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int, fl
         template = rng.choices(kind.templates, weights=[t.weight for t in kind.templates])[0]
         arrival = rng.uniform(0.0, flood_hours * 3600.0)
         duration = max(rng.lognormvariate(math.log(flood_median_s), 0.3), MIN_DURATION_S)
-        items.append(template.item(f"flood-{template.kind}-{n:05d}", flooder, round(arrival, 3), round(duration, 3)))
+        items.append(template.item(f"flood-{template.kind}-{n:05d}", flooder, round(arrival, 3), round(duration, 3),
+                                   preemptible=True))
     others = dataclasses.replace(fleet, tenants=tuple(t for t in fleet.tenants if t.name != flooder))
     rest = [dataclasses.replace(i, arrival_s=round(i.arrival_s + flood_hours * 3600.0, 3))
             for i in training_mix(others, hours=hours, load=load, seed=seed)]

@@ -1,13 +1,13 @@
-"""Fast mode's tandem-preempt: the broker's preemption decision (broker.fairness.choose_preemption) in virtual
+"""Fast mode's tandem-fair: the broker's preemption decision (broker.fairness.choose_preemption) in virtual
 time — the owner takes borrowed GPUs back, victims lose only the work since their last checkpoint and run
 again, gangs go whole, and the flood experiment's workload."""
 
 from __future__ import annotations
 
 from fleetsim.fast import FastParams, FastSim
-from fleetsim.model import TenantSpec
+from fleetsim.model import TenantSpec, WorkItem
 from fleetsim.spec import default_fleet
-from fleetsim.workload import PREEMPTIBLE_KINDS, flood_then_mix
+from fleetsim.workload import PREEMPTIBLE_KINDS, declared_max_runtime, flood_then_mix
 from tests.fleetsim.test_fast import cluster, fleet, group, item, outcome
 
 TENANTS = (TenantSpec("owner", quota=(("*", 32),)), TenantSpec("borrower", quota=(("*", 0),)))
@@ -22,7 +22,7 @@ def test_the_owner_takes_borrowed_gpus_back_and_the_victim_finishes_later() -> N
     work = [item("b1", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
             item("b2", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
             item("own", 1000.0, 2000.0, replicas=2, tenant="owner", level="rack")]
-    sim = FastSim(_two_racks(), work, policy="tandem-preempt", seed=0, params=P)
+    sim = FastSim(_two_racks(), work, policy="tandem-fair", seed=0, params=P)
     r = sim.run()
     own = outcome(r, "own")
     victims = [o for o in r.outcomes if o.preemptions]
@@ -53,7 +53,7 @@ def test_a_job_that_is_not_preemptible_is_never_a_victim() -> None:
             item("late", 1000.0, 2000.0, replicas=2, tenant="borrower", level="rack", preemptible=True)]
     tenants = (TenantSpec("owner"), TenantSpec("borrower", quota=(("*", 16),)))
     r = FastSim(fleet(cluster("c", group("g", nodes=4, per_rack=2)), tenants=tenants), work,
-                policy="tandem-preempt", seed=0, params=P).run()
+                policy="tandem-fair", seed=0, params=P).run()
     assert not any(o.preemptions for o in r.outcomes)
     assert outcome(r, "late").started_s is not None and outcome(r, "late").started_s >= 5000.0  # type: ignore[operator]
 
@@ -70,3 +70,23 @@ def test_flood_then_mix_is_the_flooder_s_preemptible_work_then_the_others() -> N
     assert all(i.arrival_s <= 900.0 for i in flood) and all(i.arrival_s >= 900.0 for i in rest)
     assert {i.tenant for i in rest} == {t.name for t in f.tenants} - {flooder}
     assert sum(i.gpu_cost for i in flood) >= 0.8 * f.gpus  # enough to fill the fleet
+
+
+def test_a_held_rack_drains_for_its_gang_and_only_a_job_that_ends_before_backfills() -> None:
+    def job(name: str, at: float, duration: float, **kw: object) -> WorkItem:
+        return item(name, at, duration, max_runtime_s=declared_max_runtime(duration), **kw)
+
+    work = [job(f"f{k}", 0.0, d) for k, d in enumerate((1000.0, 3000.0, 5000.0, 6000.0))]
+    work += [job("gang", 10.0, 1000.0, replicas=2, level="rack"), job("long", 200.0, 5000.0),
+             job("short", 200.0, 300.0)]
+    f = fleet(cluster("c", group("g", nodes=4, per_rack=2)))
+    params = FastParams(hold_after_s=100.0)
+    fair = FastSim(f, work, policy="tandem-fair", seed=0, params=params)
+    r = fair.run()
+    plain = FastSim(f, work, policy="tandem", seed=0, params=params).run()
+    assert fair.holds_started == 1
+    gang, short, long_ = outcome(r, "gang"), outcome(r, "short"), outcome(r, "long")
+    assert short.started_s is not None and short.started_s < 1100.0  # it ends before the rack has drained
+    assert long_.started_s is not None and long_.started_s >= 3000.0  # kept out of the held rack
+    assert gang.started_s is not None and gang.started_s < outcome(plain, "gang").started_s  # type: ignore[operator]
+    assert outcome(plain, "long").started_s < 1100.0  # type: ignore[operator]  # without a hold it took the node
