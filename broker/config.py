@@ -133,6 +133,9 @@ class FairnessConfig(_Strict):
     """Most blocked jobs whose victims are searched per round (count)."""
     max_plans: int = Field(default=4, ge=1)
     """Most preemptions started per round (count): the fleet changes one step at a time."""
+    max_lost_gpu_hours_per_hour: float | None = Field(default=None, gt=0)
+    """Most GPU-hours of work preemption may cost one victim tenant, and one cluster, in any hour (a rate
+    limit, FLEET-NOTES F-3); None = no limit. A preemption that would pass it waits."""
     hold_after_s: float = Field(default=1800.0, ge=0)
     """A gang blocked on capacity this long holds a domain while it drains, in seconds."""
     hold_min_gpus: float = Field(default=16.0, ge=0)

@@ -80,6 +80,8 @@ class Preemptor:
         """victim → (the job it was preempted for, until when it may not preempt that one back)."""
         self.history: list[Preemption] = []
         """Preemptions started (the latest 1,000), for tests, the simulator and `tandem get`."""
+        self.losses: list[tuple[float, str, str, float]] = []
+        """(time, victim tenant, cluster, GPU-hours lost) of the last hour's preemptions (the rate limit's)."""
         self.rounds = 0
         """Rounds completed (tests wait on it instead of sleeping)."""
         self._stopped = False
@@ -126,7 +128,7 @@ class Preemptor:
                 [r for r in running if r.entry.job_id not in taken], self._knobs(e.tenant),
                 min_runtime_s=self.cfg.min_runtime_s, policy_allows=self.placer.allows(job),
                 may_take=lambda victim, p=e.job_id: not self._ping_pong(p, victim, now))  # type: ignore[misc]
-            if choice is not None:
+            if choice is not None and self._within_rate(choice, now):
                 started.append(await self._start(job, choice, now))
                 taken.update(r.entry.job_id for r, _ in choice.victims)
         for e in to_hold:
@@ -193,6 +195,7 @@ class Preemptor:
             await self.apply(lifecycle.PreemptRequested(
                 r.entry.job_id, r.attempt, grace_s=self.grace_s, message=f"preempted{who}: {_WHY[why]}"))
             self.preempted_for[r.entry.job_id] = (job.job_id, now + self.cfg.ping_pong_s)
+            self.losses.append((now, r.entry.tenant, plan.choice.cluster, r.lost_gpu_hours))
             if self.metrics is not None:
                 self.metrics.preempted(why.value, r.entry.tenant, r.lost_gpu_hours)  # type: ignore[attr-defined]
         done = Preemption(job.job_id, plan.choice.cluster, victims, plan.lost_gpu_hours)
@@ -202,8 +205,23 @@ class Preemptor:
                                                "lost_gpu_hours": round(plan.lost_gpu_hours, 3)})
         return done
 
+    def _within_rate(self, choice: fairness.PreemptionChoice, now: float) -> bool:
+        """Whether the choice keeps every victim tenant and the cluster within the lost-work rate limit."""
+        limit = self.cfg.max_lost_gpu_hours_per_hour
+        if limit is None:
+            return True
+        recent = [x for x in self.losses if x[0] > now - 3600.0]
+        cluster = choice.plan.choice.cluster
+        by_tenant: dict[str, float] = {}
+        for r, _ in choice.victims:
+            by_tenant[r.entry.tenant] = by_tenant.get(r.entry.tenant, 0.0) + r.lost_gpu_hours
+        if sum(x[3] for x in recent if x[2] == cluster) + sum(by_tenant.values()) > limit:
+            return False
+        return all(sum(x[3] for x in recent if x[1] == t) + lost <= limit for t, lost in by_tenant.items())
+
     def _expire(self, now: float) -> None:
         self.preempted_for = {k: v for k, v in self.preempted_for.items() if v[1] > now}
+        self.losses = [x for x in self.losses if x[0] > now - 3600.0]
 
     async def run(self) -> None:
         while not self._stopped:

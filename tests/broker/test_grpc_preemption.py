@@ -324,3 +324,21 @@ async def test_a_held_domain_drains_for_its_gang_and_backfill_cannot_starve_it(t
     await eventually(lambda: gang.job_id not in b.hub.placer.drains.holds)
     await agent.close()
     await b.close()
+
+
+async def test_the_lost_work_rate_limit_holds_preemption_back(tmp_path: Path) -> None:
+    # every GPU-hour counts: a limit far below one running gang's lost work lets no preemption through
+    limited = FairnessConfig(interval_s=0.05, min_runtime_s=0.0, max_lost_gpu_hours_per_hour=1e-6)
+    b = await _broker(tmp_path, fairness=limited, alpha={"quotas": {"*": 16}}, beta={"quotas": {"*": 16}})
+    nodes = [f"n{i}" for i in range(4)]
+    agent = b.agent("c1")
+    await agent.connect([node(n) for n in nodes])
+    [borrower] = await b.client("beta").submit("s", [SubmitItem("k1", spec(gpus=8, replicas=4, preemptible=True))])
+    await _run(agent, await agent.expect("dispatch"), nodes, set())
+    await eventually(lambda: _is(b, borrower.job_id, job_pb2.JOB_STATE_RUNNING))
+    [owner] = await b.client("alpha").submit("s", [SubmitItem("k2", spec(gpus=8, replicas=2))])
+    await eventually(lambda: b.hub.preemptor.rounds >= 20)
+    assert all(m is None or m.WhichOneof("body") != "cancel" for m in list(agent.inbox._queue))  # type: ignore[attr-defined]
+    assert await _state(b, owner.job_id) == job_pb2.JOB_STATE_QUEUED and b.hub.preemptor.history == []
+    await agent.close()
+    await b.close()
