@@ -8,14 +8,15 @@ and preempts within what quota allows.
 Who may preempt whom (F-2, F-3), for a waiting job P and a running job V of tenant T_V:
 
 * never a job that is not preemptible, and never one whose attempt is already ending;
-* PRIORITY_BAND — V's band ranks below P's;
+* PRIORITY_BAND — another tenant's V whose band ranks below P's;
 * RECLAIM — T_V borrows above its quota of V's model and P's tenant is within its own quota there (the
   owner takes borrowed GPUs back; the tenant's ``reclaim`` knob: Never / LowerPriority / Any);
 * FAIR_SHARE — another tenant, only if P's tenant has ``fair_share_preemption`` on, V ran at least the
   minimum runtime, T_V is above ``protected_fraction`` of its fair share, P's tenant stays within its fair
   share with P, and share(P's tenant with P) <= share(T_V without every victim taken from it) (Kueue's
   LessThanOrEqualToFinalShare): each preemption shrinks the largest gap, so no cycle of preemptions forms;
-* WITHIN_TENANT — the same tenant, by its ``within_tenant`` knob (lower priority, or equal and newer).
+* WITHIN_TENANT — the same tenant's V, by its ``within_tenant`` knob alone (lower band and priority, or
+  equal and newer); the default, Never, keeps a tenant's jobs from preempting each other.
 
 Shares here are current allocation only (F-4): decayed usage orders the queue and never preempts anyone.
 """
@@ -145,18 +146,18 @@ def victim_reason(
         return None
     if victim.job_id == preemptor.job_id:
         return None
-    p_band, p_prio = _rank(snap, preemptor)
-    v_band, v_prio = _rank(snap, victim)
+    p_rank, v_rank = _rank(snap, preemptor), _rank(snap, victim)
+    if victim.tenant == preemptor.tenant:  # the tenant's own knob alone decides, bands included
+        if knobs.within_tenant == "LowerPriority" and v_rank < p_rank:
+            return PreemptReason.WITHIN_TENANT
+        if knobs.within_tenant == "LowerOrNewerEqualPriority" and (
+                v_rank < p_rank or (v_rank == p_rank and victim.seq > preemptor.seq)):
+            return PreemptReason.WITHIN_TENANT
+        return None
+    (p_band, p_prio), (v_band, v_prio) = p_rank, v_rank
     if v_band < p_band:
         return PreemptReason.PRIORITY_BAND
     if v_band > p_band:
-        return None
-    if victim.tenant == preemptor.tenant:
-        if knobs.within_tenant == "LowerPriority" and v_prio < p_prio:
-            return PreemptReason.WITHIN_TENANT
-        if knobs.within_tenant == "LowerOrNewerEqualPriority" and (
-                v_prio < p_prio or (v_prio == p_prio and victim.seq > preemptor.seq)):
-            return PreemptReason.WITHIN_TENANT
         return None
     admission = snap.admit(preemptor.tenant, preemptor_model, preemptor.gpus, preemptible=preemptor.preemptible)
     victim_borrowing = _borrowing(snap, victim)

@@ -338,9 +338,10 @@ class Placer:
                     continue
                 self.catalog.drop_reservation(hold.reservation.key)  # decided below over what is free now
                 view = FleetView(self.catalog, now)
-            lifted = self.drains.lifted_for(job.job_id, job.max_runtime_s,
-                                            serde.start_timeout_s(job.spec, self.start_timeout_s), now) \
-                if self.drains.holds else []
+            lifted = self.drains.lifted_for(
+                job.job_id, job.max_runtime_s,
+                serde.start_timeout_s(job.spec, self.start_timeout_s) if job.max_runtime_s is not None else 0.0,
+                now) if self.drains.holds else []
             if lifted:
                 view = FleetView(self.catalog, now)
             t0 = time.perf_counter()

@@ -208,3 +208,12 @@ def test_tenant_usage_rows_show_borrowed_gpus() -> None:
     rows = {r.tenant: r for r in f.tenant_usage(s, f.shares_of(s, 32))}
     assert rows["a"].gpus == {"H100": 24} and rows["a"].borrowed == {"H100": 8} and rows["a"].quotas == {"H100": 16}
     assert rows["b"].demand_cost == 8 and rows["b"].fair_share_cost == 8
+
+
+def test_a_tenants_own_jobs_follow_its_within_tenant_knob_even_across_bands() -> None:
+    pol = QueuePolicy(band_ranks={"high": 10})
+    own_low = run("a0", "a", 8)
+    s = snap([own_low, wait("a1", "a", 8, band="high")], pol)
+    assert reason(s, 8, s.entries["a1"], own_low) is None  # Never: not even from a higher band
+    assert reason(s, 8, s.entries["a1"], own_low, f.TenantKnobs(within_tenant="LowerPriority")) \
+        is f.PreemptReason.WITHIN_TENANT
