@@ -17,7 +17,7 @@ from fleetplan import catalog as cat
 from broker import errors, lifecycle, link, serde
 from broker.auth import Caller, check_agent_speaks_for
 from broker.config import BrokerConfig
-from broker.events import CapacityChanged, JobChanged, ToDispatcher, ToPlacer
+from broker.events import CapacityChanged, HoldReleased, JobChanged, NodesHeld, ToDispatcher, ToPlacer
 from broker.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
 from broker.states import PRE_START, AttemptOutcome, JobState
 from broker.store.base import Delivery, Store
@@ -344,7 +344,20 @@ class Dispatcher:
     # ------------------------------------------------------------------ broker -> agent
 
     def on_event(self, event: ToDispatcher) -> None:
-        """A reservation the placer committed: deliver it to its cluster."""
+        """A reservation the placer committed: deliver it to its cluster. Nodes held for a job whose victims
+        are leaving, or given back: tell the cluster on its live stream (a hold is best effort: it expires
+        on its own, and one missed on a reconnect only leaves the nodes unprotected until the dispatch)."""
+        if isinstance(event, NodesHeld):
+            session = self.sessions.get(event.cluster)
+            if session is not None and not session.closed:
+                session.send(link.HoldOut(event.job_id, event.attempt, event.spec, event.assignments,
+                                          event.expires_at, f"{self.store.store_id}/{event.job_id}/{event.attempt}"))
+            return
+        if isinstance(event, HoldReleased):
+            session = self.sessions.get(event.cluster)
+            if session is not None and not session.closed:
+                session.send(link.ReleaseHoldOut(event.job_id, event.attempt))
+            return
         self.kick(event.cluster)
 
     def kick(self, cluster: str) -> None:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fleetplan.catalog import ReplicaPlacement
+
 from broker.records import JobRecord
 
-__all__ = ["JobChanged", "CapacityChanged", "ReservationMade", "ToPlacer", "ToDispatcher"]
+__all__ = ["JobChanged", "CapacityChanged", "ReservationMade", "NodesHeld", "HoldReleased", "ToPlacer",
+           "ToDispatcher"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,5 +34,24 @@ class ReservationMade:
     attempt: int
 
 
+@dataclass(frozen=True, slots=True)
+class NodesHeld:
+    """The placer holds nodes for a job whose victims are leaving: the cluster keeps them too (F-5)."""
+
+    cluster: str
+    job_id: str
+    attempt: int
+    spec: bytes
+    assignments: tuple[ReplicaPlacement, ...]
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HoldReleased:
+    cluster: str
+    job_id: str
+    attempt: int
+
+
 ToPlacer = JobChanged | CapacityChanged
-ToDispatcher = ReservationMade
+ToDispatcher = ReservationMade | NodesHeld | HoldReleased

@@ -175,4 +175,23 @@ class ResyncOut:
     reason: str
 
 
-Outbound = Welcome | DispatchOut | StartOut | CancelOut | AckOut | ResyncOut
+@dataclass(frozen=True, slots=True)
+class HoldOut:
+    """Keep these nodes for an attempt to be dispatched once the jobs preempted for it have left."""
+
+    job_id: str
+    attempt: int
+    spec: bytes
+    """The stored JobSpec (its pod sets' shapes)."""
+    assignments: tuple[ReplicaPlacement, ...]
+    expires_at: float
+    dispatch_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseHoldOut:
+    job_id: str
+    attempt: int
+
+
+Outbound = Welcome | DispatchOut | StartOut | CancelOut | AckOut | ResyncOut | HoldOut | ReleaseHoldOut

@@ -24,7 +24,7 @@ from fleetplan.view import FleetView
 from broker import errors, fairness, lifecycle, serde
 from broker import queue as q
 from broker.drains import DrainHolds
-from broker.events import JobChanged, ReservationMade, ToDispatcher, ToPlacer
+from broker.events import HoldReleased, JobChanged, NodesHeld, ReservationMade, ToDispatcher, ToPlacer
 from broker.policy import PolicyFile
 from broker.records import JobRecord
 from broker.states import HOLDS_CAPACITY, JobState
@@ -186,7 +186,9 @@ class Placer:
         else:
             self.queued.pop(job.job_id, None)
             self.waits.pop(job.job_id, None)
-            self.preempting.pop(job.job_id, None)
+            gone = self.preempting.pop(job.job_id, None)
+            if gone is not None and job.state is not JobState.RESERVED:
+                self._release_hold(gone)  # cancelled (or failed) while its victims were leaving
             self.drains.end(job.job_id)
         if job.state not in HOLDS_CAPACITY:
             for holder, hold in self.preempting.items():
@@ -385,6 +387,8 @@ class Placer:
         res = self._reservation(job, choice.cluster, job.attempt + 1, choice.assignments, choice.gpu_model)
         self.catalog.add_reservation(res)
         self.preempting[job.job_id] = PreemptionHold(res, victims, deadline)
+        # the cluster keeps them too: its extender holds them against pods outside Tandem meanwhile
+        self.send(NodesHeld(choice.cluster, job.job_id, job.attempt + 1, job.spec, choice.assignments, deadline))
         self.waits[job.job_id] = WaitInfo(
             Wait.INSUFFICIENT_CAPACITY,
             f"preempting {len(victims)} job(s) for it; its nodes are held until they leave", self.clock())
@@ -400,10 +404,13 @@ class Placer:
         """The held job was decided: placed (the hold is done), or not yet (hold on until the deadline)."""
         if d.choice is not None:
             self.preempting.pop(job.job_id, None)
+            if d.choice.cluster != hold.reservation.cluster:  # its dispatch replaces the hold where it lands
+                self._release_hold(hold)
         elif now < hold.deadline:
             view.hold((hold.reservation,))  # its victims left but no report shows their nodes free yet
         else:
             self.preempting.pop(job.job_id, None)
+            self._release_hold(hold)
             _log.warning("preempted jobs did not free the held nodes in time; planning again",
                          extra={"job": job.job_id, "victims": sorted(hold.victims)})
             if self.metrics is not None:
@@ -422,6 +429,10 @@ class Placer:
         self.drains.refresh(now, {job.job_id})
         self._entry(job)
         self.capacity_changed()
+
+    def _release_hold(self, hold: PreemptionHold) -> None:
+        r = hold.reservation
+        self.send(HoldReleased(r.cluster, r.job_id, r.attempt))
 
     def request_of(self, job: JobRecord) -> JobRequest:
         """The job's request as placement sees it under the current policy (cached until it ends)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf import duration_pb2
 
@@ -142,6 +143,33 @@ def _dur(seconds: float) -> duration_pb2.Duration:
 _DEFAULT_PORTS = {job_pb2.FRAMEWORK_TORCHRUN: 29500, job_pb2.FRAMEWORK_RAY: 6379, job_pb2.FRAMEWORK_MPI: 2222}
 
 
+def _pod_sets(spec: job_pb2.JobSpec, assignments: Sequence[ReplicaPlacement], out: Any,
+              *, templates: bool) -> None:
+    """Per pod set of `spec`: its shape and nodes in index order, contiguous per node (and its template)."""
+    by_set: dict[str, list[ReplicaPlacement]] = {}
+    for r in assignments:
+        by_set.setdefault(r.pod_set, []).append(r)
+    for ps in spec.pod_sets:
+        reps = sorted(by_set.get(ps.name, []), key=lambda r: r.index)
+        one = out.add(name=ps.name, count=len(reps), pod_template_json=ps.pod_template_json if templates else "",
+                      fixed_count=ps.fixed_count)
+        one.shape.CopyFrom(ps.shape)
+        for r in reps:
+            if one.nodes and one.nodes[-1].node == r.node:
+                one.nodes[-1].replicas += 1
+            else:
+                one.nodes.add(node=r.node, replicas=1)
+
+
+def hold_message(h: link.HoldOut) -> cs.HoldNodes:
+    msg = cs.HoldNodes(dispatch_id=h.dispatch_id)
+    msg.attempt.job_id = h.job_id
+    msg.attempt.attempt = h.attempt
+    _pod_sets(spec_from_bytes(h.spec), h.assignments, msg.pod_sets, templates=False)
+    msg.expires_at.CopyFrom(ts(h.expires_at))
+    return msg
+
+
 def dispatch_message(d: link.DispatchOut) -> cs.Dispatch:
     """The Dispatch for an attempt: per pod set the nodes in index order, contiguous per node."""
     spec = spec_from_bytes(d.spec)
@@ -149,22 +177,9 @@ def dispatch_message(d: link.DispatchOut) -> cs.Dispatch:
                       priority_band=spec.priority_band or "default", inventory_sequence=d.inventory_sequence)
     msg.attempt.job_id = d.job_id
     msg.attempt.attempt = d.attempt
-    assignments = d.assignments
     for seg in d.domain:
         msg.domain.segments.add(value=seg)
-    by_set: dict[str, list[ReplicaPlacement]] = {}
-    for r in assignments:
-        by_set.setdefault(r.pod_set, []).append(r)
-    for ps in spec.pod_sets:
-        reps = sorted(by_set.get(ps.name, []), key=lambda r: r.index)
-        out = msg.pod_sets.add(name=ps.name, count=len(reps), pod_template_json=ps.pod_template_json,
-                               fixed_count=ps.fixed_count)
-        out.shape.CopyFrom(ps.shape)
-        for r in reps:
-            if out.nodes and out.nodes[-1].node == r.node:
-                out.nodes[-1].replicas += 1
-            else:
-                out.nodes.add(node=r.node, replicas=1)
+    _pod_sets(spec, d.assignments, msg.pod_sets, templates=True)
     framework = spec.framework or job_pb2.FRAMEWORK_PLAIN
     msg.rendezvous.framework = framework
     msg.rendezvous.port = spec.rendezvous_port or _DEFAULT_PORTS.get(framework, 29400)
@@ -269,6 +284,11 @@ def broker_message(sequence: int, now: float, out: link.Outbound) -> cs.BrokerMe
         msg.cancel.CopyFrom(cancel_message(out.job_id, out.attempt, out.reason, out.grace_s, out.message))
     elif isinstance(out, link.AckOut):
         msg.ack.acked_agent_sequence = out.acked_agent_sequence
+    elif isinstance(out, link.HoldOut):
+        msg.hold.CopyFrom(hold_message(out))
+    elif isinstance(out, link.ReleaseHoldOut):
+        msg.release_hold.attempt.job_id = out.job_id
+        msg.release_hold.attempt.attempt = out.attempt
     else:
         msg.resync.CopyFrom(cs.ResyncRequest(inventory=out.inventory, workloads=out.workloads, reason=out.reason))
     return msg

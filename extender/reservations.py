@@ -227,6 +227,7 @@ def reservation_configmap(
     dispatch_id: str = "",
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
+    hold: bool = False,
 ) -> dict[str, Any]:
     """The ConfigMap the agent writes for one attempt; `parse_reservation` reads it back unchanged.
     No ownerReference: cross-namespace owners are invalid, and the garbage collector would delete it."""
@@ -246,6 +247,8 @@ def reservation_configmap(
         data["expires_at"] = _rfc3339(expires_at)
     if dispatch_id:
         data["dispatch"] = dispatch_id
+    if hold:
+        data["hold"] = "true"  # nodes kept for an attempt not dispatched yet (no workload of its own)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -37,6 +37,7 @@ from extender.agent.tracker import Tracker
 from extender.agent.validate import validate_order
 from extender.agent.workloads import DISPATCH_ANNOTATION, Workloads
 from extender.inventory import Inventory
+from extender.reservations import parse_reservation
 from extender.kube import Backoff, KubeClient, KubeError
 
 __all__ = ["Agent", "AGENT_VERSION", "default_identity"]
@@ -178,6 +179,8 @@ class Agent:
         keys: dict[AttemptKey, str] = {}
         for cm in self.inv.objects("ConfigMap"):
             data = cm.get("data") or {}
+            if data.get("hold") == "true":
+                continue  # nodes kept for an attempt not dispatched yet: no workload to reconcile
             attempt = str(data.get("attempt", ""))
             if data.get("job") and attempt.isascii() and attempt.isdigit():
                 keys[(str(data["job"]), int(attempt))] = str(data.get("dispatch", ""))
@@ -233,6 +236,8 @@ class Agent:
                 a = self._state(key)
                 a.order, a.namespace = order, ns
                 self.tracker.dirty.add(key)
+                if self.work is not None:  # its own reservation holds its nodes now
+                    await self._quietly(self.work.delete_hold(key), "deleting the hold", key)
             else:
                 log.info("dispatch rejected", extra={"job": order.job_id, "detail": {
                     "attempt": order.attempt, "reason": rejection.reason, "message": rejection.message}})
@@ -270,6 +275,28 @@ class Agent:
                 return rejection
         # Partly created (a restart mid-create): finish it; its pods already count against the quota.
         return await self.work.create(order, namespace, resuming=bool(mine) or held)
+
+    async def hold(self, msg: wire.HoldMsg) -> None:
+        """Keep nodes for an attempt whose victims are leaving (best effort: it expires on its own)."""
+        if self.read_only or self.work is None:
+            return
+        async with self._lock(msg.key[0]):
+            if self._order(msg.key) is not None:
+                return  # dispatched already: its own reservation holds the nodes
+            await self._quietly(self.work.write_hold(msg.key, msg.pod_sets, msg.expires_at, msg.dispatch_id),
+                                "writing the hold", msg.key)
+
+    async def release_hold(self, key: AttemptKey) -> None:
+        if self.read_only or self.work is None:
+            return
+        async with self._lock(key[0]):
+            await self._quietly(self.work.delete_hold(key), "deleting the hold", key)
+
+    async def _quietly(self, op: Any, what: str, key: AttemptKey) -> None:
+        try:
+            await op
+        except Exception as e:  # noqa: BLE001 - a hold is best effort: it expires, the dispatch checks the fit
+            log.warning(f"{what} failed", extra={"job": key[0], "detail": repr(e)})
 
     async def start(self, key: AttemptKey) -> None:
         """Lift the gates of an attempt (its first start group), only if every pod is pinned and gated."""
@@ -415,9 +442,27 @@ class Agent:
             await self.work.teardown(key, a.namespace or _namespace_of(jobs, pods), jobs, pods, None)
             self.tracker.dirty.add(key)
 
+    async def sweep_holds(self) -> None:
+        """Delete holds past their expiry (the extender already ignores them; this keeps the namespace clean)."""
+        if self.read_only or self.work is None:
+            return  # (a replica that is not the leader is refused by the workloads' guard: nothing happens)
+        now = self.clock()
+        for cm in self.inv.objects("ConfigMap"):
+            data = cm.get("data") or {}
+            if data.get("hold") != "true":
+                continue
+            try:
+                held = parse_reservation(cm)
+            except Exception:  # noqa: BLE001 - unreadable: it holds nothing the extender honours
+                continue
+            if held.expired(now):
+                key = (held.job, int(held.attempt))
+                await self._quietly(self.work.delete_hold(key), "deleting an expired hold", key)
+
     async def autonomy(self) -> None:
         """Without a live stream an attempt still gated past its start deadline can never be started: delete
         it (A-13). Running attempts are never touched on the agent's own authority."""
+        await self.sweep_holds()
         if self.stream is not None or self.work is None or self.stream_lost_at is None:
             return
         now = self.clock()
@@ -489,6 +534,10 @@ class Agent:
             self._spawn(self.start(msg.key), f"start-{msg.key[0]}")
         elif isinstance(msg, wire.CancelMsg):
             self._spawn(self.cancel(msg.key, msg.grace_s, msg.reason), f"cancel-{msg.key[0]}")
+        elif isinstance(msg, wire.HoldMsg):
+            self._spawn(self.hold(msg), f"hold-{msg.key[0]}")
+        elif isinstance(msg, wire.ReleaseHoldMsg):
+            self._spawn(self.release_hold(msg.key), f"release-hold-{msg.key[0]}")
         elif isinstance(msg, wire.AckMsg):
             self._spawn(self.acknowledged(msg.sequence), "ack")
         elif isinstance(msg, wire.ResyncMsg):

@@ -98,7 +98,22 @@ class ResyncMsg:
     reason: str
 
 
-Inbound = WelcomeMsg | Order | StartMsg | CancelMsg | AckMsg | ResyncMsg
+@dataclass(frozen=True, slots=True)
+class HoldMsg:
+    """Keep nodes for an attempt the broker will dispatch once the jobs preempted for it have left."""
+
+    key: AttemptKey
+    pod_sets: tuple[PodSetOrder, ...]
+    expires_at: float
+    dispatch_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseHoldMsg:
+    key: AttemptKey
+
+
+Inbound = WelcomeMsg | Order | StartMsg | CancelMsg | AckMsg | ResyncMsg | HoldMsg | ReleaseHoldMsg
 
 
 def _key(ref: common_pb2.AttemptRef) -> AttemptKey:
@@ -197,6 +212,14 @@ def inbound(msg: cs.BrokerMessage) -> Inbound | None:
     if kind == "resync":
         r = msg.resync
         return ResyncMsg(r.inventory, r.workloads, r.reason)
+    if kind == "hold":
+        h = msg.hold
+        if not h.attempt.job_id or h.attempt.attempt < 1 or not h.pod_sets:
+            raise WireError("hold", "attempt (job_id, attempt >= 1) and pod sets are required")
+        return HoldMsg(_key(h.attempt), tuple(_pod_set(ps, f"hold.pod_sets[{i}]") for i, ps in enumerate(h.pod_sets)),
+                       h.expires_at.ToNanoseconds() / 1e9, h.dispatch_id)
+    if kind == "release_hold":
+        return ReleaseHoldMsg(_key(msg.release_hold.attempt))
     return None
 
 

@@ -27,9 +27,12 @@ import orjson
 
 from extender.agent import render
 from extender.agent.config import AgentConfig
-from extender.agent.model import AttemptKey, Order
+from extender.agent.model import AttemptKey, Order, PodSetOrder
+from extender.agent.render import MANAGED_BY
 from extender.agent.wire import Rejection
 from extender.kube import KubeClient, KubeError, NotLeader, api_path
+from extender.reservations import reservation_configmap
+from placement.overlay import Reservation, ReservedPart
 from placement.quantity import QuantityError, cpu_milli, to_int_bytes
 
 __all__ = ["Workloads", "DISPATCH_ANNOTATION", "ASSIGNMENT_ANNOTATION", "DEADLINE_ANNOTATION",
@@ -46,6 +49,8 @@ POD_SET_INDEX_ANNOTATION = "tandem.dev/pod-set-index"
 """On each Job: its pod set's position in the order (rank offsets, start order)."""
 FRAMEWORK_ANNOTATION = "tandem.dev/framework"
 """On each Job: `<framework>:<rendezvous port>` (start order and rendezvous address after a restart)."""
+HOLD_ANNOTATION = "tandem.dev/hold-for"
+"""On a hold's reservation: the dispatch id the attempt it keeps nodes for will carry."""
 
 
 def _rfc3339(t: float) -> str:
@@ -301,6 +306,43 @@ class Workloads:
                 await self.kube.delete(api_path("resource.k8s.io", "v1", "resourceclaimtemplates", namespace, t),
                                        propagation_policy="Background")
         await self.delete_reservation(key)
+
+    # ------------------------------------------------------------------ holds (FLEET-NOTES F-5)
+
+    @staticmethod
+    def hold_name(key: AttemptKey) -> str:
+        return f"{key[0]}-{key[1]}-hold"
+
+    async def write_hold(self, key: AttemptKey, pod_sets: Sequence[PodSetOrder], expires_at: float,
+                         dispatch_id: str) -> None:
+        """Write (or rewrite) the reservation that keeps nodes for an attempt not dispatched yet. It is the
+        attempt's own gang's, so its pods are not kept off; it carries no dispatch id the attempt's objects
+        could be adopted by."""
+        ext = self.config.extender
+        parts = tuple(ReservedPart(ps.name, node, n, ps.shape) for ps in pod_sets
+                      for node, n in ps.per_node().items() if n > 0)
+        labels = {ext.gang_job_label: key[0], ext.gang_attempt_label: str(key[1]), **MANAGED_BY}
+        cm = reservation_configmap(
+            Reservation(key[0], key[1], parts), {ps.name: ps.shape for ps in pod_sets},
+            namespace=ext.reservation_namespace, name=self.hold_name(key), label=ext.reservation_label,
+            expires_at=expires_at, labels=labels, annotations={HOLD_ANNOTATION: dispatch_id}, hold=True)
+        collection = api_path("", "v1", "configmaps", ext.reservation_namespace)
+        try:
+            await self.kube.create(collection, cm)
+        except KubeError as e:
+            if e.status != 409:
+                raise
+            current = await self.kube.get(f"{collection}/{cm['metadata']['name']}")
+            if current is None:
+                await self.kube.create(collection, cm)
+                return
+            cm["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            await self.kube.replace(f"{collection}/{cm['metadata']['name']}", cm)
+
+    async def delete_hold(self, key: AttemptKey) -> None:
+        ext = self.config.extender
+        await self.kube.delete(api_path("", "v1", "configmaps", ext.reservation_namespace, self.hold_name(key)),
+                               propagation_policy="Background")
 
     async def delete_reservation(self, key: AttemptKey) -> None:
         ext = self.config.extender

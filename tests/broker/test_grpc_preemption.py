@@ -82,6 +82,13 @@ async def test_the_owner_takes_borrowed_gpus_back_and_the_borrower_runs_again(tm
     await eventually(lambda: _is(b, borrower.job_id, job_pb2.JOB_STATE_RUNNING))
     # the owner comes back: alpha's job (within alpha's quota, not preemptible) takes two nodes back
     [owner] = await b.client("alpha").submit("s", [SubmitItem("k2", spec(gpus=8, replicas=2))])
+    # first the cluster is told to keep the nodes the owner will get (its extender keeps others off them) …
+    hold = await agent.expect("hold")
+    assert (hold.attempt.job_id, hold.attempt.attempt) == (owner.job_id, 1)
+    held_nodes = sorted(n.node for ps in hold.pod_sets for n in ps.nodes)
+    assert len(held_nodes) == 2 and set(held_nodes) <= set(nodes) and not hold.pod_sets[0].pod_template_json
+    assert hold.expires_at.seconds > 0 and hold.dispatch_id.endswith(f"/{owner.job_id}/1")
+    # … then the borrower is preempted
     cancel = await agent.expect("cancel")
     assert (cancel.attempt.job_id, cancel.attempt.attempt) == (borrower.job_id, 1)
     assert cancel.reason == cs.CANCEL_REASON_PREEMPTED
@@ -97,7 +104,7 @@ async def test_the_owner_takes_borrowed_gpus_back_and_the_borrower_runs_again(tm
     busy.clear()
     agent.snapshot([node(n) for n in nodes])
     d2 = await agent.expect("dispatch")
-    assert d2.attempt.job_id == owner.job_id
+    assert d2.attempt.job_id == owner.job_id and _nodes(d2) == held_nodes
     victim = await _job(b, borrower.job_id)
     assert victim.status.state == job_pb2.JOB_STATE_QUEUED
     assert victim.status.infra_retries == 0

@@ -1,10 +1,12 @@
 """Preemption end to end through the real agent and extender on a simulated control plane: a higher band's
 gang takes a rack from a preemptible one. The victim's pods get their grace period (they are Terminating
-meanwhile and the preemptor is not dispatched), then the victim's Job and pods are gone, it is re-queued
+meanwhile and the preemptor is not dispatched) while the cluster holds the preemptor's nodes (a GPU pod
+outside Tandem scheduled then never lands on them), then the victim's Job and pods are gone, it is re-queued
 without spending a retry, and the preemptor's gang binds on exactly the freed nodes."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from broker.client import SubmitItem
 from broker.config import FairnessConfig
 from sim import kuberesources as kr
+from sim.kubeclient import KubeApiError
 from tandem.v1 import job_pb2
 from tests.broker.hub_builders import Broker, policy_doc, start_broker
 from tests.e2e.fleet import Cluster, gang, gpu_node, start_cluster, wait_for
@@ -68,6 +71,17 @@ async def test_a_higher_band_takes_the_rack_after_the_victims_grace(tmp_path: Pa
 
         await wait_for(terminating, 30, "the victim's pods terminating", procs)
         assert (await _job(broker, p.job_id)).status.state == job_pb2.JOB_STATE_QUEUED  # not dispatched meanwhile
+        # the cluster keeps the preemptor's nodes meanwhile: a hold its extender honours (F-5) …
+        hold_name = f"{p.job_id}-1-hold"
+
+        async def hold() -> dict[str, Any] | None:
+            return await _get(c, kr.CONFIG_MAPS, hold_name, "tandem-system")
+
+        held = await wait_for(hold, 30, "the hold written", procs)
+        assert held["data"]["hold"] == "true" and held["data"]["job"] == p.job_id
+        assert sorted(json.loads(held["data"]["pod_sets"])[0]["nodes"]) == victim_nodes
+        # … so a GPU pod outside Tandem, scheduled meanwhile, never lands on them
+        await c.sim.client().create(kr.PODS, _intruder(), "default")
 
         async def gone() -> bool:
             jobs = (await c.sim.client().list(kr.JOBS, "team-b", label_selector=f"tandem.dev/job={v.job_id}")).items
@@ -77,6 +91,9 @@ async def test_a_higher_band_takes_the_rack_after_the_victims_grace(tmp_path: Pa
         assert time.monotonic() - t_preempt >= GRACE_S * 0.9  # the pods had their grace period
         placed = await wait_for(lambda: _bound(c, "team-a", p.job_id, 2), 90, "the preemptor's pods bound", procs)
         assert sorted(x["spec"]["nodeName"] for x in placed) == victim_nodes
+        intruder = await c.sim.client().get(kr.PODS, "intruder", "default")
+        assert intruder is not None and not intruder["spec"].get("nodeName")  # kept off the held nodes
+        await wait_for(lambda: _gone_hold(c, hold_name), 30, "the hold replaced by the dispatch", procs)
         victim = await _job(broker, v.job_id)
         assert victim.status.state == job_pb2.JOB_STATE_QUEUED and victim.status.infra_retries == 0
         assert victim.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_PREEMPTED
@@ -85,6 +102,28 @@ async def test_a_higher_band_takes_the_rack_after_the_victims_grace(tmp_path: Pa
     finally:
         await c.stop()
         await broker.close()
+
+
+def _intruder() -> dict[str, Any]:
+    """A GPU pod that is no Tandem job's, scheduled by the same scheduler (and extender) as the gangs."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "intruder", "namespace": "default"},
+            "spec": {"schedulerName": "tandem-scheduler", "restartPolicy": "Never",
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "main", "image": "registry.example.com/notebook:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
+
+async def _get(c: Cluster, res: kr.Resource, name: str, namespace: str) -> dict[str, Any] | None:
+    try:
+        return await c.sim.client().get(res, name, namespace)
+    except KubeApiError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+async def _gone_hold(c: Cluster, name: str) -> bool:
+    return await _get(c, kr.CONFIG_MAPS, name, "tandem-system") is None
 
 
 async def _is(broker: Broker, job_id: str, state: int) -> bool:

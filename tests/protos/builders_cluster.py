@@ -198,6 +198,15 @@ def resync_request() -> cs.ResyncRequest:
     return cs.ResyncRequest(inventory=True, workloads=True, reason="delta base mismatch")
 
 
+def hold_nodes() -> cs.HoldNodes:
+    return cs.HoldNodes(attempt=b.attempt_ref(), pod_sets=[pod_set_dispatch()], expires_at=b.ts(960),
+                        dispatch_id="4f1c2d/train-7f3k/2")
+
+
+def release_hold() -> cs.ReleaseHold:
+    return cs.ReleaseHold(attempt=b.attempt_ref())
+
+
 def broker_messages() -> list[cs.BrokerMessage]:
     """One BrokerMessage per member of its `body` oneof."""
     bodies = {
@@ -207,6 +216,8 @@ def broker_messages() -> list[cs.BrokerMessage]:
         "cancel": cancel(),
         "ack": ack(),
         "resync": resync_request(),
+        "hold": hold_nodes(),
+        "release_hold": release_hold(),
     }
     out = []
     for seq, (field, body) in enumerate(bodies.items(), start=1):

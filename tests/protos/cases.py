@@ -129,6 +129,8 @@ def all_cases() -> list[Message]:
         bc.cancel(),
         bc.ack(),
         bc.resync_request(),
+        bc.hold_nodes(),
+        bc.release_hold(),
         # cluster service: admin
         bc.gpu_model_count(),
         bc.domain_summary(),

@@ -704,6 +704,8 @@ class BrokerMessage(_message.Message):
     CANCEL_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
     RESYNC_FIELD_NUMBER: _builtins.int
+    HOLD_FIELD_NUMBER: _builtins.int
+    RELEASE_HOLD_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Broker message sequence number on this stream (1 for Welcome, +1 per
     message); the agent reports the highest applied one.
@@ -736,6 +738,16 @@ class BrokerMessage(_message.Message):
     def resync(self) -> Global___ResyncRequest:
         """Ask for full state."""
 
+    @_builtins.property
+    def hold(self) -> Global___HoldNodes:
+        """Keep nodes for an attempt not dispatched yet (the jobs preempted for it
+        are leaving).
+        """
+
+    @_builtins.property
+    def release_hold(self) -> Global___ReleaseHold:
+        """Give held nodes back."""
+
     def __init__(
         self,
         *,
@@ -747,12 +759,14 @@ class BrokerMessage(_message.Message):
         cancel: Global___Cancel | None = ...,
         ack: Global___Ack | None = ...,
         resync: Global___ResyncRequest | None = ...,
+        hold: Global___HoldNodes | None = ...,
+        release_hold: Global___ReleaseHold | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "cancel", b"cancel", "dispatch", b"dispatch", "resync", b"resync", "send_time", b"send_time", "start", b"start", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "cancel", b"cancel", "dispatch", b"dispatch", "hold", b"hold", "release_hold", b"release_hold", "resync", b"resync", "send_time", b"send_time", "start", b"start", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "cancel", b"cancel", "dispatch", b"dispatch", "resync", b"resync", "send_time", b"send_time", "sequence", b"sequence", "start", b"start", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "cancel", b"cancel", "dispatch", b"dispatch", "hold", b"hold", "release_hold", b"release_hold", "resync", b"resync", "send_time", b"send_time", "sequence", b"sequence", "start", b"start", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "dispatch", "start", "cancel", "ack", "resync"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "dispatch", "start", "cancel", "ack", "resync", "hold", "release_hold"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -1105,6 +1119,75 @@ class Dispatch(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Dispatch: _TypeAlias = Dispatch  # noqa: Y015
+
+@_typing.final
+class HoldNodes(_message.Message):
+    """Keep the resources of these nodes for an attempt the broker will dispatch
+    once the jobs preempted for it have left: the agent writes a reservation
+    the extender honours (pods of other gangs and pods outside Tandem are kept
+    off), named `<job>-<attempt>-hold`, that expires on its own. A later
+    Dispatch of the same attempt replaces it; ReleaseHold deletes it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    POD_SETS_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    dispatch_id: _builtins.str
+    """The dispatch id the attempt will carry."""
+    @_builtins.property
+    def attempt(self) -> _common_pb2.AttemptRef:
+        """Job and the attempt it will be dispatched as."""
+
+    @_builtins.property
+    def pod_sets(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodSetDispatch]:
+        """Per pod set: shape and the nodes held (templates are empty)."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """Broker-clock time after which the hold is void."""
+
+    def __init__(
+        self,
+        *,
+        attempt: _common_pb2.AttemptRef | None = ...,
+        pod_sets: _abc.Iterable[Global___PodSetDispatch] | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        dispatch_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "expires_at", b"expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "dispatch_id", b"dispatch_id", "expires_at", b"expires_at", "pod_sets", b"pod_sets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldNodes: _TypeAlias = HoldNodes  # noqa: Y015
+
+@_typing.final
+class ReleaseHold(_message.Message):
+    """Delete a hold (its attempt was placed elsewhere, or given up)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def attempt(self) -> _common_pb2.AttemptRef:
+        """Job and attempt of the hold."""
+
+    def __init__(
+        self,
+        *,
+        attempt: _common_pb2.AttemptRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseHold: _TypeAlias = ReleaseHold  # noqa: Y015
 
 @_typing.final
 class Start(_message.Message):
