@@ -79,7 +79,7 @@ class Preemptor:
         self.preempted_for: dict[str, tuple[str, float]] = {}
         """victim → (the job it was preempted for, until when it may not preempt that one back)."""
         self.history: list[Preemption] = []
-        """Preemptions started (the latest 1,000), for tests, the simulator and `tandem get`."""
+        """Preemptions started (the latest 1,000): what tests and operators debugging a round look at."""
         self.losses: list[tuple[float, str, str, float]] = []
         """(time, victim tenant, cluster, GPU-hours lost) of the last hour's preemptions (the rate limit's)."""
         self.rounds = 0
