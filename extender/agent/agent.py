@@ -236,7 +236,7 @@ class Agent:
                 a = self._state(key)
                 a.order, a.namespace = order, ns
                 self.tracker.dirty.add(key)
-                if self.work is not None:  # its own reservation holds its nodes now
+                if self.work is not None and self._holds(key):  # its own reservation holds its nodes now
                     await self._quietly(self.work.delete_hold(key), "deleting the hold", key)
             else:
                 log.info("dispatch rejected", extra={"job": order.job_id, "detail": {
@@ -285,6 +285,11 @@ class Agent:
                 return  # dispatched already: its own reservation holds the nodes
             await self._quietly(self.work.write_hold(msg.key, msg.pod_sets, msg.expires_at, msg.dispatch_id),
                                 "writing the hold", msg.key)
+
+    def _holds(self, key: AttemptKey) -> bool:
+        """The inventory has seen a hold for the attempt (one written a moment ago may be missed: it expires)."""
+        name = Workloads.hold_name(key)
+        return any(r.key[1] == name for r in self.inv.reservations())
 
     async def release_hold(self, key: AttemptKey) -> None:
         if self.read_only or self.work is None:
