@@ -351,12 +351,13 @@ class Dispatcher:
             session = self.sessions.get(event.cluster)
             if session is not None and not session.closed:
                 session.send(link.HoldOut(event.job_id, event.attempt, event.spec, event.assignments,
-                                          event.expires_at, f"{self.store.store_id}/{event.job_id}/{event.attempt}"))
+                                          event.expires_at, f"{self.store.store_id}/{event.job_id}/{event.attempt}",
+                                          event.drain, event.idle))
             return
         if isinstance(event, HoldReleased):
             session = self.sessions.get(event.cluster)
             if session is not None and not session.closed:
-                session.send(link.ReleaseHoldOut(event.job_id, event.attempt))
+                session.send(link.ReleaseHoldOut(event.job_id, event.attempt, event.drain))
             return
         self.kick(event.cluster)
 

@@ -33,6 +33,10 @@ class DrainHold:
     gpu_model: str = ""
     idle_gpus: int = 0
     """Idle GPUs it keeps now (charged to the holder)."""
+    attempt: int = 1
+    """The attempt the gang will be dispatched as: the cluster's copy of the hold is that attempt's."""
+    sent: tuple[tuple[str, int], ...] = ()
+    sent_at: float = -1e18
 
     @property
     def key(self) -> cat.AttemptKey:
@@ -43,12 +47,13 @@ class DrainHolds:
     def __init__(self, catalog: cat.Catalog) -> None:
         self.catalog = catalog
         self.holds: dict[str, DrainHold] = {}
+        self._released: list[DrainHold] = []
 
     def __len__(self) -> int:
         return len(self.holds)
 
-    def start(self, job_id: str, domain: DrainDomain, now: float, max_hold_s: float) -> DrainHold:
-        hold = DrainHold(job_id, domain, now, now + max_hold_s)
+    def start(self, job_id: str, domain: DrainDomain, now: float, max_hold_s: float, attempt: int = 1) -> DrainHold:
+        hold = DrainHold(job_id, domain, now, now + max_hold_s, attempt=attempt)
         self.holds[job_id] = hold
         _log.info("domain held for a waiting gang", extra={"job": job_id, "cluster": domain.cluster,
                                                            "domain": "/".join(domain.path),
@@ -59,6 +64,24 @@ class DrainHolds:
         hold = self.holds.pop(job_id, None)
         if hold is not None:
             self.catalog.drop_reservation(hold.key)
+            self._released.append(hold)
+
+    def take_released(self) -> list[DrainHold]:
+        """Holds ended since the last call (the cluster's copies are to be deleted)."""
+        out, self._released = self._released, []
+        return out
+
+    def outgoing(self, now: float, resend_s: float) -> list[tuple[DrainHold, tuple[tuple[str, int], ...]]]:
+        """Holds whose idle GPUs the cluster should be told of now: they changed since last sent, or the last
+        copy is older than `resend_s` (the cluster's copy expires unless it is sent again)."""
+        out = []
+        for hold in self.holds.values():
+            res = self.catalog.reservations.get(hold.key)
+            idle = tuple(sorted((r.node, res.shapes[r.pod_set].gpus) for r in res.replicas)) if res else ()
+            if idle != hold.sent or now - hold.sent_at >= resend_s:
+                hold.sent, hold.sent_at = idle, now
+                out.append((hold, idle))
+        return out
 
     def refresh(self, now: float, only: Collection[str] | None = None) -> list[str]:
         """Re-take each held domain's idle GPUs as they are now; give up holds past their end. Returns the jobs
@@ -71,6 +94,7 @@ class DrainHolds:
             if now >= hold.until:
                 _log.warning("domain hold ended before its gang was placed", extra={"job": job_id})
                 del self.holds[job_id]
+                self._released.append(hold)
                 changed.append(job_id)
                 continue
             entry = self.catalog.clusters.get(hold.domain.cluster)

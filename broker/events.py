@@ -44,6 +44,9 @@ class NodesHeld:
     spec: bytes
     assignments: tuple[ReplicaPlacement, ...]
     expires_at: float
+    drain: bool = False
+    """A held domain's idle GPUs (`idle`: node, whole GPUs) rather than a preemption's nodes."""
+    idle: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ class HoldReleased:
     cluster: str
     job_id: str
     attempt: int
+    drain: bool = False
 
 
 ToPlacer = JobChanged | CapacityChanged

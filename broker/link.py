@@ -186,12 +186,16 @@ class HoldOut:
     assignments: tuple[ReplicaPlacement, ...]
     expires_at: float
     dispatch_id: str = ""
+    drain: bool = False
+    """A held domain's idle GPUs: `idle` (node, whole GPUs) instead of the spec's pod sets."""
+    idle: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class ReleaseHoldOut:
     job_id: str
     attempt: int
+    drain: bool = False
 
 
 Outbound = Welcome | DispatchOut | StartOut | CancelOut | AckOut | ResyncOut | HoldOut | ReleaseHoldOut

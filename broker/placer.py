@@ -34,6 +34,9 @@ __all__ = ["Placer", "Held", "WaitInfo", "PreemptionHold"]
 
 _log = logging.getLogger("tandem.broker.placer")
 
+DRAIN_RESEND_S = 60.0
+"""A held domain's copy in its cluster is sent again this often (and expires after twice that)."""
+
 _SNAPSHOT_SHARE = 5
 """A step waits at least this many times its last snapshot build: rebuilds take at most ~1/(1+5) of the loop."""
 
@@ -309,6 +312,7 @@ class Placer:
         for job_id in self.drains.refresh(now):
             if job_id in self.queued:
                 self._entry(self.queued[job_id])
+        self._tell_drains(now)
         view = FleetView(self.catalog, now)
         t_snap = time.perf_counter()
         snap = self.snapshot(now)
@@ -375,6 +379,7 @@ class Placer:
             pending.append((job, ev))
         if self._todo:
             self._wake.set()
+        self._tell_drains(now)
         placed = await self._commit(pending, now)
         for n in await asyncio.gather(*commits):
             placed += n
@@ -416,6 +421,17 @@ class Placer:
             if self.metrics is not None:
                 self.metrics.preemption_timeouts.inc()  # type: ignore[attr-defined]
 
+    def _tell_drains(self, now: float) -> None:
+        """The clusters keep held domains too: their idle GPUs as they change, and holds that ended."""
+        for hold in self.drains.take_released():
+            self.send(HoldReleased(hold.domain.cluster, hold.job_id, hold.attempt, drain=True))
+        for hold, idle in self.drains.outgoing(now, DRAIN_RESEND_S):
+            if idle:
+                self.send(NodesHeld(hold.domain.cluster, hold.job_id, hold.attempt, b"", (),
+                                    now + 2 * DRAIN_RESEND_S, drain=True, idle=idle))
+            else:  # nothing idle to keep (yet): no copy in the cluster
+                self.send(HoldReleased(hold.domain.cluster, hold.job_id, hold.attempt, drain=True))
+
     def _without_own_drain(self, job: JobRecord, snap: q.QueueSnapshot, usage: q.Usage) -> q.Usage:
         """The cycle's usage less the idle GPUs the job's own drain hold is charged (they are its to take)."""
         drain = self.drains.holds.get(job.job_id)
@@ -425,9 +441,10 @@ class Placer:
 
     def hold_domain(self, job: JobRecord, domain: DrainDomain, now: float, max_hold_s: float) -> None:
         """Hold `domain` for the waiting gang `job` while it drains (see broker.drains)."""
-        self.drains.start(job.job_id, domain, now, max_hold_s)
+        self.drains.start(job.job_id, domain, now, max_hold_s, attempt=job.attempt + 1)
         self.drains.refresh(now, {job.job_id})
         self._entry(job)
+        self._tell_drains(now)
         self.capacity_changed()
 
     def _release_hold(self, hold: PreemptionHold) -> None:

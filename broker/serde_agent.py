@@ -162,10 +162,16 @@ def _pod_sets(spec: job_pb2.JobSpec, assignments: Sequence[ReplicaPlacement], ou
 
 
 def hold_message(h: link.HoldOut) -> cs.HoldNodes:
-    msg = cs.HoldNodes(dispatch_id=h.dispatch_id)
+    msg = cs.HoldNodes(dispatch_id=h.dispatch_id, drain=h.drain)
     msg.attempt.job_id = h.job_id
     msg.attempt.attempt = h.attempt
-    _pod_sets(spec_from_bytes(h.spec), h.assignments, msg.pod_sets, templates=False)
+    if h.drain:
+        for node, gpus in h.idle:
+            one = msg.pod_sets.add(name=f"hold/{node}", count=1)
+            one.shape.gpu_count = gpus
+            one.nodes.add(node=node, replicas=1)
+    else:
+        _pod_sets(spec_from_bytes(h.spec), h.assignments, msg.pod_sets, templates=False)
     msg.expires_at.CopyFrom(ts(h.expires_at))
     return msg
 
@@ -289,6 +295,7 @@ def broker_message(sequence: int, now: float, out: link.Outbound) -> cs.BrokerMe
     elif isinstance(out, link.ReleaseHoldOut):
         msg.release_hold.attempt.job_id = out.job_id
         msg.release_hold.attempt.attempt = out.attempt
+        msg.release_hold.drain = out.drain
     else:
         msg.resync.CopyFrom(cs.ResyncRequest(inventory=out.inventory, workloads=out.workloads, reason=out.reason))
     return msg

@@ -1087,6 +1087,7 @@ class FastSim:
         self._usage_version += 1
 
     def _refresh_drains(self) -> None:
+        self.drains.take_released()  # (the broker sends these to the clusters; fast mode's cells need no copy)
         ended = [j for j, h in self.drains.holds.items() if self.now >= h.until]
         domains = {j: self.drains.holds[j].domain for j in ended}
         for job_id in self.drains.refresh(self.now):
@@ -1385,8 +1386,8 @@ class FastSim:
             notes.append(f"tandem-fair: held domains as the broker's (a gang of >= {p.hold_min_gpus:g} GPUs blocked "
                          f"{p.hold_after_s:g} s holds the domain that drains soonest, at most "
                          f"{p.max_held_domains} at once, for at most {p.max_hold_s:g} s; only jobs whose "
-                         f"declared max runtime ends before the drain backfill it; pods outside Tandem still take a "
-                         f"held domain's idle GPUs, as in a cluster, which the broker's hold never reaches): "
+                         f"declared max runtime ends before the drain backfill it; background pods bypass Tandem's "
+                         f"scheduler and its extender, so they still take a held domain's idle GPUs): "
                          f"{self.holds_started} held")
             notes.append(f"tandem-fair: the broker's preemption decision every {p.preempt_interval_s:g} s "
                          f"(tenants' default knobs, minimum runtime {p.preempt_min_runtime_s:g} s); victims leave "

@@ -236,8 +236,9 @@ class Agent:
                 a = self._state(key)
                 a.order, a.namespace = order, ns
                 self.tracker.dirty.add(key)
-                if self.work is not None and self._holds(key):  # its own reservation holds its nodes now
-                    await self._quietly(self.work.delete_hold(key), "deleting the hold", key)
+                for drain in (False, True):  # its own reservation holds its nodes now
+                    if self.work is not None and self._holds(key, drain):
+                        await self._quietly(self.work.delete_hold(key, drain=drain), "deleting the hold", key)
             else:
                 log.info("dispatch rejected", extra={"job": order.job_id, "detail": {
                     "attempt": order.attempt, "reason": rejection.reason, "message": rejection.message}})
@@ -283,19 +284,19 @@ class Agent:
         async with self._lock(msg.key[0]):
             if self._order(msg.key) is not None:
                 return  # dispatched already: its own reservation holds the nodes
-            await self._quietly(self.work.write_hold(msg.key, msg.pod_sets, msg.expires_at, msg.dispatch_id),
-                                "writing the hold", msg.key)
+            await self._quietly(self.work.write_hold(msg.key, msg.pod_sets, msg.expires_at, msg.dispatch_id,
+                                                     drain=msg.drain), "writing the hold", msg.key)
 
-    def _holds(self, key: AttemptKey) -> bool:
+    def _holds(self, key: AttemptKey, drain: bool = False) -> bool:
         """The inventory has seen a hold for the attempt (one written a moment ago may be missed: it expires)."""
-        name = Workloads.hold_name(key)
+        name = Workloads.hold_name(key, drain)
         return any(r.key[1] == name for r in self.inv.reservations())
 
-    async def release_hold(self, key: AttemptKey) -> None:
+    async def release_hold(self, key: AttemptKey, drain: bool = False) -> None:
         if self.read_only or self.work is None:
             return
         async with self._lock(key[0]):
-            await self._quietly(self.work.delete_hold(key), "deleting the hold", key)
+            await self._quietly(self.work.delete_hold(key, drain=drain), "deleting the hold", key)
 
     async def _quietly(self, op: Any, what: str, key: AttemptKey) -> None:
         try:
@@ -462,7 +463,8 @@ class Agent:
                 continue
             if held.expired(now):
                 key = (held.job, int(held.attempt))
-                await self._quietly(self.work.delete_hold(key), "deleting an expired hold", key)
+                drain = held.key[1] == Workloads.hold_name(key, True)
+                await self._quietly(self.work.delete_hold(key, drain=drain), "deleting an expired hold", key)
 
     async def autonomy(self) -> None:
         """Without a live stream an attempt still gated past its start deadline can never be started: delete
@@ -542,7 +544,7 @@ class Agent:
         elif isinstance(msg, wire.HoldMsg):
             self._spawn(self.hold(msg), f"hold-{msg.key[0]}")
         elif isinstance(msg, wire.ReleaseHoldMsg):
-            self._spawn(self.release_hold(msg.key), f"release-hold-{msg.key[0]}")
+            self._spawn(self.release_hold(msg.key, msg.drain), f"release-hold-{msg.key[0]}")
         elif isinstance(msg, wire.AckMsg):
             self._spawn(self.acknowledged(msg.sequence), "ack")
         elif isinstance(msg, wire.ResyncMsg):

@@ -106,11 +106,14 @@ class HoldMsg:
     pod_sets: tuple[PodSetOrder, ...]
     expires_at: float
     dispatch_id: str = ""
+    drain: bool = False
+    """A held domain's idle GPUs (written as `<job>-<attempt>-drain`) rather than a preemption's nodes."""
 
 
 @dataclass(frozen=True, slots=True)
 class ReleaseHoldMsg:
     key: AttemptKey
+    drain: bool = False
 
 
 Inbound = WelcomeMsg | Order | StartMsg | CancelMsg | AckMsg | ResyncMsg | HoldMsg | ReleaseHoldMsg
@@ -217,9 +220,9 @@ def inbound(msg: cs.BrokerMessage) -> Inbound | None:
         if not h.attempt.job_id or h.attempt.attempt < 1 or not h.pod_sets:
             raise WireError("hold", "attempt (job_id, attempt >= 1) and pod sets are required")
         return HoldMsg(_key(h.attempt), tuple(_pod_set(ps, f"hold.pod_sets[{i}]") for i, ps in enumerate(h.pod_sets)),
-                       h.expires_at.ToNanoseconds() / 1e9, h.dispatch_id)
+                       h.expires_at.ToNanoseconds() / 1e9, h.dispatch_id, h.drain)
     if kind == "release_hold":
-        return ReleaseHoldMsg(_key(msg.release_hold.attempt))
+        return ReleaseHoldMsg(_key(msg.release_hold.attempt), msg.release_hold.drain)
     return None
 
 

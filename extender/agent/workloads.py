@@ -310,11 +310,11 @@ class Workloads:
     # ------------------------------------------------------------------ holds (FLEET-NOTES F-5)
 
     @staticmethod
-    def hold_name(key: AttemptKey) -> str:
-        return f"{key[0]}-{key[1]}-hold"
+    def hold_name(key: AttemptKey, drain: bool = False) -> str:
+        return f"{key[0]}-{key[1]}-{'drain' if drain else 'hold'}"
 
     async def write_hold(self, key: AttemptKey, pod_sets: Sequence[PodSetOrder], expires_at: float,
-                         dispatch_id: str) -> None:
+                         dispatch_id: str, *, drain: bool = False) -> None:
         """Write (or rewrite) the reservation that keeps nodes for an attempt not dispatched yet. It is the
         attempt's own gang's, so its pods are not kept off; it carries no dispatch id the attempt's objects
         could be adopted by."""
@@ -324,7 +324,7 @@ class Workloads:
         labels = {ext.gang_job_label: key[0], ext.gang_attempt_label: str(key[1]), **MANAGED_BY}
         cm = reservation_configmap(
             Reservation(key[0], key[1], parts), {ps.name: ps.shape for ps in pod_sets},
-            namespace=ext.reservation_namespace, name=self.hold_name(key), label=ext.reservation_label,
+            namespace=ext.reservation_namespace, name=self.hold_name(key, drain), label=ext.reservation_label,
             expires_at=expires_at, labels=labels, annotations={HOLD_ANNOTATION: dispatch_id}, hold=True)
         collection = api_path("", "v1", "configmaps", ext.reservation_namespace)
         try:
@@ -339,10 +339,10 @@ class Workloads:
             cm["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             await self.kube.replace(f"{collection}/{cm['metadata']['name']}", cm)
 
-    async def delete_hold(self, key: AttemptKey) -> None:
+    async def delete_hold(self, key: AttemptKey, *, drain: bool = False) -> None:
         ext = self.config.extender
-        await self.kube.delete(api_path("", "v1", "configmaps", ext.reservation_namespace, self.hold_name(key)),
-                               propagation_policy="Background")
+        await self.kube.delete(api_path("", "v1", "configmaps", ext.reservation_namespace,
+                                        self.hold_name(key, drain)), propagation_policy="Background")
 
     async def delete_reservation(self, key: AttemptKey) -> None:
         ext = self.config.extender

@@ -265,6 +265,17 @@ async def test_three_tenants_weighted_1_1_2_converge_to_their_shares(tmp_path: P
     await b.close()
 
 
+async def _expect_logging(agent: ScriptedAgent, kind: str, log: list[tuple[str, Any]]) -> Any:
+    """The next message of `kind`, with every message received meanwhile appended to `log` in order."""
+    while True:
+        msg = await asyncio.wait_for(agent.inbox.get(), 10.0)
+        assert msg is not None, "stream closed"
+        body = msg.WhichOneof("body")
+        log.append((body, getattr(msg, body)))
+        if body == kind:
+            return getattr(msg, body)
+
+
 def _with_runtime(s: job_pb2.JobSpec, seconds: int) -> job_pb2.JobSpec:
     s.max_runtime.FromSeconds(seconds)
     return s
@@ -306,6 +317,11 @@ async def test_a_held_domain_drains_for_its_gang_and_backfill_cannot_starve_it(t
                  outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
     free = {where[first]}
     report(free, [x for x in bound if x[0] != first])
+    # the cluster is told to keep the freed node for the gang too (its extender holds it against others) …
+    drain = await agent.expect("hold")
+    assert drain.drain and (drain.attempt.job_id, drain.attempt.attempt) == (gang.job_id, 1)
+    assert [(n.node, ps.shape.gpu_count) for ps in drain.pod_sets for n in ps.nodes] == [(where[first], 8)]
+    # … while a job bound to end before the drain may still backfill it
     d = await agent.expect("dispatch")
     assert d.attempt.job_id == short.job_id and _nodes(d) == [where[first]]
     assert await _state(b, unbounded.job_id) == job_pb2.JOB_STATE_QUEUED
@@ -326,8 +342,13 @@ async def test_a_held_domain_drains_for_its_gang_and_backfill_cannot_starve_it(t
                  outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
     bound = [x for x in bound if x[0] != short.job_id]
     report({where[first], where[second]}, bound)
-    d = await agent.expect("dispatch")
+    log: list[tuple[str, Any]] = []
+    d = await _expect_logging(agent, "dispatch", log)
     assert d.attempt.job_id == gang.job_id and sorted(_nodes(d)) == sorted(hold.domain.nodes)
+    # the rack's idle GPUs were held in the cluster up to the gang's placement, then released for its dispatch
+    holds = [(k, sorted(n.node for ps in m.pod_sets for n in ps.nodes) if k == "hold" else None)
+             for k, m in log if k in ("hold", "release_hold") and m.drain]
+    assert holds[-2:] == [("hold", sorted(hold.domain.nodes)), ("release_hold", None)], holds
     await eventually(lambda: gang.job_id not in b.hub.placer.drains.holds)
     await agent.close()
     await b.close()

@@ -200,11 +200,11 @@ def resync_request() -> cs.ResyncRequest:
 
 def hold_nodes() -> cs.HoldNodes:
     return cs.HoldNodes(attempt=b.attempt_ref(), pod_sets=[pod_set_dispatch()], expires_at=b.ts(960),
-                        dispatch_id="4f1c2d/train-7f3k/2")
+                        dispatch_id="4f1c2d/train-7f3k/2", drain=True)
 
 
 def release_hold() -> cs.ReleaseHold:
-    return cs.ReleaseHold(attempt=b.attempt_ref())
+    return cs.ReleaseHold(attempt=b.attempt_ref(), drain=True)
 
 
 def broker_messages() -> list[cs.BrokerMessage]:

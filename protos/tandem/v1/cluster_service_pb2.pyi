@@ -1135,8 +1135,14 @@ class HoldNodes(_message.Message):
     POD_SETS_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The dispatch id the attempt will carry."""
+    drain: _builtins.bool
+    """A held domain for a long-waiting gang rather than a preemption's nodes:
+    its idle GPUs as they are now (one pod set per node), written as
+    `<job>-<attempt>-drain` and sent again as they change.
+    """
     @_builtins.property
     def attempt(self) -> _common_pb2.AttemptRef:
         """Job and the attempt it will be dispatched as."""
@@ -1156,10 +1162,11 @@ class HoldNodes(_message.Message):
         pod_sets: _abc.Iterable[Global___PodSetDispatch] | None = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         dispatch_id: _builtins.str = ...,
+        drain: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "dispatch_id", b"dispatch_id", "expires_at", b"expires_at", "pod_sets", b"pod_sets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "dispatch_id", b"dispatch_id", "drain", b"drain", "expires_at", b"expires_at", "pod_sets", b"pod_sets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1172,6 +1179,9 @@ class ReleaseHold(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
+    drain: _builtins.bool
+    """The held domain's hold (see HoldNodes.drain)."""
     @_builtins.property
     def attempt(self) -> _common_pb2.AttemptRef:
         """Job and attempt of the hold."""
@@ -1180,10 +1190,11 @@ class ReleaseHold(_message.Message):
         self,
         *,
         attempt: _common_pb2.AttemptRef | None = ...,
+        drain: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "drain", b"drain"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
