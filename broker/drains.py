@@ -15,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from fleetplan import catalog as cat
-from fleetplan.drain import DrainDomain, hold_parts
+from fleetplan.drain import DrainDomain, enforced_end, hold_parts
 from fleetplan.view import FleetView
 
 __all__ = ["DrainHold", "DrainHolds"]
@@ -105,13 +105,12 @@ class DrainHolds:
             rows = [arrays.row[n] for n in hold.domain.nodes if n in arrays.row]
             nodes = view.overlaid_nodes(hold.domain.cluster, rows)
             replicas, shapes = hold_parts(nodes)
-            models = sorted({n.gpu_model for n in nodes if n.gpu_model})
+            model = min((n.gpu_model for n in nodes if n.gpu_model), default="")
             idle = sum(s.gpus for s in shapes.values())
             if replicas:
-                self.catalog.add_reservation(cat.Reservation(job_id, 0, hold.domain.cluster, replicas, shapes,
-                                                             models[0] if models else ""))
-            if (idle, models[0] if models else "") != (hold.idle_gpus, hold.gpu_model):
-                hold.idle_gpus, hold.gpu_model = idle, models[0] if models else ""
+                self.catalog.add_reservation(cat.Reservation(job_id, 0, hold.domain.cluster, replicas, shapes, model))
+            if (idle, model) != (hold.idle_gpus, hold.gpu_model):
+                hold.idle_gpus, hold.gpu_model = idle, model
                 changed.append(job_id)
         return changed
 
@@ -122,7 +121,8 @@ class DrainHolds:
         out: list[DrainHold] = []
         for hold in self.holds.values():
             mine = hold.job_id == job_id
-            fits_before = max_runtime_s is not None and now + max_runtime_s + start_timeout_s <= hold.domain.drains_by
+            ends = enforced_end(now, max_runtime_s, start_timeout_s)
+            fits_before = ends is not None and ends <= hold.domain.drains_by
             if (mine or fits_before) and hold.key in self.catalog.reservations:
                 out.append(hold)
         for hold in out:

@@ -69,6 +69,12 @@ class WaitInfo:
     evaluated_at: float
 
 
+def _preempting(victims: frozenset[str], now: float) -> WaitInfo:
+    """Why a job whose victims are still leaving waits (the preemptor's blocked-job filter reads the reason)."""
+    return WaitInfo(Wait.INSUFFICIENT_CAPACITY,
+                    f"preempting {len(victims)} job(s) for it; its nodes are held until they leave", now)
+
+
 class Placer:
     """Owns the in-memory queue view (QUEUED jobs) and usage; `step()` places what it can now."""
 
@@ -338,9 +344,7 @@ class Placer:
             hold = self.preempting.get(job.job_id)
             if hold is not None:
                 if now < hold.deadline and not self._victims_gone(hold, snap):
-                    self.waits[job.job_id] = WaitInfo(
-                        Wait.INSUFFICIENT_CAPACITY,
-                        f"preempting {len(hold.victims)} job(s) for it; its nodes are held until they leave", now)
+                    self.waits[job.job_id] = _preempting(hold.victims, now)
                     continue
                 self.catalog.drop_reservation(hold.reservation.key)  # decided below over what is free now
                 view = FleetView(self.catalog, now)
@@ -394,9 +398,7 @@ class Placer:
         self.preempting[job.job_id] = PreemptionHold(res, victims, deadline)
         # the cluster keeps them too: its extender holds them against pods outside Tandem meanwhile
         self.send(NodesHeld(choice.cluster, job.job_id, job.attempt + 1, job.spec, choice.assignments, deadline))
-        self.waits[job.job_id] = WaitInfo(
-            Wait.INSUFFICIENT_CAPACITY,
-            f"preempting {len(victims)} job(s) for it; its nodes are held until they leave", self.clock())
+        self.waits[job.job_id] = _preempting(victims, self.clock())
 
     def _victims_gone(self, hold: PreemptionHold, snap: q.QueueSnapshot) -> bool:
         for v in hold.victims:

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fleetplan.decide import Wait
-from fleetplan.drain import BusyJob, choose_drain_domain
+from fleetplan.drain import BusyJob, choose_drain_domain, enforced_end
 from fleetplan.view import FleetView
 
 from broker import fairness, lifecycle, serde
@@ -169,9 +169,9 @@ class Preemptor:
         busy = []
         for other, a in runs.values():
             start = a.accept_time or a.dispatch_time or a.reserve_time
-            ends_by = None
-            if other.max_runtime_s is not None:
-                ends_by = start + other.max_runtime_s + serde.start_timeout_s(other.spec, self.placer.start_timeout_s)
+            ends_by = enforced_end(start, other.max_runtime_s,
+                                   serde.start_timeout_s(other.spec, self.placer.start_timeout_s)
+                                   if other.max_runtime_s is not None else 0.0)
             busy.append(BusyJob(other.job_id, a.cluster, frozenset(r.node for r in a.assignments), ends_by,
                                 other.preemptible))
         hold_until = now + self.cfg.max_hold_s

@@ -355,13 +355,6 @@ class QueueSnapshot:
             first = first or a.violation
         return first
 
-    def fair_share(self, tenant: str) -> float:
-        """The tenant's weighted share of the cost all active tenants use now."""
-        active = {e.tenant for e in self.entries.values()} | {tenant}
-        total = sum(self.usage.cost.get(t, 0.0) for t in active)
-        weights = sum(self.policy.tenant_weight(t) for t in active)
-        return total * self.policy.tenant_weight(tenant) / weights
-
     # -- fair share ------------------------------------------------------------------------------
 
     def over_fair_share(self, tenant: str) -> bool:

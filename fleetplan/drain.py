@@ -21,7 +21,13 @@ from fleetplan.catalog import ReservedReplica, empty_node
 from fleetplan.decide import ClusterPredicate, cluster_allowed, core_request, level_index
 from fleetplan.view import FleetView
 
-__all__ = ["BusyJob", "DrainDomain", "choose_drain_domain", "hold_parts"]
+__all__ = ["BusyJob", "DrainDomain", "choose_drain_domain", "enforced_end", "hold_parts"]
+
+
+def enforced_end(start: float, max_runtime_s: float | None, start_timeout_s: float) -> float | None:
+    """When a job started at `start` has ended at the latest: the cluster's Job deadline (activeDeadlineSeconds =
+    max runtime + start timeout); None without a max runtime."""
+    return None if max_runtime_s is None else start + max_runtime_s + start_timeout_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from broker.states import JobState
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Reservation, ReservedReplica
 from fleetplan.choice import AggregateChoice, ClusterChoice, RoundRobinChoice, make_choice, usable_clusters
 from fleetplan.decide import Choice, ClusterPredicate, Decision, could_ever_fit, within_policy
-from fleetplan.drain import BusyJob, choose_drain_domain
+from fleetplan.drain import BusyJob, choose_drain_domain, enforced_end
 from fleetplan.view import ClusterState, FleetView
 from fleetsim.fast_cluster import (
     GPU_TOLERATION,
@@ -1087,24 +1087,20 @@ class FastSim:
         self._usage_version += 1
 
     def _refresh_drains(self) -> None:
-        self.drains.take_released()  # (the broker sends these to the clusters; fast mode's cells need no copy)
-        ended = [j for j, h in self.drains.holds.items() if self.now >= h.until]
-        domains = {j: self.drains.holds[j].domain for j in ended}
         for job_id in self.drains.refresh(self.now):
             self._recharge(job_id)
-        for job_id, domain in domains.items():
-            self._drain_kinds(domain.cluster, domain.nodes)
-            self._note("hold-ended", job_id)
+        for hold in self.drains.take_released():  # given up at their end, undrained
+            self._drain_kinds(hold.domain.cluster, hold.domain.nodes)
+            self._note("hold-ended", hold.job_id)
 
     def _restore_drains(self, lifted: list[DrainHold]) -> None:
         for job_id in self.drains.restore([h for h in lifted if h.job_id in self.drains.holds], self.now):
             self._recharge(job_id)
 
     def _end_drain(self, job: _Job) -> None:
-        hold = self.drains.holds.get(job.item.name)
         self.drains.end(job.item.name)
         self._recharge(job.item.name)
-        if hold is not None:
+        for hold in self.drains.take_released():
             self._drain_kinds(hold.domain.cluster, hold.domain.nodes)
 
     def _maybe_hold(self, snap: QueueSnapshot) -> None:
@@ -1122,8 +1118,7 @@ class FastSim:
                 continue
             if busy is None:
                 busy = [BusyJob(j.item.name, j.cell, frozenset(a.node for a in j.choice.assignments),
-                                (j.run_start + j.item.max_runtime_s + p.start_timeout_s
-                                 if j.item.max_runtime_s is not None else None), j.item.preemptible)
+                                enforced_end(j.run_start, j.item.max_runtime_s, p.start_timeout_s), j.item.preemptible)
                         for j in self.jobs.values() if j.state == _RUNNING and j.choice is not None]
             it = job.item
             domain = choose_drain_domain(
