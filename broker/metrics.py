@@ -18,6 +18,8 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.queue_length = Gauge("tandem_broker_queue_length", "Queued jobs", ["tenant"], registry=r)
+        self.oldest_wait = Gauge("tandem_queue_oldest_wait_seconds",
+                                 "Age (now - submission) of the tenant's oldest queued job", ["tenant"], registry=r)
         self.pending_gpus = Gauge("tandem_broker_pending_gpu_demand", "GPUs wanted by queued jobs",
                                   ["tenant", "gpu_model"], registry=r)
         self.reserved_gpus = Gauge("tandem_broker_reserved_gpus", "GPUs held by placed jobs per cluster",
@@ -78,19 +80,27 @@ class Metrics:
         for name, entry in catalog.clusters.items():
             self.staleness_seconds.labels(name).set(max(0.0, now - entry.last_report) if entry.last_report else -1)
 
-    def refresh_queue(self, placer: Any) -> None:
-        """Recompute queue gauges from the placer's view (called on scrape cadence by the hub)."""
+    def refresh_queue(self, placer: Any, now: float | None = None) -> None:
+        """Recompute queue gauges from the placer's view (called on scrape cadence by the hub).
+
+        Tenants with nothing queued drop out of every per-tenant queue gauge (cleared, not set to 0)."""
+        now = placer.clock() if now is None else now
         self.queue_length.clear()
         self.pending_gpus.clear()
+        self.oldest_wait.clear()
         counts: dict[str, int] = {}
+        oldest: dict[str, float] = {}
         demand: dict[tuple[str, str], float] = {}
         for job in placer.queued.values():
             counts[job.tenant] = counts.get(job.tenant, 0) + 1
+            oldest[job.tenant] = min(oldest.get(job.tenant, job.create_time), job.create_time)
             for model in job.gpu_models or ("any",):
                 key = (job.tenant, model)
                 demand[key] = demand.get(key, 0.0) + job.gpus / max(len(job.gpu_models), 1)
         for tenant, n in counts.items():
             self.queue_length.labels(tenant).set(n)
+        for tenant, since in oldest.items():
+            self.oldest_wait.labels(tenant).set(max(0.0, now - since))
         for (tenant, model), gpus in demand.items():
             self.pending_gpus.labels(tenant, model).set(gpus)
         per_cluster: dict[str, float] = {}

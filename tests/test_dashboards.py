@@ -7,32 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from broker.metrics import Metrics as BrokerMetrics
-from extender.agent.metrics import AgentMetrics
-from extender.app import Metrics as ExtenderMetrics
-from extender.config import ExtenderConfig
-from extender.inventory import Inventory
+from tests.metric_names import exported_names
 
 DASHBOARDS = sorted((Path(__file__).resolve().parents[1] / "dashboards").glob("*.json"))
-_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
-             "summary": ("_sum", "_count", "")}
-
-
-def _exported(registry: CollectorRegistry) -> set[str]:
-    names: set[str] = set()
-    for family in registry.collect():
-        names |= {family.name + s for s in _SUFFIXES.get(family.type, ("",))}
-    return names
-
-
-def exported() -> set[str]:
-    agent = AgentMetrics()
-    agent.watch_api_errors(lambda: {})
-    registries = [BrokerMetrics().registry, agent.registry,
-                  ExtenderMetrics(Inventory(ExtenderConfig()), clock=lambda: 0.0).registry]
-    return set().union(*(_exported(r) for r in registries))
 
 
 def test_there_are_dashboards() -> None:
@@ -42,7 +20,7 @@ def test_there_are_dashboards() -> None:
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_every_query_names_only_exported_metrics(path: Path) -> None:
     doc = json.loads(path.read_text())
-    names = exported()
+    names = exported_names()
     exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
     assert exprs and all(p["targets"] for p in doc["panels"])
     for expr in exprs:
