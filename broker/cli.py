@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", parents=[connection], help="jobs")
     ls.add_argument("--job-set", default="")
     ls.add_argument("--state", action="append", default=[], help="e.g. QUEUED (repeatable)")
+    ls.add_argument("--cluster", default="", help="only jobs whose current attempt is on this cluster")
+    ls.add_argument("--gpu-model", default="", help="only jobs that got or accept this GPU model")
     ls.add_argument("--limit", type=int, default=100)
     w = sub.add_parser("watch", parents=[connection], help="follow job events")
     w.add_argument("--from-revision", type=int, default=0)
@@ -249,7 +251,8 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return 0
         if args.cmd == "list":
             states = [job_pb2.JobState.Value(f"JOB_STATE_{s.upper()}") for s in args.state]
-            resp = await c.list(job_set_id=args.job_set, states=states, page_size=args.limit)
+            resp = await c.list(job_set_id=args.job_set, states=states, page_size=args.limit,
+                                cluster=args.cluster, gpu_model=args.gpu_model)
             rows = [["JOB", "STATE", "QUEUE", "JOB SET", "ATTEMPT", "WAITING"]]
             for j in resp.jobs:
                 qi = j.status.queue_info

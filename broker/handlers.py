@@ -29,6 +29,8 @@ __all__ = [
     "cancel_job_set",
     "Usage",
     "usage",
+    "QueueCounts",
+    "queue_counts",
     "export_usage",
     "REQUEUEABLE",
     "requeue_job",
@@ -198,7 +200,8 @@ async def list_jobs(hub: Hub, caller: Caller, flt: JobFilter, page_size: int, pa
     sizes fit in `max_bytes` (at least one: validation bounds a job's size), with the token that resumes
     after the last one kept, so a page of large jobs never exceeds what the server may send."""
     tenant = _tenant_of(caller, flt.tenant or "") or None
-    flt = JobFilter(tenant=tenant, states=flt.states, queue=flt.queue, job_set=flt.job_set, labels=flt.labels)
+    flt = JobFilter(tenant=tenant, states=flt.states, queue=flt.queue, job_set=flt.job_set, labels=flt.labels,
+                    cluster=flt.cluster, gpu_model=flt.gpu_model)
     revision = await hub.store.current_revision()
     page = await hub.store.list_jobs(flt, page_size=page_size, page_token=page_token)
     if size_of is not None and max_bytes > 0:
@@ -293,6 +296,40 @@ def usage(hub: Hub, caller: Caller, tenant: str) -> Usage:
     if who:
         rows = [r for r in rows if r.tenant == who]
     return Usage(rows, shares.capacity, snap.now)
+
+
+@dataclass(slots=True)
+class QueueCounts:
+    """Queued jobs, the first reason each waits for, and the GPUs they ask for by model (counts only)."""
+
+    queued: int = 0
+    waiting: dict[str, int] = field(default_factory=dict)
+    """WaitReason value -> jobs."""
+    pending_gpus: dict[str, float] = field(default_factory=dict)
+    """Accepted models (' or '-joined; '' = any) -> GPUs asked for."""
+
+    def add(self, reason: str, models: tuple[str, ...], gpus: float) -> None:
+        self.queued += 1
+        self.waiting[reason] = self.waiting.get(reason, 0) + 1
+        if gpus > 0:
+            key = " or ".join(models)
+            self.pending_gpus[key] = self.pending_gpus.get(key, 0.0) + gpus
+
+
+def queue_counts(hub: Hub, caller: Caller) -> tuple[dict[str, QueueCounts], QueueCounts]:
+    """Per tenant the caller may see (a tenant: its own; an admin: every one), and over the whole fleet (an
+    aggregate every caller may see: counts, never job names)."""
+    snap = hub.placer.snapshot()
+    why = hub.placer.why_all()
+    tenants: dict[str, QueueCounts] = {}
+    fleet = QueueCounts()
+    for e in snap.pending():
+        info = why.get(e.job_id)
+        reason = info.reason.value if info is not None else "QUEUED_BEHIND_OTHERS"
+        fleet.add(reason, e.gpu_models, e.gpus)
+        if caller.may_see_tenant(e.tenant):
+            tenants.setdefault(e.tenant, QueueCounts()).add(reason, e.gpu_models, e.gpus)
+    return tenants, fleet
 
 
 async def export_usage(hub: Hub, caller: Caller, tenant: str, since: float | None,

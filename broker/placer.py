@@ -274,6 +274,11 @@ class Placer:
         return self.snapshot().why_waiting(
             job_id, hint=q.WaitReason(hint.reason.value) if hint else None, hint_message=hint.message if hint else "")
 
+    def why_all(self) -> dict[str, q.WaitInfo]:
+        """`why` for every QUEUED job, from one snapshot."""
+        hints = {job_id: (q.WaitReason(h.reason.value), h.message) for job_id, h in self.waits.items()}
+        return self.snapshot().why_all_waiting(hints)
+
     def cluster_verdicts(self, job: JobRecord) -> tuple[ClusterVerdict, ...]:
         """Each allowed cluster's verdict on a queued job now (the core's fit over its reported inventory)."""
         return cluster_verdicts(FleetView(self.catalog, self.clock()), self._request(job),

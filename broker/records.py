@@ -355,6 +355,10 @@ class JobFilter:
     job_set: str | None = None
     labels: Labels = ()
     """Every (key, value) must match exactly."""
+    cluster: str | None = None
+    """The job's current attempt (``attempt`` number) is on this cluster; a job with no attempt never matches."""
+    gpu_model: str | None = None
+    """The current attempt got this GPU model, or the job's ``gpu_models`` lists it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -335,6 +335,10 @@ def _filters(tenant: str, queue: str, job_set_id: str) -> list[FieldViolation]:
 def check_list_jobs(req: Any) -> list[FieldViolation]:
     """A ListJobsRequest's fields (duck-typed); unknown enum values are the edge's check."""
     out = _filters(req.tenant, req.queue, req.job_set_id)
+    if req.cluster:
+        out.extend(_subdomain(req.cluster, "cluster"))
+    if req.gpu_model:
+        out.extend(_name(req.gpu_model, "gpu_model"))
     if req.page_size > 1000:
         out.append(V("page_size", "must lie in 0..1000"))
     if len(req.page_token) > MAX_PAGE_TOKEN or _PAGE_TOKEN.fullmatch(req.page_token) is None:

@@ -19,7 +19,7 @@ from broker.hub import Hub
 from broker.services.edge import Edge, abort, request_violations
 from broker.services.wire import Undecodable
 
-__all__ = ["AgentServicer", "ClusterAdminServicer"]
+__all__ = ["AgentServicer", "ClusterAdminServicer", "cordon"]
 
 _log = logging.getLogger("tandem.broker.clusters")
 
@@ -165,19 +165,25 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
     async def _cordon(self, request: cs.CordonRequest | cs.UncordonRequest, on: bool,
                       context: grpc.aio.ServicerContext) -> cs.ClusterSummary:
         method = Method.CORDON if on else Method.UNCORDON
-        name, reason = request.name, request.reason
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, method)
-            validation.raise_if(validation.check_cluster_request(request, reason=True))
-            view = await handlers.cordon(self.hub, caller, name, on, reason)
+            return await cordon(self.hub, caller, request, on)
         except Exception as exc:  # noqa: BLE001
-            await self.edge.fail(context, exc, method, caller, cluster=name)
-        self.hub.audit.record(caller, method, "ok", cluster=name, reason=reason)
-        return self._summary(view, False)
+            await self.edge.fail(context, exc, method, caller, cluster=request.name)
 
     async def Cordon(self, request: cs.CordonRequest, context: grpc.aio.ServicerContext) -> cs.CordonResponse:
         return cs.CordonResponse(cluster=await self._cordon(request, True, context))
 
     async def Uncordon(self, request: cs.UncordonRequest, context: grpc.aio.ServicerContext) -> cs.UncordonResponse:
         return cs.UncordonResponse(cluster=await self._cordon(request, False, context))
+
+
+async def cordon(hub: Hub, caller: Caller, request: cs.CordonRequest | cs.UncordonRequest,
+                 on: bool) -> cs.ClusterSummary:
+    """Cordon (`on`) or uncordon, for either edge (gRPC here, the fleet view's HTTP in broker.web)."""
+    method = Method.CORDON if on else Method.UNCORDON
+    validation.raise_if(validation.check_cluster_request(request, reason=True))
+    view = await handlers.cordon(hub, caller, request.name, on, request.reason)
+    hub.audit.record(caller, method, "ok", cluster=request.name, reason=request.reason)
+    return serde_agent.cluster_summary(view.entry, hub.clock(), view.stale, view.active_attempts, view.cordon_reason)

@@ -48,7 +48,11 @@ class Edge:
         self.listener = listener
 
     def caller(self, context: grpc.aio.ServicerContext, method: Method) -> Caller:
-        caller = self.hub.authz.authenticate(_credentials(context), self.listener)
+        return self.caller_for(_credentials(context), method)
+
+    def caller_for(self, creds: Credentials, method: Method) -> Caller:
+        """Who is calling and may they: the one check both edges (gRPC, the fleet view's HTTP) make."""
+        caller = self.hub.authz.authenticate(creds, self.listener)
         try:
             self.hub.authz.authorize(caller, method)
         except errors.TandemError as exc:
@@ -70,14 +74,20 @@ class Edge:
 
     async def fail(self, context: grpc.aio.ServicerContext, exc: BaseException, method: Method,
                    caller: Caller | None = None, **audit: Any) -> NoReturn:
+        await abort(context, self.failed(exc, method, caller, context.peer(), **audit))
+
+    def failed(self, exc: BaseException, method: Method, caller: Caller | None, peer: str,
+               **audit: Any) -> errors.TandemError:
+        """The error a failed call answers with (an unexpected exception is logged, the caller told only
+        "internal error"), with the audit record of an audited method."""
         err = exc if isinstance(exc, errors.TandemError) else errors.Internal("internal error")
         if not isinstance(exc, errors.TandemError):
             _log.exception("handler failed", extra={"method": method.rpc})
         if method in AUDITED and caller is not None:
             self.hub.audit.record(caller, method, "error", reason=err.details.reason, **audit)
         elif caller is None and method in AUDITED:
-            self.hub.audit.record(None, method, "unauthenticated", reason=err.details.reason, peer=context.peer())
-        await abort(context, err)
+            self.hub.audit.record(None, method, "unauthenticated", reason=err.details.reason, peer=peer)
+        return err
 
 
 def request_violations(request: object, skip: Collection[str] = (), root: str = "") -> list[errors.FieldViolation]:

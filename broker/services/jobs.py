@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import ClassVar
 
 import grpc
@@ -18,7 +18,7 @@ from broker.hub import Hub
 from broker.records import JobFilter, JobRecord, freeze_labels
 from broker.services.edge import Edge
 
-__all__ = ["JobServicer"]
+__all__ = ["JobServicer", "get_job", "list_jobs", "watch_jobs", "cancel_job", "get_usage"]
 
 _REPEATED_OVERHEAD = 6
 """Bytes a repeated message field adds per entry beyond the entry itself (tag and length)."""
@@ -67,59 +67,20 @@ class JobServicer(svc_grpc.JobServiceServicer):
 
     async def GetJob(self, request: svc.GetJobRequest, context: grpc.aio.ServicerContext) -> svc.GetJobResponse:
         try:
-            caller = self.edge.caller(context, Method.GET_JOB)
-            validation.raise_if(validation.check_job_id(request.job_id))
-            full = request.view != svc.JOB_VIEW_BASIC
-            view = await handlers.get_job(self.hub, caller, request.job_id, full)
+            return await get_job(self.hub, self.edge.caller(context, Method.GET_JOB), request)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.GET_JOB)
-        return svc.GetJobResponse(job=serde.job_to_proto(view.job, view.attempts, view.history, view.queue_info, full,
-                                                           view.templates))
 
     async def ListJobs(self, request: svc.ListJobsRequest, context: grpc.aio.ServicerContext) -> svc.ListJobsResponse:
         try:
-            caller = self.edge.caller(context, Method.LIST_JOBS)
-            validation.raise_if(validation.check_list_jobs(request))
-            flt = JobFilter(
-                tenant=request.tenant or None,
-                states=frozenset(serde.state_from_proto(s) for s in request.states if s),
-                queue=request.queue or None, job_set=request.job_set_id or None,
-                labels=freeze_labels(dict(request.label_selector)),
-            )
-            full = request.view == svc.JOB_VIEW_FULL
-            built: dict[str, tuple[JobRecord, job_pb2.Job]] = {}
-
-            def encoded_size(job: JobRecord) -> int:
-                message = serde.job_to_proto(job, queue_info=handlers.queue_info(self.hub, job), full=full)
-                built[job.job_id] = (job, message)
-                return message.ByteSize() + _REPEATED_OVERHEAD
-
-            page, revision = await handlers.list_jobs(
-                self.hub, caller, flt, request.page_size, request.page_token,
-                size_of=encoded_size, max_bytes=self.hub.cfg.tenant_listener.max_message_bytes - _RESPONSE_MARGIN)
+            return await list_jobs(self.hub, self.edge.caller(context, Method.LIST_JOBS), request)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.LIST_JOBS)
-        out = svc.ListJobsResponse(next_page_token=page.next_page_token, revision=revision)
-        for job in page.jobs:
-            record, message = built.get(job.job_id, (None, None))
-            if record is not job or message is None:  # a cut page was read again: build from what it read
-                message = serde.job_to_proto(job, queue_info=handlers.queue_info(self.hub, job), full=full)
-            out.jobs.append(message)
-        return out
 
     async def WatchJobs(self, request: svc.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[svc.JobEvent]:
         try:
-            caller = self.edge.caller(context, Method.WATCH_JOBS)
-            validation.raise_if(validation.check_watch_jobs(request))
-            stream = handlers.watch_jobs(
-                self.hub, caller, request.from_revision, request.tenant, request.queue, request.job_set_id,
-                frozenset(request.job_ids), float(request.bookmark_interval_seconds or 30),
-            )
-            async for revision, event, job in stream:
-                if event is None:
-                    yield serde.bookmark(revision, self.hub.clock())
-                else:
-                    yield serde.event_to_proto(event, job)
+            async for event in watch_jobs(self.hub, self.edge.caller(context, Method.WATCH_JOBS), request):
+                yield event
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.WATCH_JOBS)
 
@@ -127,12 +88,9 @@ class JobServicer(svc_grpc.JobServiceServicer):
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.CANCEL_JOB)
-            validation.raise_if(validation.check_cancel_job(request))
-            state, already = await handlers.cancel_job(self.hub, caller, request.job_id, request.reason)
+            return await cancel_job(self.hub, caller, request)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.CANCEL_JOB, caller, job_id=request.job_id)
-        self.hub.audit.record(caller, Method.CANCEL_JOB, "ok", job_id=request.job_id, reason=request.reason)
-        return svc.CancelJobResponse(state=serde.state_to_proto(state), already_terminal=already)  # type: ignore[arg-type]
 
     async def CancelJobSet(self, request: svc.CancelJobSetRequest, context: grpc.aio.ServicerContext) -> svc.CancelJobSetResponse:
         caller: Caller | None = None
@@ -152,18 +110,9 @@ class JobServicer(svc_grpc.JobServiceServicer):
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.GET_USAGE)
-            validation.raise_if(validation.check_get_usage(request))
-            view = handlers.usage(self.hub, caller, request.tenant)
+            return get_usage(self.hub, caller, request)
         except Exception as exc:  # noqa: BLE001
             await self.edge.fail(context, exc, Method.GET_USAGE, caller, tenant=request.tenant)
-        out = svc.GetUsageResponse(capacity_cost=view.capacity_cost)
-        out.evaluate_time.CopyFrom(serde.ts(view.at))
-        for r in view.rows:
-            out.tenants.add(tenant=r.tenant, weight=r.weight, gpus=dict(r.gpus), quotas=dict(r.quotas),
-                            borrowed=dict(r.borrowed), usage_cost=r.usage_cost, fair_share_cost=r.fair_share_cost,
-                            demand_cost=r.demand_cost)
-        self.hub.audit.record(caller, Method.GET_USAGE, "ok", tenant=request.tenant, rows=len(view.rows))
-        return out
 
     async def ExportUsage(self, request: svc.ExportUsageRequest,
                           context: grpc.aio.ServicerContext) -> svc.ExportUsageResponse:
@@ -241,3 +190,76 @@ class JobServicer(svc_grpc.JobServiceServicer):
     def _basic(self, job: JobRecord) -> job_pb2.Job:
         return serde.job_to_proto(job, queue_info=handlers.queue_info(self.hub, job), full=False)
 
+
+# The calls both edges make (gRPC here, the fleet view's HTTP in broker.web): an authorised caller and a
+# decoded request in, the response message out. Validation, the plain handler, serde and the "ok" audit
+# record live here once; authentication and the mapping of errors stay with each edge.
+
+async def get_job(hub: Hub, caller: Caller, request: svc.GetJobRequest) -> svc.GetJobResponse:
+    validation.raise_if(validation.check_job_id(request.job_id))
+    full = request.view != svc.JOB_VIEW_BASIC
+    view = await handlers.get_job(hub, caller, request.job_id, full)
+    return svc.GetJobResponse(job=serde.job_to_proto(view.job, view.attempts, view.history, view.queue_info, full,
+                                                     view.templates))
+
+
+async def list_jobs(hub: Hub, caller: Caller, request: svc.ListJobsRequest) -> svc.ListJobsResponse:
+    validation.raise_if(validation.check_list_jobs(request))
+    flt = JobFilter(
+        tenant=request.tenant or None,
+        states=frozenset(serde.state_from_proto(s) for s in request.states if s),
+        queue=request.queue or None, job_set=request.job_set_id or None,
+        labels=freeze_labels(dict(request.label_selector)),
+        cluster=request.cluster or None, gpu_model=request.gpu_model or None,
+    )
+    full = request.view == svc.JOB_VIEW_FULL
+    built: dict[str, tuple[JobRecord, job_pb2.Job]] = {}
+
+    def encoded_size(job: JobRecord) -> int:
+        message = serde.job_to_proto(job, queue_info=handlers.queue_info(hub, job), full=full)
+        built[job.job_id] = (job, message)
+        return message.ByteSize() + _REPEATED_OVERHEAD
+
+    page, revision = await handlers.list_jobs(
+        hub, caller, flt, request.page_size, request.page_token,
+        size_of=encoded_size, max_bytes=hub.cfg.tenant_listener.max_message_bytes - _RESPONSE_MARGIN)
+    out = svc.ListJobsResponse(next_page_token=page.next_page_token, revision=revision)
+    for job in page.jobs:
+        record, message = built.get(job.job_id, (None, None))
+        if record is not job or message is None:  # a cut page was read again: build from what it read
+            message = serde.job_to_proto(job, queue_info=handlers.queue_info(hub, job), full=full)
+        out.jobs.append(message)
+    return out
+
+
+async def watch_jobs(hub: Hub, caller: Caller, request: svc.WatchJobsRequest) -> AsyncGenerator[svc.JobEvent, None]:
+    validation.raise_if(validation.check_watch_jobs(request))
+    stream = handlers.watch_jobs(
+        hub, caller, request.from_revision, request.tenant, request.queue, request.job_set_id,
+        frozenset(request.job_ids), float(request.bookmark_interval_seconds or 30),
+    )
+    async for revision, event, job in stream:
+        if event is None:
+            yield serde.bookmark(revision, hub.clock())
+        else:
+            yield serde.event_to_proto(event, job)
+
+
+async def cancel_job(hub: Hub, caller: Caller, request: svc.CancelJobRequest) -> svc.CancelJobResponse:
+    validation.raise_if(validation.check_cancel_job(request))
+    state, already = await handlers.cancel_job(hub, caller, request.job_id, request.reason)
+    hub.audit.record(caller, Method.CANCEL_JOB, "ok", job_id=request.job_id, reason=request.reason)
+    return svc.CancelJobResponse(state=serde.state_to_proto(state), already_terminal=already)  # type: ignore[arg-type]
+
+
+def get_usage(hub: Hub, caller: Caller, request: svc.GetUsageRequest) -> svc.GetUsageResponse:
+    validation.raise_if(validation.check_get_usage(request))
+    view = handlers.usage(hub, caller, request.tenant)
+    out = svc.GetUsageResponse(capacity_cost=view.capacity_cost)
+    out.evaluate_time.CopyFrom(serde.ts(view.at))
+    for r in view.rows:
+        out.tenants.add(tenant=r.tenant, weight=r.weight, gpus=dict(r.gpus), quotas=dict(r.quotas),
+                        borrowed=dict(r.borrowed), usage_cost=r.usage_cost, fair_share_cost=r.fair_share_cost,
+                        demand_cost=r.demand_cost)
+    hub.audit.record(caller, Method.GET_USAGE, "ok", tenant=request.tenant, rows=len(view.rows))
+    return out

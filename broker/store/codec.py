@@ -176,7 +176,8 @@ class PageTokens:
     @staticmethod
     def _digest(flt: JobFilter) -> str:
         canon = json.dumps(
-            [flt.tenant, sorted(s.value for s in flt.states), flt.queue, flt.job_set, sorted(flt.labels)],
+            [flt.tenant, sorted(s.value for s in flt.states), flt.queue, flt.job_set, sorted(flt.labels),
+             flt.cluster, flt.gpu_model],
             separators=(",", ":"),
         )
         return hashlib.sha256(canon.encode()).hexdigest()[:16]

@@ -296,6 +296,14 @@ class PostgresStore(Store):
             where.append(f"job_set = {arg(flt.job_set)}")
         if flt.labels:
             where.append(f"labels @> {arg(codec.dumps(dict(flt.labels)))}::jsonb")
+        if flt.cluster is not None:
+            where.append("EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
+                         f" AND a.cluster = {arg(flt.cluster)})")
+        if flt.gpu_model is not None:
+            # gpu_models is JSON text (a list of strings): jsonb ? tests membership of a top-level string element
+            model = arg(flt.gpu_model)
+            where.append("(EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
+                         f" AND a.gpu_model = {model}) OR jobs.gpu_models::jsonb ? {model})")
         query = f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY seq LIMIT {arg(size + 1)}"
 
         async def op(c: Conn) -> list[JobRecord]:

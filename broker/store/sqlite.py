@@ -207,6 +207,15 @@ class SqliteStore(Store):
         for k, v in flt.labels:
             where.append("EXISTS (SELECT 1 FROM json_each(jobs.labels) j WHERE j.key = ? AND j.value = ?)")
             args.extend((k, v))
+        if flt.cluster is not None:
+            where.append("EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
+                         " AND a.cluster = ?)")
+            args.append(flt.cluster)
+        if flt.gpu_model is not None:
+            where.append("(EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
+                         " AND a.gpu_model = ?)"
+                         " OR EXISTS (SELECT 1 FROM json_each(jobs.gpu_models) m WHERE m.value = ?))")
+            args.extend((flt.gpu_model, flt.gpu_model))
         query = f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
         args.append(size + 1)
 

@@ -98,6 +98,10 @@ async def test_get_shows_attempts(broker: Broker, tmp_path: Path) -> None:
     lines = [line for line in text.splitlines() if line.startswith(("1 ", "2 "))]
     assert lines[0].split()[:2] == ["1", "c1"] and "REJECTED" in lines[0] and "device plugin restarting" in lines[0]
     assert lines[1].split()[:2] == ["2", "c1"] and "active" in lines[1]
+    code, text = await tandem(broker, "list", "--cluster", "c1", "--gpu-model", "NVIDIA-H100-80GB-HBM3")
+    assert code == 0 and job_id in text
+    code, text = await tandem(broker, "list", "--cluster", "c2")
+    assert code == 0 and job_id not in text
     await agent.close()
 
 

@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 
-from broker.client import SubmitItem, status_details
+from broker.client import BrokerClient, SubmitItem, status_details
 from tests.broker.hub_builders import (
     A100,
     H100,
@@ -162,6 +162,33 @@ async def test_tenants_may_not_administer_clusters(broker: Broker) -> None:
     assert "tenant callers may not call Cordon" in (err.value.details() or "")
     clusters = await t.list_clusters()
     assert [c.name for c in clusters.clusters] == ["c1"]
+    await a.close()
+
+
+async def test_list_filters_by_cluster_and_gpu_model_within_the_tenant(broker: Broker) -> None:
+    a = broker.agent("c1")
+    await a.connect([node("n1")])
+    alpha, beta, admin = broker.client("alpha"), broker.client("beta"), broker.client("admin")
+    [placed] = await alpha.submit("s", [SubmitItem("placed", spec(gpus=1))])
+    await a.expect("dispatch")
+    [theirs] = await beta.submit("s", [SubmitItem("theirs", spec(gpus=1))])
+    await a.expect("dispatch")
+    # 8 GPUs with 2 held: it waits (no attempt); its spec accepts A100 (which no cluster has) or H100
+    [waiting] = await alpha.submit("s", [SubmitItem("waiting", spec(gpus=8, models=[A100, H100]))])
+    assert waiting.job_id, waiting
+    await eventually(lambda: waiting.job_id in broker.hub.placer.waits)
+
+    async def ids(c: BrokerClient, **filters: str) -> list[str]:
+        return [j.job_id for j in (await c.list(**filters)).jobs]
+
+    assert await ids(alpha, cluster="c1") == [placed.job_id]
+    assert await ids(beta, cluster="c1") == [theirs.job_id]
+    assert await ids(admin, cluster="c1") == [placed.job_id, theirs.job_id]
+    assert await ids(alpha, cluster="c2") == []
+    assert await ids(alpha, gpu_model=H100) == [placed.job_id, waiting.job_id]  # attempt (spec: any); spec
+    assert await ids(alpha, gpu_model=A100) == [waiting.job_id]
+    assert await ids(beta, gpu_model=A100) == []
+    assert await ids(alpha, cluster="c1", gpu_model=A100) == []
     await a.close()
 
 

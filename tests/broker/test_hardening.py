@@ -524,6 +524,10 @@ async def test_job_set_with_a_newline_fails_the_call(broker: Broker) -> None:
     (svc.ListJobsRequest(label_selector={"team": "llm\n"}), "label_selector['team']"),
     (svc.ListJobsRequest(label_selector={f"k{i}": "v" for i in range(100)}), "label_selector"),
     (svc.ListJobsRequest(page_token="not a token\n"), "page_token"),
+    (svc.ListJobsRequest(cluster="c" * 254), "cluster"),
+    (svc.ListJobsRequest(cluster="eu-a\n"), "cluster"),
+    (svc.ListJobsRequest(gpu_model="H" * 64), "gpu_model"),
+    (svc.ListJobsRequest(gpu_model="H100 80GB"), "gpu_model"),
 ])
 async def test_bad_list_filters_are_refused(broker: Broker, request_: svc.ListJobsRequest, field: str) -> None:
     c = broker.client("alpha")

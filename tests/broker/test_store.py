@@ -38,10 +38,10 @@ from tests.broker.store_builders import (  # noqa: F401
 S = JobState
 
 
-async def _reserve(s: SqliteStore, job_id: str, attempt: int = 0, cluster: str = "c1") -> None:
+async def _reserve(s: SqliteStore, job_id: str, attempt: int = 0, cluster: str = "c1", model: str = "H100") -> None:
     _, r = await s.apply_event(lifecycle.Reserve(
         job_id, attempt, cluster, ("z1", "r1"), (ReplicaPlacement("w", 0, "n1"), ReplicaPlacement("w", 1, "n2")),
-        "H100", 16.0, expires_at=None,
+        model, 16.0, expires_at=None,
     ))
     assert r.transition is not None
 
@@ -612,6 +612,50 @@ async def test_list_pages_with_filters(store: SqliteStore) -> None:
         assert [j.job_id for j in got] == [made[i].job_id for i in want], f
 
 
+async def test_list_filters_by_current_attempt_cluster_and_gpu_model(store: SqliteStore) -> None:
+    moved = (await store.submit(new_job())).job  # attempt 1 on c1 (H100), rejected; current attempt 2 on c2 (A100)
+    await _reserve(store, moved.job_id, cluster="c1", model="H100")
+    await store.apply_event(lifecycle.DispatchRejected(moved.job_id, 1, "DOES_NOT_FIT", "no room", ("n1",)))
+    await _reserve(store, moved.job_id, attempt=1, cluster="c2", model="A100")
+    on_c1 = (await store.submit(new_job())).job  # current attempt 1 on c1 (H100), accepts any model
+    await _reserve(store, on_c1.job_id, cluster="c1", model="H100")
+    listed = (await store.submit(new_job(models=("H100", "A100")))).job  # no attempt, spec lists two models
+    anything = (await store.submit(new_job())).job  # no attempt, accepts any model: matches no model filter
+    l4 = (await store.submit(new_job("t2", models=("L4",)))).job
+    await _reserve(store, l4.job_id, cluster="c2", model="L4")
+    assert (await store.get_job(moved.job_id)).attempt == 2  # type: ignore[union-attr]
+    cases = [
+        (JobFilter(cluster="c1"), [on_c1]),  # `moved` was on c1 only in an earlier attempt
+        (JobFilter(cluster="c2"), [moved, l4]),
+        (JobFilter(cluster="c3"), []),
+        (JobFilter(gpu_model="H100"), [on_c1, listed]),  # `moved` got H100 only in an earlier attempt
+        (JobFilter(gpu_model="A100"), [moved, listed]),
+        (JobFilter(gpu_model="L4"), [l4]),
+        (JobFilter(gpu_model="H10"), []),  # whole names only, not substrings of the stored JSON
+        (JobFilter(gpu_model="B200"), []),
+        (JobFilter(cluster="c2", gpu_model="A100"), [moved]),
+        (JobFilter(tenant="t2", cluster="c2"), [l4]),
+        (JobFilter(cluster="c1", gpu_model="A100"), []),
+        (JobFilter(states=frozenset({S.QUEUED}), gpu_model="A100"), [listed]),
+    ]
+    for f, want in cases:
+        got = (await store.list_jobs(f, page_size=100)).jobs
+        assert [j.job_id for j in got] == [j.job_id for j in want], f
+    assert anything.job_id not in {j.job_id for j in (await store.list_jobs(JobFilter(gpu_model="H100"))).jobs}
+    flt = JobFilter(cluster="c2")
+    page1 = await store.list_jobs(flt, page_size=1)
+    page2 = await store.list_jobs(flt, page_size=1, page_token=page1.next_page_token)
+    assert [j.job_id for j in page1.jobs + page2.jobs] == [moved.job_id, l4.job_id] and page2.next_page_token == ""
+    for other in (JobFilter(cluster="c1"), JobFilter(), JobFilter(cluster="c2", gpu_model="A100")):
+        with pytest.raises(errors.InvalidPageToken):
+            await store.list_jobs(other, page_size=1, page_token=page1.next_page_token)
+    by_model = (await store.list_jobs(JobFilter(gpu_model="H100"), page_size=1)).next_page_token
+    assert by_model
+    for other in (JobFilter(gpu_model="A100"), JobFilter(cluster="H100")):
+        with pytest.raises(errors.InvalidPageToken):
+            await store.list_jobs(other, page_size=1, page_token=by_model)
+
+
 async def test_tampered_or_foreign_page_tokens_are_invalid_argument(store: SqliteStore) -> None:
     for _ in range(3):
         await store.submit(new_job())
@@ -619,7 +663,8 @@ async def test_tampered_or_foreign_page_tokens_are_invalid_argument(store: Sqlit
     token = page.next_page_token
     forged = token[:-2] + ("AA" if token[-2:] != "AA" else "BB")
     for bad, flt in ((forged, JobFilter(tenant="t1")), ("garbage!", JobFilter(tenant="t1")),
-                     (token, JobFilter(tenant="t2"))):  # the last: a real token, used with another filter
+                     (token, JobFilter(tenant="t2")),  # from here: a real token, used with another filter
+                     (token, JobFilter(tenant="t1", cluster="c1")), (token, JobFilter(tenant="t1", gpu_model="H100"))):
         with pytest.raises(errors.InvalidPageToken) as ei:
             await store.list_jobs(flt, page_size=1, page_token=bad)
         assert ei.value.code is Code.INVALID_ARGUMENT

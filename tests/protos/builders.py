@@ -412,6 +412,8 @@ def list_jobs_request() -> js.ListJobsRequest:
         page_size=50,
         page_token="b3BhcXVl",
         view=js.JOB_VIEW_BASIC,
+        cluster="eu-a",
+        gpu_model="NVIDIA-H100-80GB-HBM3",
     )
 
 

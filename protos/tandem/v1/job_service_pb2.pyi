@@ -326,6 +326,8 @@ class ListJobsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    GPU_MODEL_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Tenant; tenant principals may name only their own (empty = own);
     admins: empty = every tenant.
@@ -340,6 +342,17 @@ class ListJobsRequest(_message.Message):
     """Opaque token from a previous response; filters must be unchanged."""
     view: Global___JobView.ValueType
     """View; UNSPECIFIED = BASIC."""
+    cluster: _builtins.str
+    """Cluster name (empty = any): jobs whose current attempt (Job.attempt) is
+    on this cluster. An earlier attempt there does not count, and a job
+    that never had an attempt never matches.
+    """
+    gpu_model: _builtins.str
+    """GPU model (empty = any): jobs whose current attempt got this model, or
+    whose spec lists it among the accepted models. A job that accepts any
+    model (empty list) matches only through its current attempt, so one
+    that never had an attempt does not match.
+    """
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_job_pb2.JobState.ValueType]:
         """Jobs in any of these states."""
@@ -359,10 +372,12 @@ class ListJobsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         view: Global___JobView.ValueType = ...,
+        cluster: _builtins.str = ...,
+        gpu_model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_set_id", b"job_set_id", "label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "states", b"states", "tenant", b"tenant", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "gpu_model", b"gpu_model", "job_set_id", b"job_set_id", "label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "states", b"states", "tenant", b"tenant", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
