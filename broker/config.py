@@ -16,6 +16,7 @@ __all__ = [
     "MtlsListenerConfig",
     "RetryPolicy",
     "FairnessConfig",
+    "WebConfig",
     "BrokerConfig",
     "load_config",
     "build_arg_parser",
@@ -87,6 +88,32 @@ class MtlsListenerConfig(_Strict):
     def _check_mutual(self) -> MtlsListenerConfig:
         if not self.tls.mutual:
             raise ValueError("tenant_mtls_listener.tls needs cert_file, key_file and client_ca_file (mutual TLS)")
+        return self
+
+
+class WebConfig(_Strict):
+    """The fleet view: a read-mostly web page beside the tenant API, served by the broker process itself."""
+
+    address: str = "127.0.0.1:8080"
+    """HOST:PORT to bind; port 0 picks a free port (tests)."""
+    tls: TlsConfig = TlsConfig()
+    """Server certificate for HTTPS (no client certificates: browsers log in with a token); plaintext when
+    none is given, for loopback only — the session cookie is marked Secure whenever TLS is on."""
+    session_ttl_s: float = Field(default=8 * 3600.0, gt=0)
+    """A login lasts this long, in seconds (the token is checked against the policy on every request too)."""
+    max_sessions: int = Field(default=10_000, ge=1)
+    """Logins kept at once; past it the least recently used is dropped."""
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    """How often the pages re-read the fleet and queue aggregates, in seconds."""
+    probe_gpus: int = Field(default=8, ge=1)
+    """GPUs per replica of the probe gang the fleet picture counts room for ("where could 8 × 8 go")."""
+    max_event_streams: int = Field(default=256, ge=1)
+    """Live-update (server-sent events) streams open at once, over every session."""
+
+    @model_validator(mode="after")
+    def _no_client_certs(self) -> WebConfig:
+        if self.tls.client_ca_file or self.tls.require_client_cert:
+            raise ValueError("web.tls: client certificates are not used by the fleet view (browsers log in with a token)")
         return self
 
 
@@ -204,6 +231,8 @@ class BrokerConfig(_Strict):
     terminationGracePeriodSeconds, never lengthens it)."""
     fairness: FairnessConfig = FairnessConfig()
     """Fair share, decayed usage and preemption."""
+    web: WebConfig | None = None
+    """The fleet view's HTTP(S) listener; None = not served."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """On SIGTERM, time given to in-flight RPCs before the servers stop, in seconds."""
 
@@ -234,6 +263,7 @@ def build_arg_parser(prog: str = "tandem-broker") -> argparse.ArgumentParser:
     p.add_argument("--mtls-cert", help="certificate of the --mtls-listen port (PEM)")
     p.add_argument("--mtls-key", help="key of the --mtls-listen port (PEM)")
     p.add_argument("--mtls-ca", help="CA that launchers' client certificates chain to (PEM)")
+    p.add_argument("--web-listen", help="fleet view HOST:PORT (the web page; off unless given here or in the config)")
     p.add_argument("--cluster-choice", choices=("tandem", "aggregate", "round-robin"),
                    help="how a job's cluster is chosen: tandem (default), or a baseline (aggregate, round-robin)")
     return p
@@ -264,6 +294,7 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "mtls_key": ("tenant_mtls_listener", "tls", "key_file"),
     "mtls_ca": ("tenant_mtls_listener", "tls", "client_ca_file"),
     "cluster_choice": ("cluster_choice",),
+    "web_listen": ("web", "address"),
 }
 
 

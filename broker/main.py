@@ -21,7 +21,7 @@ async def run(cfg: BrokerConfig) -> None:
     servers = await serve(cfg)
     # One line on stdout with the bound ports, so wrappers and tests can find a port-0 listener.
     print(json.dumps({"event": "listening", "tenant_port": servers.tenant_port, "agent_port": servers.agent_port,
-                      "tenant_mtls_port": servers.tenant_mtls_port}),
+                      "tenant_mtls_port": servers.tenant_mtls_port, "web_port": servers.web_port}),
           flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ from broker.hub import Hub
 from broker.services.clusters import AgentServicer, ClusterAdminServicer
 from broker.services.edge import register
 from broker.services.jobs import JobServicer
+from broker.web.app import WebServer
 
 __all__ = ["Servers", "serve"]
 
@@ -66,11 +67,19 @@ class Servers:
     health: Any = None
     tenant_mtls_port: int | None = None
     """The tenant server's mutual-TLS port for certificate launchers (None: not configured)."""
+    web: WebServer | None = None
+    """The fleet view (None: not configured)."""
+
+    @property
+    def web_port(self) -> int | None:
+        return self.web.port if self.web is not None else None
 
     async def stop(self, grace_s: float) -> None:
         """Graceful: report NOT_SERVING, close agent streams, let in-flight calls finish, then close the store."""
         for h in (self._healths()):
             await h.enter_graceful_shutdown()
+        if self.web is not None:  # its live streams end first: they read the store until cancelled
+            await self.web.stop()
         self.hub.dispatcher.stop()
         await asyncio.gather(self.tenant.stop(grace_s), self.agent.stop(grace_s))
         in_flight = self.hub.dispatcher.in_flight()
@@ -118,6 +127,10 @@ async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
     if cfg.metrics_port:
         with contextlib.suppress(OSError):
             hub.metrics.serve(cfg.metrics_port)
-    servers = Servers(hub, tenant, agent, tport, aport, healths[0], mport)
+    web = None
+    if cfg.web is not None:
+        web = WebServer(hub, cfg.web)
+        await web.start()
+    servers = Servers(hub, tenant, agent, tport, aport, healths[0], mport, web)
     servers._agent_health = healths[1]  # type: ignore[attr-defined]
     return servers

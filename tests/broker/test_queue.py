@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.queue import Admission, QueueBook, QueueEntry, QueuePolicy, QueueSnapshot, WaitReason, ordinal
 from broker.states import JobState
@@ -238,3 +241,29 @@ def test_drain_hold_is_charged_and_explained() -> None:
     w = s.why_waiting("a1")
     assert WaitReason.DRAINING_DOMAIN in w.reasons
     assert "holding a domain while it drains (24 idle GPUs charged to you)" in w.message
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from([1.0, 4.0, 8.0]), st.booleans(), st.booleans(),
+                          st.booleans(), st.sampled_from([(), ("H100",)]), st.sampled_from(["default", "high"])),
+                min_size=1, max_size=30),
+       st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from([8.0, 16.0])), max_size=4),
+       st.sets(st.integers(0, 29), max_size=5))
+def test_why_all_waiting_is_why_waiting_for_each_job(
+    raw: list[tuple[str, float, bool, bool, bool, tuple[str, ...], str]], held_gpus: list[tuple[str, float]],
+    hinted: set[int],
+) -> None:
+    """The one-pass form the fleet view counts with gives every queued job exactly its own answer."""
+    entries = [running(f"r{i}", t, "H100", g) for i, (t, g) in enumerate(held_gpus)]
+    for i, (tenant, gpus, backing_off, preemptible, held, models, band) in enumerate(raw):
+        e = q(f"{tenant}{i}", tenant, gpus=gpus, band=band, models=models, preemptible=preemptible,
+              not_before=NOW + 30 if backing_off else 0.0)
+        entries.append(dataclasses.replace(e, held=held))
+    s = snap(entries, QueuePolicy(quotas={("a", "H100"): 8, ("b", "*"): 16}, band_ranks={"high": 10, "default": 0}))
+    hints = {e.job_id: (WaitReason.INSUFFICIENT_CAPACITY, "no room")
+             for i, e in enumerate(x for x in entries if x.state is S.QUEUED) if i in hinted}
+    batch = s.why_all_waiting(hints)
+    assert set(batch) == {e.job_id for e in entries if e.state is S.QUEUED}
+    for job_id, info in batch.items():
+        hint, message = hints.get(job_id, (None, ""))
+        assert info == s.why_waiting(job_id, hint=hint, hint_message=message)

@@ -1,0 +1,122 @@
+"""The fleet view's aggregate documents (fleet picture, queues), built from the same handlers the gRPC API
+calls; job documents are the API's own messages (broker.web.app).
+
+Only aggregates leave here: GPU counts per cluster, model and domain, and per tenant counts of jobs by
+why they wait. A tenant sees the clusters its policy lets it place on and its own tenant row; no job name
+of another tenant is in any document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from broker import handlers
+from broker.auth import Caller
+from broker.hub import Hub
+from broker.serde import ts
+from fleetplan.catalog import ClusterEntry
+from fleetplan.occupancy import ClusterOccupancy, GpuCounts, occupancy
+from placement.topology import level_name
+
+__all__ = ["FleetPicture", "queues_document", "rfc3339"]
+
+
+def rfc3339(t: float) -> str:
+    return ts(t).ToJsonString()
+
+
+def _counts(c: GpuCounts) -> dict[str, Any]:
+    return {"model": c.model, "total": c.total, "free": c.free, "reserved": c.reserved, "used": c.used,
+            "unavailable": c.unavailable}
+
+
+class FleetPicture:
+    """Each cluster's occupancy, computed again only when its arrays changed (the catalog replaces or
+    patches them on every report and reservation; in between, every poll of every browser reads the
+    cached one)."""
+
+    def __init__(self, hub: Hub, probe_gpus: int) -> None:
+        self.hub = hub
+        self.probe_gpus = probe_gpus
+        self._cache: dict[str, tuple[object, object, ClusterOccupancy]] = {}
+
+    def occupancy(self, entry: ClusterEntry) -> ClusterOccupancy | None:
+        arrays = entry.arrays
+        if arrays is None:
+            self._cache.pop(entry.name, None)
+            return None
+        free = arrays.eff_free_gpu()  # a new array object whenever the columns or the overlay moved
+        hit = self._cache.get(entry.name)
+        if hit is not None and hit[0] is arrays and hit[1] is free:
+            return hit[2]
+        occ = occupancy(arrays, self.probe_gpus)
+        self._cache[entry.name] = (arrays, free, occ)
+        return occ
+
+    def document(self, caller: Caller) -> dict[str, Any]:
+        now = self.hub.clock()
+        totals: dict[str, list[int]] = {}
+        clusters = []
+        views = handlers.list_clusters(self.hub, caller)
+        for name in set(self._cache) - {v.entry.name for v in views} - set(self.hub.catalog.clusters):
+            self._cache.pop(name, None)  # a cluster the catalog forgot
+        for view in views:
+            entry = view.entry
+            occ = self.occupancy(entry)
+            names = {lvl.key: lvl.name for lvl in entry.meta.levels}
+            gpus = [_counts(c) for c in occ.gpus] if occ else []
+            for c in gpus:
+                acc = totals.setdefault(c["model"], [0, 0, 0, 0, 0])
+                for i, key in enumerate(("total", "free", "reserved", "used", "unavailable")):
+                    acc[i] += c[key]
+            level = names.get(occ.level, level_name(occ.level)) if occ and occ.level else ""
+            clusters.append({
+                "name": entry.name, "region": entry.meta.region, "role": entry.meta.role,
+                "connected": entry.connected, "stale": view.stale, "cordoned": entry.cordoned,
+                "cordon_reason": view.cordon_reason,
+                "last_report_age_s": round(max(now - entry.last_report, 0.0), 1) if entry.last_report else None,
+                "nodes": len(entry.nodes), "active_attempts": view.active_attempts,
+                "levels": [lvl.name for lvl in entry.meta.levels],
+                "gpus": gpus,
+                "largest_probe_replicas": occ.largest_probe_replicas if occ else 0,
+                "domains": [{
+                    "path": list(d.path), "level": level, "nodes": d.nodes, "model": d.model,
+                    "gpus_total": d.gpus.total, "gpus_free": d.gpus.free, "gpus_reserved": d.gpus.reserved,
+                    "whole_free_nodes": d.whole_free_nodes, "probe_replicas": d.probe_replicas,
+                } for d in (occ.domains if occ else ())],
+            })
+        return {
+            "evaluate_time": rfc3339(now), "probe_gpus": self.probe_gpus,
+            "totals": [dict(zip(("model", "total", "free", "reserved", "used", "unavailable"), (m, *acc)))
+                       for m, acc in sorted(totals.items())],
+            "clusters": clusters,
+        }
+
+
+def _queue(counts: handlers.QueueCounts | None) -> dict[str, Any]:
+    if counts is None:
+        return {"queued": 0, "waiting": {}, "pending_gpus": {}}
+    return {"queued": counts.queued,
+            "waiting": {f"WAIT_REASON_{reason}": n for reason, n in sorted(counts.waiting.items())},
+            "pending_gpus": {model: round(g, 3) for model, g in sorted(counts.pending_gpus.items())}}
+
+
+def queues_document(hub: Hub, caller: Caller) -> dict[str, Any]:
+    """GetUsage's rows (own row for a tenant, every tenant for an admin) with each tenant's queue counts,
+    and the fleet-wide counts. Read through the handler, not the audited GetUsage call: a page polling
+    every few seconds is not an accounting export."""
+    usage = handlers.usage(hub, caller, "")
+    per_tenant, fleet = handlers.queue_counts(hub, caller)
+    rows = []
+    for row in usage.rows:
+        rows.append({"tenant": row.tenant, "weight": row.weight, "gpus": _ints(row.gpus),
+                     "quotas": _ints(row.quotas), "borrowed": _ints(row.borrowed),
+                     "usage_cost": round(row.usage_cost, 3), "fair_share_cost": round(row.fair_share_cost, 3),
+                     "demand_cost": round(row.demand_cost, 3), **_queue(per_tenant.get(row.tenant))})
+    return {"evaluate_time": rfc3339(usage.at), "capacity_cost": round(usage.capacity_cost, 3),
+            "fleet": _queue(fleet), "tenants": rows}
+
+
+def _ints(values: Mapping[str, float]) -> dict[str, float]:
+    return {k: (int(v) if float(v).is_integer() else v) for k, v in sorted(values.items())}
