@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from broker import errors, fairness, lifecycle, serde, validation
 from broker.auth import Caller, CallerKind
 from fleetplan.catalog import ClusterEntry, Usability
-from fleetplan.decide import could_ever_fit, within_policy
+from fleetplan.decide import ClusterVerdict, could_ever_fit, within_policy
 from fleetplan.view import ClusterState, FleetView
 from broker.errors import ErrorDetails, PolicyViolation, QuotaViolation
 from broker.hub import Hub
@@ -177,21 +177,21 @@ async def get_job(hub: Hub, caller: Caller, job_id: str, full: bool = True) -> J
     history = tuple(await hub.store.job_history(job_id)) if full else ()
     templates = {a.cluster: e.meta.log_templates for a in attempts
                  if (e := hub.catalog.clusters.get(a.cluster)) is not None and e.meta.log_templates}
-    return JobView(job, attempts, history, queue_info(hub, job, per_cluster=full), templates)
+    verdicts = await hub.placer.cluster_verdicts(job) if full and job.state is JobState.QUEUED else ()
+    return JobView(job, attempts, history, queue_info(hub, job, clusters=verdicts), templates)
 
 
-def queue_info(hub: Hub, job: JobRecord, *, per_cluster: bool = False) -> QueueView | None:
-    """Position among the tenant's own queued jobs and why it waits (own facts and fleet aggregates only);
-    with `per_cluster`, each allowed cluster's verdict from the placement core (one exact fit per cluster)."""
+def queue_info(hub: Hub, job: JobRecord, *, clusters: Sequence[ClusterVerdict] = ()) -> QueueView | None:
+    """Position among the tenant's own queued jobs and why it waits (own facts and fleet aggregates only),
+    with `clusters`: each allowed cluster's verdict (`Placer.cluster_verdicts`), when the caller asked."""
     if job.state is not JobState.QUEUED:
         return None
     info = hub.placer.why(job.job_id)
-    clusters = hub.placer.cluster_verdicts(job) if per_cluster else ()
     if job.held:
         held = f"held by {job.held_by}"
         message = info.message if info.message.startswith(held) else "; ".join(x for x in (held, info.message) if x)
-        return QueueView(info.position, "HELD", message, clusters)
-    return QueueView(info.position, info.reason.value, info.message, clusters)
+        return QueueView(info.position, "HELD", message, tuple(clusters))
+    return QueueView(info.position, info.reason.value, info.message, tuple(clusters))
 
 
 async def list_jobs(hub: Hub, caller: Caller, flt: JobFilter, page_size: int, page_token: str, *,

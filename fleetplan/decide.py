@@ -306,12 +306,16 @@ _NOT_USABLE = {
 
 def cluster_verdicts(
     view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = lambda _c: True,
+    only: str | None = None,
 ) -> tuple[ClusterVerdict, ...]:
     """Why a queued job goes to none of its allowed clusters now: per cluster, the core's own gang fit over
     that cluster's reported inventory minus reservations (what an extender would say, for a gang that has no
-    pods yet). Costs one exact fit per cluster: for "why does it wait" views, not for the placement loop."""
+    pods yet). Costs one exact fit per cluster: for "why does it wait" views, not for the placement loop.
+    `only`: that cluster's verdict alone (none when the job may not use it)."""
     out: list[ClusterVerdict] = []
     for entry in sorted(view.clusters.values(), key=lambda e: e.name):
+        if only is not None and entry.name != only:
+            continue
         if not cluster_allowed(entry, dataclasses.replace(req, tenant=""), policy_allows):
             continue  # not the job's to know about
         if not maps_tenant(entry, req.tenant):

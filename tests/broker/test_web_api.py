@@ -346,3 +346,27 @@ def test_sessions_expire_and_are_bounded() -> None:
     assert sessions.get(first.id) is None and len(sessions) == 0
     assert not third.csrf_ok(None) and not third.csrf_ok("x") and third.csrf_ok(third.csrf)
 
+
+
+async def test_per_cluster_verdicts_leave_the_event_loop_between_clusters(broker: Broker) -> None:
+    """One exact gang fit per cluster, one cluster per turn of the loop: a job page at fleet scale must not
+    stall placement and every other call while it is computed."""
+    for name in ("c1", "c2", "c3"):
+        await _connect(broker, name)
+    job_id = await _submit(broker.client("alpha"), "big", spec(gpus=8, replicas=4))
+    job = await broker.hub.store.get_job(job_id)
+    turns = 0
+
+    async def other_work() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.get_running_loop().create_task(other_work())
+    await asyncio.sleep(0)
+    start = turns
+    verdicts = await broker.hub.placer.cluster_verdicts(job)
+    ticker.cancel()
+    assert [v.cluster for v in verdicts] == ["c1", "c2", "c3"]
+    assert turns - start >= 3
