@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint typecheck protos protos-check demo replay bench e2e-real clean
+.PHONY: setup test lint typecheck protos protos-check demo replay bench screenshots e2e-real clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ bench: setup
 	@set -e; for b in bench/bench_*.py; do \
 	  echo "== $$b"; $(PY) -m bench.$$(basename $$b .py); \
 	done
+
+## The fleet view's screenshots in docs/fleet-view/ (the browser tests, writing a PNG of each page).
+screenshots: setup
+	TANDEM_SCREENSHOT_DIR=docs/fleet-view $(PY) -m pytest -q tests/browser
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache build *.egg-info

@@ -13,6 +13,7 @@ from fleetplan.catalog import ReplicaPlacement
 from broker.records import AttemptRecord, JobRecord, NewJob
 from broker.states import JobState
 from broker.store.base import StoreOptions
+from tests.needs import missing
 from broker.store.sqlite import SqliteStore
 
 T0 = 1_800_000_000.0
@@ -142,7 +143,7 @@ def pg_server() -> Iterator[str]:
 
     bins = _pg_binaries()
     if bins is None:
-        pytest.skip("PostgreSQL (initdb, pg_ctl) or asyncpg not installed")
+        missing("PostgreSQL (initdb, pg_ctl) or asyncpg")
     initdb, pg_ctl = bins
     import tempfile
 
@@ -152,7 +153,7 @@ def pg_server() -> Iterator[str]:
     if os.geteuid() == 0:  # postgres refuses to run as root
         runuser = shutil.which("runuser")
         if runuser is None:
-            pytest.skip("running as root without runuser")
+            missing("runuser (to run PostgreSQL as its own user when the tests run as root)")
         shutil.chown(base, "postgres", "postgres")
         run_as = [runuser, "-u", "postgres", "--"]
     data, port = base / "data", 55000 + os.getpid() % 5000

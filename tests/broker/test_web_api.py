@@ -15,7 +15,7 @@ import pytest
 from tandem.v1 import job_pb2
 
 from broker.client import BrokerClient, SubmitItem
-from broker.config import WebConfig
+from broker.config import TlsConfig, WebConfig
 from tests.broker.hub_builders import (
     TOKENS, Broker, eventually, node, policy_doc, spec, start_broker, write_policy,
 )
@@ -370,3 +370,36 @@ async def test_per_cluster_verdicts_leave_the_event_loop_between_clusters(broker
     ticker.cancel()
     assert [v.cluster for v in verdicts] == ["c1", "c2", "c3"]
     assert turns - start >= 3
+
+
+async def test_served_over_tls_with_a_secure_cookie(tmp_path: Path) -> None:
+    import ssl
+
+    from fleetsim.pki import Pki
+
+    (tmp_path / "web-pki").mkdir()
+    pki = Pki.create(tmp_path / "web-pki")
+    cert, key = pki.issue("fleet-view", server=True)
+    broker = await start_broker(tmp_path, web=WebConfig(address="127.0.0.1:0", tls=TlsConfig(
+        cert_file=str(cert), key_file=str(key))))
+    trust = ssl.create_default_context(cadata=pki.ca_pem.decode())
+    try:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            base = f"https://127.0.0.1:{broker.servers.web_port}"
+            async with http.post(f"{base}/api/login", json={"token": TOKENS["alpha"]}, ssl=trust) as r:
+                assert r.status == 200
+                assert r.cookies["tandem_session"]["secure"]
+            async with http.get(f"{base}/api/session", ssl=trust) as r:
+                assert r.status == 200
+            with pytest.raises(aiohttp.ClientError):  # plaintext is not served on the TLS port
+                async with http.get(f"http://127.0.0.1:{broker.servers.web_port}/api/session") as r:
+                    await r.read()
+    finally:
+        await broker.close()
+
+
+def test_client_certificates_are_refused_in_the_web_config() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="client certificates are not used by the fleet view"):
+        WebConfig(tls=TlsConfig(cert_file="c.pem", key_file="k.pem", client_ca_file="ca.pem", require_client_cert=True))

@@ -153,6 +153,14 @@ async def test_a_job_goes_from_queued_to_running_without_a_reload(fleet: Fleet, 
     # a running job no longer says why it waits
     assert await tab.page.locator(f'[data-testid="job-row-{job}"] [data-testid="wait-reason"]').count() == 0
     await tab.shot("jobs")
+    # its page: the attempt on east, where the cluster put its two replicas
+    await tab.page.click(f'[data-testid="job-row-{job}"] [data-testid="job-link"]')
+    attempt = tab.page.locator('[data-testid="attempt-1"]')
+    await attempt.wait_for()
+    text = await attempt.inner_text()
+    placed = fleet.east.placed[(job, 1)]
+    assert "east" in text and all(b[4] in text for b in placed), (text, placed)
+    assert await tab.text('[data-testid="job-state"]') == "RUNNING"
     assert not tab.problems, tab.problems
 
 

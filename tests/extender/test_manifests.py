@@ -17,6 +17,7 @@ import yaml
 from extender import kube, webhook
 from extender.config import ExtenderConfig
 from tests.extender.test_webhook import PENDING, admission_review, as_created
+from tests.needs import missing
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 K8S_VERSION = "1.35.0"  # the fixtures' version; kubernetes-validate ships schemas up to 1.37
@@ -102,9 +103,10 @@ def test_kustomizations_list_every_file() -> None:
         assert local <= listed, (kfile, local - listed)
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed")
 @pytest.mark.parametrize("overlay", ["", "cert-manager"])
 def test_kustomize_builds(overlay: str) -> None:
+    if shutil.which("kubectl") is None:
+        missing("kubectl (with kustomize)")
     out = subprocess.run(["kubectl", "kustomize", str(MANIFESTS / overlay)], capture_output=True, text=True, check=True)
     built = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out.stdout) if d}
     expected = {(o["kind"], o["metadata"]["name"]) for o in OBJECTS if overlay or o["apiVersion"] not in {a for a, _ in CRD_KINDS}}
