@@ -320,7 +320,7 @@ def queue_counts(hub: Hub, caller: Caller) -> tuple[dict[str, QueueCounts], Queu
     """Per tenant the caller may see (a tenant: its own; an admin: every one), and over the whole fleet (an
     aggregate every caller may see: counts, never job names)."""
     snap = hub.placer.snapshot()
-    why = hub.placer.why_all()
+    why = hub.placer.why_all(snap)
     tenants: dict[str, QueueCounts] = {}
     fleet = QueueCounts()
     for e in snap.pending():

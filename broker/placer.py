@@ -274,10 +274,10 @@ class Placer:
         return self.snapshot().why_waiting(
             job_id, hint=q.WaitReason(hint.reason.value) if hint else None, hint_message=hint.message if hint else "")
 
-    def why_all(self) -> dict[str, q.WaitInfo]:
-        """`why` for every QUEUED job, from one snapshot."""
+    def why_all(self, snap: q.QueueSnapshot | None = None) -> dict[str, q.WaitInfo]:
+        """`why` for every QUEUED job, from one snapshot (`snap`, or the current one)."""
         hints = {job_id: (q.WaitReason(h.reason.value), h.message) for job_id, h in self.waits.items()}
-        return self.snapshot().why_all_waiting(hints)
+        return (snap or self.snapshot()).why_all_waiting(hints)
 
     async def cluster_verdicts(self, job: JobRecord) -> tuple[ClusterVerdict, ...]:
         """Each allowed cluster's verdict on a queued job now (the core's fit over its reported inventory).

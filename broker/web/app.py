@@ -175,6 +175,7 @@ class WebServer:
             response = _error_response(refused.err)
         except web.HTTPRequestEntityTooLarge:
             response = _error_response(errors.InvalidArgument(f"request body over {_MAX_BODY} bytes"))
+            response.set_status(413)
         except web.HTTPException as exc:  # 404 / 405 of the router: JSON like every other refusal
             if exc.status < 400:
                 raise
@@ -234,8 +235,7 @@ class WebServer:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise web.HTTPBadRequest(text='{"error": {"code": "INVALID_ARGUMENT", "message": "body is not JSON"}}',
-                                     content_type="application/json") from None
+            raise _Refused(errors.InvalidArgument("the request body is not JSON")) from None
         if not isinstance(body, dict):
             raise _violation("body", "must be a JSON object")
         return body

@@ -210,7 +210,9 @@ async def test_cancel_needs_the_csrf_header_and_the_job_s_own_tenant(broker: Bro
         status, body = await a.post(f"/api/jobs/{job_id}/cancel", {"reason": 7})
         assert status == 400 and body["error"]["field_violations"][0]["field"] == "reason"
         status, body = await a.post(f"/api/jobs/{job_id}/cancel", raw=b"{not json")
-        assert status == 400
+        assert status == 400 and body["error"]["message"] == "the request body is not JSON"
+        status, body = await a.post(f"/api/jobs/{job_id}/cancel", raw=b'{"reason": "' + b"x" * 70_000 + b'"}')
+        assert status == 413 and body["error"]["code"] == "INVALID_ARGUMENT"
         status, body = await a.post(f"/api/jobs/{job_id}/cancel", {"reason": "from the page"})
         assert status == 200 and body["state"] == "JOB_STATE_CANCELLED", body
         job = await alpha.get(job_id)
