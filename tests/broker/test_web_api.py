@@ -292,8 +292,9 @@ async def test_live_events_follow_a_job_and_never_carry_another_tenant_s(broker:
     a = Browser(broker)
     try:
         await a.login("alpha")
-        reader = asyncio.get_running_loop().create_task(_events(a, 2))
-        await asyncio.sleep(0.3)
+        # from the revision before the submissions: the stream sees them however late it opens
+        since = await broker.hub.store.current_revision()
+        reader = asyncio.get_running_loop().create_task(_events(a, 2, from_revision=since))
         await _submit(beta, "b-set", spec(gpus=8))
         job_id = await _submit(alpha, "a-set", spec(gpus=8))
         await alpha.cancel(job_id, "done")
