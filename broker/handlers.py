@@ -324,8 +324,7 @@ def queue_counts(hub: Hub, caller: Caller) -> tuple[dict[str, QueueCounts], Queu
     tenants: dict[str, QueueCounts] = {}
     fleet = QueueCounts()
     for e in snap.pending():
-        info = why.get(e.job_id)
-        reason = info.reason.value if info is not None else "QUEUED_BEHIND_OTHERS"
+        reason = why[e.job_id].reason.value  # why_all_waiting answers for every pending job
         fleet.add(reason, e.gpu_models, e.gpus)
         if caller.may_see_tenant(e.tenant):
             tenants.setdefault(e.tenant, QueueCounts()).add(reason, e.gpu_models, e.gpus)

@@ -41,6 +41,7 @@ __all__ = [
     "HeldReservation",
     "parse_reservation",
     "reservation_configmap",
+    "is_hold",
     "shape_document",
     "domain_label",
     "RESERVATION_LABEL_VALUE",
@@ -215,6 +216,15 @@ def parse_reservation(cm: Mapping[str, Any]) -> HeldReservation:
         raise InventoryError(f"reservation {key[1]}: {e}") from e
 
 
+_HOLD_KEY = "hold"
+
+
+def is_hold(cm: Mapping[str, Any]) -> bool:
+    """A reservation written by `reservation_configmap(hold=True)`: nodes kept for an attempt that has no
+    workload yet (it is the attempt's dispatch that will hold them next)."""
+    return bool((cm.get("data") or {}).get(_HOLD_KEY) == "true")
+
+
 def reservation_configmap(
     reservation: Reservation,
     shapes: Mapping[str, PodShape],
@@ -248,7 +258,7 @@ def reservation_configmap(
     if dispatch_id:
         data["dispatch"] = dispatch_id
     if hold:
-        data["hold"] = "true"  # nodes kept for an attempt not dispatched yet (no workload of its own)
+        data[_HOLD_KEY] = "true"  # nodes kept for an attempt not dispatched yet (no workload of its own)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -11,6 +11,7 @@ model; not CPU, memory, MIG or DRA, which the exact fit checks at decision time)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from fleetplan.arrays import ClusterArrays
 from placement.model import HOSTNAME_LABEL, PodShape
 
-__all__ = ["GpuCounts", "DomainOccupancy", "ClusterOccupancy", "occupancy", "picture_depth"]
+__all__ = ["GpuCounts", "DomainOccupancy", "ClusterOccupancy", "by_model", "occupancy", "picture_depth"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,19 @@ class GpuCounts:
     reserved: int
     used: int
     unavailable: int
+
+    def __add__(self, other: GpuCounts) -> GpuCounts:
+        return GpuCounts(self.model, self.total + other.total, self.free + other.free,
+                         self.reserved + other.reserved, self.used + other.used,
+                         self.unavailable + other.unavailable)
+
+
+def by_model(counts: Iterable[GpuCounts]) -> tuple[GpuCounts, ...]:
+    """Counts of the same model added up (a fleet's from its clusters'), sorted by model."""
+    out: dict[str, GpuCounts] = {}
+    for c in counts:
+        out[c.model] = out[c.model] + c if c.model in out else c
+    return tuple(out[m] for m in sorted(out))
 
 
 @dataclass(frozen=True, slots=True)

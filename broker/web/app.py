@@ -410,9 +410,9 @@ class WebServer:
                 # the login may have ended (logout, expiry, token out of the policy) while the stream stayed open
                 if self.sessions.get(session.id) is None:
                     break
-                self.hub.authz.authenticate(Credentials(bearer_token=session.token), Listener.TENANT)
+                self._caller(request, session, Method.WATCH_JOBS)
                 event = await anext(stream, None)
-        except (ConnectionResetError, asyncio.CancelledError, errors.Unauthenticated):
+        except (ConnectionResetError, asyncio.CancelledError, _Refused):
             pass
         except Exception as exc:  # noqa: BLE001 - told to the page as a last event, then closed
             err = self.edge.failed(exc, Method.WATCH_JOBS, caller, self._peer(request))

@@ -9,6 +9,7 @@ of another tenant is in any document.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from broker import handlers
@@ -16,7 +17,7 @@ from broker.auth import Caller
 from broker.hub import Hub
 from broker.serde import ts
 from fleetplan.catalog import ClusterEntry
-from fleetplan.occupancy import ClusterOccupancy, GpuCounts, occupancy
+from fleetplan.occupancy import ClusterOccupancy, GpuCounts, by_model, occupancy
 from placement.topology import level_name
 
 __all__ = ["FleetPicture", "queues_document", "rfc3339"]
@@ -24,11 +25,6 @@ __all__ = ["FleetPicture", "queues_document", "rfc3339"]
 
 def rfc3339(t: float) -> str:
     return ts(t).ToJsonString()
-
-
-def _counts(c: GpuCounts) -> dict[str, Any]:
-    return {"model": c.model, "total": c.total, "free": c.free, "reserved": c.reserved, "used": c.used,
-            "unavailable": c.unavailable}
 
 
 class FleetPicture:
@@ -56,20 +52,15 @@ class FleetPicture:
 
     def document(self, caller: Caller) -> dict[str, Any]:
         now = self.hub.clock()
-        totals: dict[str, list[int]] = {}
-        clusters = []
-        views = handlers.list_clusters(self.hub, caller)
-        for name in set(self._cache) - {v.entry.name for v in views} - set(self.hub.catalog.clusters):
+        for name in set(self._cache) - set(self.hub.catalog.clusters):
             self._cache.pop(name, None)  # a cluster the catalog forgot
-        for view in views:
+        seen: list[GpuCounts] = []
+        clusters = []
+        for view in handlers.list_clusters(self.hub, caller):
             entry = view.entry
             occ = self.occupancy(entry)
+            seen.extend(occ.gpus if occ else ())
             names = {lvl.key: lvl.name for lvl in entry.meta.levels}
-            gpus = [_counts(c) for c in occ.gpus] if occ else []
-            for c in gpus:
-                acc = totals.setdefault(c["model"], [0, 0, 0, 0, 0])
-                for i, key in enumerate(("total", "free", "reserved", "used", "unavailable")):
-                    acc[i] += c[key]
             level = names.get(occ.level, level_name(occ.level)) if occ and occ.level else ""
             clusters.append({
                 "name": entry.name, "region": entry.meta.region, "role": entry.meta.role,
@@ -78,7 +69,7 @@ class FleetPicture:
                 "last_report_age_s": round(max(now - entry.last_report, 0.0), 1) if entry.last_report else None,
                 "nodes": len(entry.nodes), "active_attempts": view.active_attempts,
                 "levels": [lvl.name for lvl in entry.meta.levels],
-                "gpus": gpus,
+                "gpus": [asdict(c) for c in occ.gpus] if occ else [],
                 "largest_probe_replicas": occ.largest_probe_replicas if occ else 0,
                 "domains": [{
                     "path": list(d.path), "level": level, "nodes": d.nodes, "model": d.model,
@@ -86,12 +77,8 @@ class FleetPicture:
                     "whole_free_nodes": d.whole_free_nodes, "probe_replicas": d.probe_replicas,
                 } for d in (occ.domains if occ else ())],
             })
-        return {
-            "evaluate_time": rfc3339(now), "probe_gpus": self.probe_gpus,
-            "totals": [dict(zip(("model", "total", "free", "reserved", "used", "unavailable"), (m, *acc)))
-                       for m, acc in sorted(totals.items())],
-            "clusters": clusters,
-        }
+        return {"evaluate_time": rfc3339(now), "probe_gpus": self.probe_gpus,
+                "totals": [asdict(c) for c in by_model(seen)], "clusters": clusters}
 
 
 def _queue(counts: handlers.QueueCounts | None) -> dict[str, Any]:

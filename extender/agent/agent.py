@@ -37,7 +37,7 @@ from extender.agent.tracker import Tracker
 from extender.agent.validate import validate_order
 from extender.agent.workloads import DISPATCH_ANNOTATION, Workloads
 from extender.inventory import Inventory
-from extender.reservations import parse_reservation
+from extender.reservations import is_hold, parse_reservation
 from extender.kube import Backoff, KubeClient, KubeError
 
 __all__ = ["Agent", "AGENT_VERSION", "default_identity"]
@@ -178,9 +178,9 @@ class Agent:
         """Every attempt the cluster holds (Jobs, pods, reservations) for Hello's reconciliation."""
         keys: dict[AttemptKey, str] = {}
         for cm in self.inv.objects("ConfigMap"):
-            data = cm.get("data") or {}
-            if data.get("hold") == "true":
+            if is_hold(cm):
                 continue  # nodes kept for an attempt not dispatched yet: no workload to reconcile
+            data = cm.get("data") or {}
             attempt = str(data.get("attempt", ""))
             if data.get("job") and attempt.isascii() and attempt.isdigit():
                 keys[(str(data["job"]), int(attempt))] = str(data.get("dispatch", ""))
@@ -454,8 +454,7 @@ class Agent:
             return  # (a replica that is not the leader is refused by the workloads' guard: nothing happens)
         now = self.clock()
         for cm in self.inv.objects("ConfigMap"):
-            data = cm.get("data") or {}
-            if data.get("hold") != "true":
+            if not is_hold(cm):
                 continue
             try:
                 held = parse_reservation(cm)

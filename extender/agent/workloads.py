@@ -340,13 +340,13 @@ class Workloads:
             await self.kube.replace(f"{collection}/{cm['metadata']['name']}", cm)
 
     async def delete_hold(self, key: AttemptKey, *, drain: bool = False) -> None:
-        ext = self.config.extender
-        await self.kube.delete(api_path("", "v1", "configmaps", ext.reservation_namespace,
-                                        self.hold_name(key, drain)), propagation_policy="Background")
+        await self._delete_reservation_configmap(self.hold_name(key, drain))
 
     async def delete_reservation(self, key: AttemptKey) -> None:
-        ext = self.config.extender
-        await self.kube.delete(api_path("", "v1", "configmaps", ext.reservation_namespace, f"{key[0]}-{key[1]}"),
+        await self._delete_reservation_configmap(f"{key[0]}-{key[1]}")
+
+    async def _delete_reservation_configmap(self, name: str) -> None:
+        await self.kube.delete(api_path("", "v1", "configmaps", self.config.extender.reservation_namespace, name),
                                propagation_policy="Background")
 
     # ------------------------------------------------------------------ events

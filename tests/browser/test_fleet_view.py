@@ -116,14 +116,16 @@ class Page:
         return str(await self.page.locator(selector).first.inner_text()).strip()
 
 
-async def _tab(browser: Any, fleet: Fleet) -> Page:
+async def _logged_in(browser: Any, fleet: Fleet, who: str) -> Page:
+    """A new browser context's tab, logged in as `who` through the login form."""
     context = await browser.new_context(viewport={"width": 1400, "height": 900})
-    return Page(await context.new_page(), fleet.base)
+    tab = Page(await context.new_page(), fleet.base)
+    await tab.login(who)
+    return tab
 
 
 async def test_fleet_page_shows_each_cluster_and_its_free_gpus(fleet: Fleet, browser: Any) -> None:
-    tab = await _tab(browser, fleet)
-    await tab.login("alpha")
+    tab = await _logged_in(browser, fleet, "alpha")
     await tab.page.wait_for_selector('[data-testid="cluster-east"]')
     await tab.page.wait_for_selector('[data-testid="cluster-west"]')
     assert await tab.text(f'[data-testid="cluster-east"] [data-testid="cluster-free-{H100}"]') == "28"
@@ -139,8 +141,7 @@ async def test_fleet_page_shows_each_cluster_and_its_free_gpus(fleet: Fleet, bro
 
 
 async def test_a_job_goes_from_queued_to_running_without_a_reload(fleet: Fleet, browser: Any) -> None:
-    tab = await _tab(browser, fleet)
-    await tab.login("alpha")
+    tab = await _logged_in(browser, fleet, "alpha")
     await tab.page.goto(f"{fleet.base}/#/jobs")
     await tab.page.wait_for_selector(f'[data-testid="job-row-{fleet.waiting}"]')
     await tab.page.wait_for_selector('[data-testid="live"]:text-is("live")')
@@ -165,8 +166,7 @@ async def test_a_job_goes_from_queued_to_running_without_a_reload(fleet: Fleet, 
 
 
 async def test_a_waiting_job_shows_why_per_cluster_and_can_be_cancelled(fleet: Fleet, browser: Any) -> None:
-    tab = await _tab(browser, fleet)
-    await tab.login("alpha")
+    tab = await _logged_in(browser, fleet, "alpha")
     await tab.page.goto(f"{fleet.base}/#/jobs/{fleet.waiting}")
     await tab.page.wait_for_selector('[data-testid="job-state"]:text-is("QUEUED")')
     # east could hold it empty but has 28 free; on west no node has 8 free GPUs
@@ -184,8 +184,7 @@ async def test_a_waiting_job_shows_why_per_cluster_and_can_be_cancelled(fleet: F
 
 
 async def test_queues_page_shows_the_tenant_s_own_row_and_fleet_counts(fleet: Fleet, browser: Any) -> None:
-    tab = await _tab(browser, fleet)
-    await tab.login("alpha")
+    tab = await _logged_in(browser, fleet, "alpha")
     await tab.page.goto(f"{fleet.base}/#/queues")
     await tab.page.wait_for_selector('[data-testid="tenant-alpha"]')
     assert await tab.page.locator('[data-testid="tenant-beta"]').count() == 0
@@ -194,8 +193,7 @@ async def test_queues_page_shows_the_tenant_s_own_row_and_fleet_counts(fleet: Fl
 
 
 async def test_a_tenant_never_sees_another_tenant_s_jobs(fleet: Fleet, browser: Any) -> None:
-    tab = await _tab(browser, fleet)
-    await tab.login("alpha")
+    tab = await _logged_in(browser, fleet, "alpha")
     await tab.page.goto(f"{fleet.base}/#/jobs")
     await tab.page.wait_for_selector(f'[data-testid="job-row-{fleet.waiting}"]')
     assert await tab.page.locator(f'[data-testid="job-row-{fleet.secret}"]').count() == 0
@@ -210,8 +208,7 @@ async def test_a_tenant_never_sees_another_tenant_s_jobs(fleet: Fleet, browser: 
         html = await tab.page.content()
         assert fleet.secret not in html and "beta-secret-set" not in html, path
     # the admin sees both, and may cordon
-    admin = await _tab(browser, fleet)
-    await admin.login("admin")
+    admin = await _logged_in(browser, fleet, "admin")
     await admin.page.goto(f"{fleet.base}/#/jobs")
     await admin.page.wait_for_selector(f'[data-testid="job-row-{fleet.secret}"]')
     await admin.page.goto(f"{fleet.base}/#/fleet")
