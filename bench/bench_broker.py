@@ -136,7 +136,7 @@ async def _agent(port: int, nodes: int, stop: asyncio.Event, accepted_box: list[
 
 async def _submissions(total: int, concurrency: int, batch: int, cluster: bool = True) -> dict[str, Any]:
     """`cluster=False`: no agent connects, so the placer decides every job (NO_FRESH_INVENTORY) but places none."""
-    from broker.client import BrokerClient, SubmitItem
+    from broker.launcher.client import BrokerClient, SubmitItem
 
     tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
     cert, key, ca = _certs(tmp)

@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "protos")]
 
-from broker.client import SubmitItem  # noqa: E402
+from broker.launcher.client import SubmitItem  # noqa: E402
 from broker.config import FairnessConfig  # noqa: E402
 from tests.broker.hub_builders import AutoCluster, node, policy_doc, spec, start_broker  # noqa: E402
 

@@ -34,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "protos")]
 
-from broker.client import SubmitItem  # noqa: E402
+from broker.launcher.client import SubmitItem  # noqa: E402
 from sim import kuberesources as kr  # noqa: E402
 from tandem.v1 import job_pb2  # noqa: E402
 from tests.broker.hub_builders import policy_doc, start_broker  # noqa: E402

@@ -42,7 +42,7 @@ sys.path[:0] = [str(REPO), str(REPO / "protos")]
 
 import aiohttp  # noqa: E402
 
-from broker.client import SubmitItem  # noqa: E402
+from broker.launcher.client import SubmitItem  # noqa: E402
 from broker.config import WebConfig  # noqa: E402
 from tests.broker.hub_builders import TOKENS, Broker, eventually, node, policy_doc, spec, start_broker  # noqa: E402
 from tests.browser.test_fleet_view import CHROMIUM_ARGS  # noqa: E402

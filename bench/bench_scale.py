@@ -156,7 +156,7 @@ def _write(d: dict[str, Any]) -> None:
         f"({inv['snapshot_bytes_untrimmed']:,} with every label).",
         "- The broker: `python -m broker.main --config broker.yaml` in its own process (SQLite file store, WAL, "
         "synchronous=FULL; heartbeat interval 5 s). No API server, no extender, no kube-scheduler.",
-        f"- Jobs (`broker.client`, one tenant): {mix}; every replica 8 GPUs, 96 CPUs, 1 TiB, tolerating the "
+        f"- Jobs (`broker.launcher.client`, one tenant): {mix}; every replica 8 GPUs, 96 CPUs, 1 TiB, tolerating the "
         "node's GPU taint. Submitted at a steady rate, one SubmitJobs call per 50 ms tick.", "",
         "## How it is measured", "",
         "- Broker CPU: user + system seconds from /proc/<pid>/stat; RSS: VmRSS (peak: VmHWM) from "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.fairness import tenant_usage
+from broker.scheduling.fairness import tenant_usage
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 __all__ = ["Metrics"]

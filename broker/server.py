@@ -15,10 +15,11 @@ from grpc_reflection.v1alpha import reflection
 from tandem.v1 import cluster_service_pb2, cluster_service_pb2_grpc, job_service_pb2, job_service_pb2_grpc
 
 from broker.config import BrokerConfig, ListenerConfig, TlsConfig
+from broker.api import serde
 from broker.hub import Hub
-from broker.services.clusters import AgentServicer, ClusterAdminServicer
-from broker.services.edge import register
-from broker.services.jobs import JobServicer
+from broker.api.services.clusters import AgentServicer, ClusterAdminServicer
+from broker.api.services.edge import register
+from broker.api.services.jobs import JobServicer
 from broker.web.app import WebServer
 
 __all__ = ["Servers", "serve"]
@@ -93,12 +94,12 @@ class Servers:
 
 async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
     """Start the hub and both listeners; returns once they accept connections."""
-    hub = hub or Hub(cfg, Hub.store_for(cfg))
+    hub = hub or Hub(cfg, Hub.store_for(cfg), specs=serde.SPECS)
     await hub.start()
     tenant = grpc.aio.server(options=_options(cfg.tenant_listener))
     agent = grpc.aio.server(options=_options(cfg.agent_listener))
     # Every method decodes its request without raising and refuses a bad one as INVALID_ARGUMENT naming the
-    # field (broker.services.edge.register), never grpcio's UNKNOWN.
+    # field (broker.api.services.edge.register), never grpcio's UNKNOWN.
     jobs = JobServicer(hub)
     register(job_service_pb2_grpc.add_JobServiceServicer_to_server, jobs, job_service_pb2_grpc.JobServiceServicer,
              jobs.edge, tenant, checked_per_item=JobServicer.CHECKED_PER_ITEM)

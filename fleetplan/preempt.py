@@ -1,6 +1,6 @@
 """Victim search for one waiting gang, over a cycle's fleet view (FLEET-NOTES F-5).
 
-Given jobs the rules (``broker.fairness``) let the gang preempt, find in each allowed cluster — within one
+Given jobs the rules (``broker.scheduling.fairness``) let the gang preempt, find in each allowed cluster — within one
 domain of the gang's required level when it has one — the cheapest set whose removal lets the core's exact
 gang fit place it: simulate the candidates' removal cheapest first until the gang fits (a binary search
 over that prefix: freeing more never hurts), then drop every victim the fit does not need (Kueue's

@@ -4,9 +4,9 @@ A discrete-event simulation (one heap of timed events). Every cluster's true sta
 is bound on them (`fleetsim.fast_cluster.Cell`); the broker sees it only through inventory reports sent every
 `report_interval_s` to a `fleetplan.catalog.Catalog`, which also holds the broker's reservations, so its view
 lags and background pods (which never go through Tandem) can make it wrong. Every `cycle_s` a scheduling round
-takes the queued jobs in the broker's queue order (`broker.queue.QueueSnapshot`: weighted fair share, quotas by
+takes the queued jobs in the broker's queue order (`broker.scheduling.queue.QueueSnapshot`: weighted fair share, quotas by
 `admit`), decides each over one `FleetView` with the configured `fleetplan.choice` and holds each choice in the
-view, as `broker.placer.Placer.step` does. Only the cluster choice differs between policies; what a cluster
+view, as `broker.scheduling.placer.Placer.step` does. Only the cluster choice differs between policies; what a cluster
 does with the pods it is given is the same for all:
 
 * tandem / merged: pinned dispatch — after `dispatch_delay_s` every replica binds on its assigned node if it
@@ -31,10 +31,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from broker import fairness
-from broker.drains import DrainHold, DrainHolds
-from broker.queue import QueueEntry, QueuePolicy, QueueSnapshot, Usage
-from broker.states import JobState
+from broker.scheduling import fairness
+from broker.scheduling.drains import DrainHold, DrainHolds
+from broker.scheduling.queue import QueueEntry, QueuePolicy, QueueSnapshot, Usage
+from broker.domain.states import JobState
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Reservation, ReservedReplica
 from fleetplan.choice import AggregateChoice, ClusterChoice, RoundRobinChoice, make_choice, usable_clusters
 from fleetplan.decide import Choice, ClusterPredicate, Decision, could_ever_fit, within_policy
@@ -73,7 +73,7 @@ __all__ = [
 
 POLICIES = ("tandem", "tandem-fair", "aggregate", "round-robin", "multikueue", "merged")
 """tandem-fair: Tandem's choice plus the broker's fairness machinery: its preemption decision
-(broker.fairness.choose_preemption) and its held domains for long-waiting gangs (broker.drains.DrainHolds)."""
+(broker.scheduling.fairness.choose_preemption) and its held domains for long-waiting gangs (broker.scheduling.drains.DrainHolds)."""
 _PINNED = frozenset({"tandem", "tandem-fair", "merged"})
 CAUSE_NODE_TAKEN = "node taken by a pod outside Tandem"
 CAUSE_GANG_TIMEOUT = "gang did not fully bind before the timeout"
@@ -719,7 +719,7 @@ class FastSim:
             self._maybe_preempt()
 
     def _round_choice(self, snap: QueueSnapshot, view: FleetView) -> None:
-        """broker.placer.Placer.step over one view: decide in queue order, admit by quota, hold in the view."""
+        """broker.scheduling.placer.Placer.step over one view: decide in queue order, admit by quota, hold in the view."""
         assert self.choice is not None
         usage = snap.usage
         rr = self.choice if isinstance(self.choice, RoundRobinChoice) else None
@@ -1104,7 +1104,7 @@ class FastSim:
             self._drain_kinds(hold.domain.cluster, hold.domain.nodes)
 
     def _maybe_hold(self, snap: QueueSnapshot) -> None:
-        """The broker's preemptor round, its held-domain half (broker.preemptor.Preemptor._hold)."""
+        """The broker's preemptor round, its held-domain half (broker.scheduling.preemptor.Preemptor._hold)."""
         p = self.params
         room = p.max_held_domains - len(self.drains)
         if room <= 0:
@@ -1144,7 +1144,7 @@ class FastSim:
         return self.now >= deadline or not any(self.jobs[v].preempting for v in victims)
 
     def _maybe_preempt(self) -> None:
-        """The broker's preemptor round (broker.preemptor.Preemptor.round) over this state, every interval."""
+        """The broker's preemptor round (broker.scheduling.preemptor.Preemptor.round) over this state, every interval."""
         p = self.params
         if self.now - self._last_preempt < p.preempt_interval_s:
             return
@@ -1352,7 +1352,7 @@ class FastSim:
         scoring = "the shipped extender's default policy" if p.pod_scoring == "extender" else "best fit"
         notes = [
             ("models: the broker's own decision code (fleetplan Catalog, FleetView, cluster choice) and queue "
-             "(broker.queue fair-share order, quota admission) in virtual time, one process"),
+             "(broker.scheduling.queue fair-share order, quota admission) in virtual time, one process"),
             (f"models: a lagging view: a cluster reports its changed nodes every {p.report_interval_s:g} s, rounds "
              f"run every {p.cycle_s:g} s, pods reach the cluster {p.dispatch_delay_s:g} s after the decision"),
             ("models: reservations from the decision until the report that shows the attempt bound; Tandem's pinned "

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import aiohttp
 import yaml
 
-from broker.client import BrokerClient
+from broker.launcher.client import BrokerClient
 from fleetsim.model import Level, TenantSpec
 from fleetsim.pki import Pki
 from sim.cluster import SimCluster

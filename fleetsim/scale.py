@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tandem.v1 import common_pb2, job_pb2
 from tandem.v1 import inventory_pb2 as inv
 
-from broker.client import BrokerClient, SubmitItem
+from broker.launcher.client import BrokerClient, SubmitItem
 from extender.agent import wire
 from extender.agent.attempts import rendezvous_address
 from extender.agent.config import AgentConfig

@@ -29,7 +29,7 @@ from typing import Any
 
 import grpc
 
-from broker.client import BrokerClient, SubmitItem
+from broker.launcher.client import BrokerClient, SubmitItem
 from fleetsim.harness import BrokerProcess, Cluster, start_cluster, tenancy_policy, wait_for
 from fleetsim.model import ClusterSpec, FleetSpec, Outcome, RunResult, WorkItem
 from sim import identities as ids

@@ -39,10 +39,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from broker.errors import JobNotFound
-from broker.lifecycle import Event, Reaction, RetryPolicy
+from broker.domain.errors import JobNotFound
+from broker.domain.lifecycle import Event, Reaction, RetryPolicy
 from broker.store.updates import Respec
-from broker.records import (
+from broker.domain.records import (
     AttemptRecord,
     CompactionResult,
     DispatchOrder,

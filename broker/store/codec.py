@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from broker.errors import InvalidPageToken
+from broker.domain.errors import InvalidPageToken
 from fleetplan.catalog import ReplicaPlacement
-from broker.records import (
+from broker.domain.records import (
     AttemptRecord,
     DispatchOrder,
     EventKind,
@@ -27,7 +27,7 @@ from broker.records import (
     ReplicaRecord,
     WatchEvent,
 )
-from broker.states import AttemptOutcome, JobState
+from broker.domain.states import AttemptOutcome, JobState
 
 __all__ = [
     "store_id",

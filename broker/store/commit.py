@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from broker.errors import BatchFailed, Internal, StoreUnavailable, TandemError
+from broker.domain.errors import BatchFailed, Internal, StoreUnavailable, TandemError
 
 __all__ = ["GroupCommitter", "CommitStats"]
 

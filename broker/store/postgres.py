@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from broker import lifecycle
-from broker.errors import BatchFailed, Internal, JobFinished, RevisionCompacted, StoreUnavailable, TandemError
-from broker.records import (
+from broker.domain import lifecycle
+from broker.domain.errors import BatchFailed, Internal, JobFinished, RevisionCompacted, StoreUnavailable, TandemError
+from broker.domain.records import (
     AttemptRecord,
     CompactionResult,
     DispatchOrder,
@@ -34,7 +34,7 @@ from broker.records import (
     WatchEvent,
     WatchPage,
 )
-from broker.states import JobState
+from broker.domain.states import JobState
 from broker.store import codec, pg_sql, updates
 from broker.store.base import Clock, Decide, IdGen, Store, StoreOptions
 from broker.store.commit import CommitStats

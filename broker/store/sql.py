@@ -10,7 +10,7 @@ import dataclasses
 import sqlite3
 from collections.abc import Callable
 
-from broker.errors import (
+from broker.domain.errors import (
     AlreadyExists,
     IdempotencyConflict,
     InvalidTransition,
@@ -18,8 +18,8 @@ from broker.errors import (
     StaleTransition,
     StoreUnavailable,
 )
-from broker.lifecycle import Reason
-from broker.records import (
+from broker.domain.lifecycle import Reason
+from broker.domain.records import (
     AttemptRecord,
     CompactionResult,
     EventKind,
@@ -29,7 +29,7 @@ from broker.records import (
     SubmitResult,
     Transition,
 )
-from broker.states import ACTIVE, TERMINAL, JobState, is_allowed
+from broker.domain.states import ACTIVE, TERMINAL, JobState, is_allowed
 from broker.store import codec
 from broker.store.migrations import LATEST, MIGRATIONS
 from broker.store.updates import Update

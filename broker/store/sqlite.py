@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker import lifecycle
-from broker.errors import JobFinished, RevisionCompacted, StoreUnavailable
-from broker.records import (
+from broker.domain import lifecycle
+from broker.domain.errors import JobFinished, RevisionCompacted, StoreUnavailable
+from broker.domain.records import (
     AttemptRecord,
     CompactionResult,
     DispatchOrder,
@@ -29,7 +29,7 @@ from broker.records import (
     WatchEvent,
     WatchPage,
 )
-from broker.states import JobState
+from broker.domain.states import JobState
 from broker.store import codec, sql, updates
 from broker.store.base import Clock, Decide, Delivery, IdGen, Store, StoreOptions
 from broker.store.commit import GroupCommitter

@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker import lifecycle
-from broker.errors import ErrorDetails, JobFinished, PermissionDenied
-from broker.records import JobRecord, UpdateReason
+from broker.domain import lifecycle
+from broker.domain.errors import ErrorDetails, JobFinished, PermissionDenied
+from broker.domain.records import JobRecord, UpdateReason
 
 __all__ = ["Respec", "Update", "decide_priority", "decide_hold", "refuse_held_reserve"]
 

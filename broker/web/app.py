@@ -2,7 +2,7 @@
 
 A thin layer beside the gRPC API, not a second source of truth: every call authenticates with the same
 `Authorizer` (the session's bearer token), is authorised per `Method` by the same `Edge.caller_for`, and
-runs the same call the gRPC servicer runs (`broker.services.jobs` / `.clusters`), so validation, tenant
+runs the same call the gRPC servicer runs (`broker.api.services.jobs` / `.clusters`), so validation, tenant
 scoping and audit records are the API's. Job documents are the API's own messages in protobuf's JSON
 mapping (original field names, defaults included); the fleet and queue documents are aggregates
 (`broker.web.views`).
@@ -31,13 +31,13 @@ from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
-from broker import errors
-from broker.auth import Caller, CallerKind, Credentials, Listener, Method
+from broker.domain import errors
+from broker.tenancy.auth import Caller, CallerKind, Credentials, Listener, Method
 from broker.config import WebConfig
 from broker.hub import Hub
-from broker.services import clusters as cluster_calls
-from broker.services import jobs as job_calls
-from broker.services.edge import Edge
+from broker.api.services import clusters as cluster_calls
+from broker.api.services import jobs as job_calls
+from broker.api.services.edge import Edge
 from broker.web.sessions import COOKIE, LoginThrottle, Session, Sessions
 from broker.web.views import FleetPicture, queues_document
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from broker import handlers
-from broker.auth import Caller
+from broker.api import handlers
+from broker.tenancy.auth import Caller
 from broker.hub import Hub
-from broker.serde import ts
+from broker.api.serde import ts
 from fleetplan.catalog import ClusterEntry
 from fleetplan.occupancy import ClusterOccupancy, GpuCounts, by_model, occupancy
 from placement.topology import level_name

@@ -2,7 +2,7 @@
 
 The agent reports exactly the facts the extender's own filter uses (`NodeFacts.node`, bound
 pods' usage subtracted, reservation holds NOT subtracted: the broker applies its own overlay).
-`broker.serde_inventory.node_from_proto` is the exact inverse of `node_inventory` for every
+`broker.api.serde_inventory.node_from_proto` is the exact inverse of `node_inventory` for every
 field of the core Node except labels, of which only the allow-listed keys travel.
 
 Pure: no I/O, no event loop. Times come from the caller (`now`, seconds since the epoch).

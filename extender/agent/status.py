@@ -13,7 +13,7 @@ failure at once, the cause is chosen in this order:
    without a `DisruptionTarget`; seen first, those deletions must not read as someone else's).
    Reported as APP_FAILED: the broker has no MAX_RUNTIME outcome, and the limit is the job's own —
    INFRA_FAILED would spend retries to hit the same limit again; CANCELLED outside a cancel becomes
-   INFRA_FAILED in `broker.lifecycle`. Only APP_FAILED fails the job without a retry.
+   INFRA_FAILED in `broker.domain.lifecycle`. Only APP_FAILED fails the job without a retry.
 2. the cluster's doing: `DisruptionTarget` (PreemptionByScheduler → PREEMPTED, any other reason →
    INFRA_FAILED), the pod's node gone or NotReady past a bound, a pod the kubelet failed with a reason
    (Evicted, UnexpectedAdmissionError, OutOf<resource>). These win over application exits, which are

@@ -18,8 +18,9 @@ from tandem.v1 import common_pb2
 from tandem.v1 import inventory_pb2 as inv
 from tandem.v1 import job_pb2
 
-from broker.client import BrokerClient
+from broker.launcher.client import BrokerClient
 from broker.config import BrokerConfig, ListenerConfig, MtlsListenerConfig, TlsConfig
+from broker.api import serde
 from broker.hub import Hub
 from broker.server import Servers, serve
 from fleetsim.pki import Pki
@@ -164,7 +165,7 @@ async def start_broker(tmp: Path, *, policy: dict[str, Any] | None = None, clock
     if clock is not None:
         kwargs["clock"] = clock
     store = Hub.store_for(cfg, **kwargs)
-    hub = Hub(cfg, store, **kwargs)
+    hub = Hub(cfg, store, specs=serde.SPECS, **kwargs)
     servers = await serve(cfg, hub)
     return Broker(servers, pki, tmp, cfg)
 

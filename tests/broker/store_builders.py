@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fleetplan.catalog import ReplicaPlacement
-from broker.records import AttemptRecord, JobRecord, NewJob
-from broker.states import JobState
+from broker.domain.records import AttemptRecord, JobRecord, NewJob
+from broker.domain.states import JobState
 from broker.store.base import StoreOptions
 from tests.needs import missing
 from broker.store.sqlite import SqliteStore

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import auth, errors
-from broker.auth import AuditLog, Authorizer, Caller, CallerKind, Credentials, Listener, Method, credentials_from_metadata
-from broker.policy import PolicyFile, TokenBucket, hash_token, parse_policy
+from broker.tenancy import auth
+from broker.domain import errors
+from broker.tenancy.auth import AuditLog, Authorizer, Caller, CallerKind, Credentials, Listener, Method, credentials_from_metadata
+from broker.tenancy.policy import PolicyFile, TokenBucket, hash_token, parse_policy
 
 DOC = f"""
 tenants:

@@ -11,8 +11,8 @@ import yaml
 
 from tandem.v1 import job_pb2
 
-from broker import cli
-from broker.jobfile import JobFile, load_job_file, parse_duration, to_spec
+from broker.launcher import cli
+from broker.launcher.jobfile import JobFile, load_job_file, parse_duration, to_spec
 from tests.broker.hub_builders import TOKENS, Broker, eventually, node, start_broker
 
 pytestmark = pytest.mark.timeout(60)
@@ -142,7 +142,7 @@ async def test_watch_prints_transitions(broker: Broker, tmp_path: Path) -> None:
 
 
 def test_connection_options_go_before_or_after_the_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
-    from broker.cli import build_parser
+    from broker.launcher.cli import build_parser
 
     monkeypatch.delenv("TANDEM_BROKER", raising=False)
     parser = build_parser()

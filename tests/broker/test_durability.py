@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.records import JobFilter, OrderKind
-from broker.states import JobState
-from broker.store.hammer import job_for_key, key_for
+from broker.domain.records import JobFilter, OrderKind
+from broker.domain.states import JobState
+from tests.broker.store_hammer import job_for_key, key_for
 from broker.store.sqlite import SqliteStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def _hammer_until_killed(db: Path, kill_after_acks: int, *extra: str) -> dict[st
     """
     env = dict(os.environ, PYTHONPATH=str(REPO))
     child = subprocess.Popen(
-        [sys.executable, "-m", "broker.store.hammer", str(db), "--writers", str(WRITERS), "--jobs", str(JOBS),
+        [sys.executable, "-m", "tests.broker.store_hammer", str(db), "--writers", str(WRITERS), "--jobs", str(JOBS),
          *extra],
         cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
     )

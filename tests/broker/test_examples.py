@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from broker import jobfile, policy
+from broker.launcher import jobfile
+from broker.tenancy import policy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

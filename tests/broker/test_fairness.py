@@ -1,4 +1,4 @@
-"""Fair share by water-filling, and the rules of who may preempt whom (broker.fairness)."""
+"""Fair share by water-filling, and the rules of who may preempt whom (broker.scheduling.fairness)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from broker import fairness as f
-from broker.queue import QueueEntry, QueuePolicy, QueueSnapshot
-from broker.states import JobState as S
+from broker.scheduling import fairness as f
+from broker.scheduling.queue import QueueEntry, QueuePolicy, QueueSnapshot
+from broker.domain.states import JobState as S
 
 NOW = 10_000.0
 

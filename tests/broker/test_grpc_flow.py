@@ -9,7 +9,7 @@ import pytest
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 
-from broker.client import SubmitItem
+from broker.launcher.client import SubmitItem
 from tests.broker.hub_builders import Broker, eventually, node, spec, start_broker
 
 pytestmark = pytest.mark.timeout(60)

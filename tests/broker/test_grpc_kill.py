@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.client import BrokerClient, SubmitItem
+from broker.launcher.client import BrokerClient, SubmitItem
 from tests.broker.hub_builders import TOKENS, policy_doc, spec, write_policy
 
 pytestmark = pytest.mark.timeout(120)

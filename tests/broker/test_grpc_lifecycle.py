@@ -14,7 +14,7 @@ from tandem.v1 import common_pb2
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
-from broker.client import BrokerClient, SubmitItem
+from broker.launcher.client import BrokerClient, SubmitItem
 from tests.broker.hub_builders import Broker, eventually, node, spec, start_broker
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,8 +18,8 @@ from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
-from broker import cli
-from broker.client import SubmitItem, status_details
+from broker.launcher import cli
+from broker.launcher.client import SubmitItem, status_details
 from tests.broker.hub_builders import H100, TOKENS, Broker, eventually, node, policy_doc, spec, start_broker
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 
-from broker.client import BrokerClient, SubmitItem, status_details
+from broker.launcher.client import BrokerClient, SubmitItem, status_details
 from tests.broker.hub_builders import (
     A100,
     H100,
@@ -145,7 +145,7 @@ async def _code(coro) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
 async def test_unauthenticated_callers(broker: Broker) -> None:
     anon = broker.client(None)
     assert await _code(anon.list()) == grpc.StatusCode.UNAUTHENTICATED
-    from broker.client import BrokerClient
+    from broker.launcher.client import BrokerClient
 
     wrong = BrokerClient(broker.tenant_addr, token="not-a-token")
     broker.clients.append(wrong)
@@ -258,7 +258,7 @@ async def test_rate_limit_and_policy_reload(tmp_path: Path) -> None:
         write_policy(tmp_path / "policy.yaml", doc)
         st = os.stat(tmp_path / "policy.yaml")
         os.utime(tmp_path / "policy.yaml", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-        from broker.client import BrokerClient
+        from broker.launcher.client import BrokerClient
 
         fresh = BrokerClient(b.tenant_addr, token="fresh-token")
         b.clients.append(fresh)
@@ -287,7 +287,7 @@ async def test_audit_log_records_every_mutating_call(broker: Broker) -> None:
 
 
 async def test_tenant_listener_over_tls_with_bearer_token(tmp_path: Path) -> None:
-    from broker.client import BrokerClient
+    from broker.launcher.client import BrokerClient
 
     b = await start_broker(tmp_path, tenant_tls=True)
     try:
@@ -304,7 +304,7 @@ async def test_tenant_listener_over_tls_with_bearer_token(tmp_path: Path) -> Non
 
 
 async def test_launcher_authenticated_by_client_certificate(tmp_path: Path) -> None:
-    from broker.client import BrokerClient
+    from broker.launcher.client import BrokerClient
 
     doc = policy_doc(alpha={"cert_subjects": ["launcher-alpha"]})
     b = await start_broker(tmp_path, policy=doc, tenant_client_certs=True)
@@ -332,7 +332,7 @@ async def test_token_and_certificate_launchers_each_on_their_port(tmp_path: Path
     of the same server: a token on the TLS port and a certificate (or a token) on the mTLS port both work;
     without a certificate the mTLS handshake fails, and a certificate sent to the TLS port is never asked
     for (the call is then a call without credentials)."""
-    from broker.client import BrokerClient
+    from broker.launcher.client import BrokerClient
 
     doc = policy_doc(alpha={"cert_subjects": ["launcher-alpha"]})
     b = await start_broker(tmp_path, policy=doc, tenant_mtls_port=True)

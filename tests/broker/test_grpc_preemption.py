@@ -13,7 +13,7 @@ import pytest
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 
-from broker.client import SubmitItem
+from broker.launcher.client import SubmitItem
 from broker.config import FairnessConfig
 from tests.broker.hub_builders import (
     AutoCluster, Broker, ScriptedAgent, eventually, node, policy_doc, spec, start_broker,

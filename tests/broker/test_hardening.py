@@ -18,8 +18,9 @@ from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
-from broker import errors, serde
-from broker.client import BrokerClient, SubmitItem, status_details
+from broker.domain import errors
+from broker.api import serde
+from broker.launcher.client import BrokerClient, SubmitItem, status_details
 from tests.broker.hub_builders import Broker, ScriptedAgent, node, spec, start_broker, template
 from tests.protos import builders as pb
 from tests.protos import builders_cluster as pbc

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import lifecycle as lc
-from broker.records import AttemptRecord, JobRecord, OrderKind, Transition
-from broker.states import TRANSITIONS, AttemptOutcome, JobState, is_allowed
+from broker.domain import lifecycle as lc
+from broker.domain.records import AttemptRecord, JobRecord, OrderKind, Transition
+from broker.domain.states import TRANSITIONS, AttemptOutcome, JobState, is_allowed
 from tests.broker.store_builders import T0, attempt_record, job_record
 
 S = JobState

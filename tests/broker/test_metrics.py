@@ -6,7 +6,7 @@ import dataclasses
 from types import SimpleNamespace
 
 from broker.metrics import Metrics
-from broker.records import JobRecord
+from broker.domain.records import JobRecord
 from tests.broker.store_builders import T0, FakeClock, job_record
 
 

@@ -24,8 +24,9 @@ from pydantic import ValidationError
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
-from broker import podsecurity, validation
-from broker.policy import PolicyFile, TenantPolicy, parse_policy
+from broker.tenancy import podsecurity
+from broker.api import validation
+from broker.tenancy.policy import PolicyFile, TenantPolicy, parse_policy
 from tests.broker.hub_builders import Broker, policy_doc, spec, start_broker, write_policy
 from tests.fixtures import fixture_json
 

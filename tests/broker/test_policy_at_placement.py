@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 from tandem.v1 import job_pb2
 
-from broker.client import SubmitItem
+from broker.launcher.client import SubmitItem
 from tests.broker.hub_builders import A100, H100, eventually, node, policy_doc, spec, start_broker, write_policy
 
 L40S = "NVIDIA-L40S"

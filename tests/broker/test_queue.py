@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.queue import Admission, QueueBook, QueueEntry, QueuePolicy, QueueSnapshot, WaitReason, ordinal
-from broker.states import JobState
+from broker.scheduling.queue import Admission, QueueBook, QueueEntry, QueuePolicy, QueueSnapshot, WaitReason, ordinal
+from broker.domain.states import JobState
 from tests.broker.store_builders import attempt_record, job_record
 
 S = JobState
@@ -214,8 +214,8 @@ def test_book_loads_from_store_lists() -> None:
 
 
 def test_policy_from_tenancy() -> None:
-    from broker.policy import parse_policy
-    from broker.queue import policy_from_tenancy
+    from broker.tenancy.policy import parse_policy
+    from broker.scheduling.queue import policy_from_tenancy
 
     pol = parse_policy(
         "tenants:\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.states import (
+from broker.domain.states import (
     ACTIVE,
     HOLDS_CAPACITY,
     TERMINAL,

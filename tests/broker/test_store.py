@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from broker import errors, lifecycle
-from broker.errors import Code
+from broker.domain import errors, lifecycle
+from broker.domain.errors import Code
 from fleetplan.catalog import ReplicaPlacement
-from broker.records import (
+from broker.domain.records import (
     AttemptRecord,
     JobFilter,
     OrderKind,
@@ -21,7 +21,7 @@ from broker.records import (
     Transition,
     WatchPage,
 )
-from broker.states import AttemptOutcome, JobState
+from broker.domain.states import AttemptOutcome, JobState
 from broker.store.migrations import LATEST, MIGRATIONS
 from broker.store.sqlite import SqliteStore
 from tests.broker.store_builders import (  # noqa: F401

@@ -7,9 +7,9 @@ import asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import lifecycle as lc
+from broker.domain import lifecycle as lc
 from fleetplan.catalog import ReplicaPlacement
-from broker.states import HOLDS_CAPACITY, AttemptOutcome, JobState
+from broker.domain.states import HOLDS_CAPACITY, AttemptOutcome, JobState
 from broker.store.base import StoreOptions
 from broker.store.base import Store
 from broker.store.sqlite import SqliteStore

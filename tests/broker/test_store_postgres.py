@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker import errors, lifecycle
+from broker.domain import errors, lifecycle
 from fleetplan.catalog import ReplicaPlacement
-from broker.records import JobFilter, OrderKind
+from broker.domain.records import JobFilter, OrderKind
 from broker.store.migrations import PG_LATEST
 from broker.store.postgres import PostgresStore
 from tests.broker.store_builders import FakeClock, fresh_pg_database, id_gen, new_job, pg_server  # noqa: F401

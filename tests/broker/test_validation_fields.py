@@ -13,8 +13,8 @@ from google.rpc import error_details_pb2
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
-from broker import validation
-from broker.client import status_details
+from broker.api import validation
+from broker.launcher.client import status_details
 from tests.broker.hub_builders import Broker, spec, start_broker, template
 
 pytestmark = pytest.mark.timeout(60)
@@ -213,7 +213,7 @@ async def test_oversized_messages_are_refused_by_the_server(broker: Broker) -> N
                                                   "metadata": {"annotations": {"a": "x" * (5 << 20)}}})
     req = svc.SubmitJobsRequest(job_set_id="s")
     req.items.add(idempotency_key="k", spec=s)
-    from broker.client import BrokerClient
+    from broker.launcher.client import BrokerClient
 
     big = BrokerClient(broker.tenant_addr, token="token-alpha", max_message_bytes=64 << 20)
     broker.clients.append(big)

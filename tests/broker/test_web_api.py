@@ -14,7 +14,7 @@ import pytest
 
 from tandem.v1 import job_pb2
 
-from broker.client import BrokerClient, SubmitItem
+from broker.launcher.client import BrokerClient, SubmitItem
 from broker.config import TlsConfig, WebConfig
 from tests.broker.hub_builders import (
     TOKENS, Broker, eventually, node, policy_doc, spec, start_broker, write_policy,

@@ -20,7 +20,7 @@ import pytest
 
 from tandem.v1 import job_pb2
 
-from broker.client import SubmitItem
+from broker.launcher.client import SubmitItem
 from broker.config import WebConfig
 from tests.broker.hub_builders import A100, H100, TOKENS, AutoCluster, Broker, eventually, node, spec, start_broker
 from tests.needs import missing

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.client import BrokerClient
+from broker.launcher.client import BrokerClient
 from tandem.v1 import job_pb2
 from extender.podreq import pinned_node
 from fleetsim import harness

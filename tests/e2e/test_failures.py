@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker.client import SubmitItem
+from broker.launcher.client import SubmitItem
 from sim import kuberesources as kr
 from tandem.v1 import job_pb2
 from tests.broker.hub_builders import Broker, policy_doc, start_broker

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.client import SubmitItem
+from broker.launcher.client import SubmitItem
 from broker.config import FairnessConfig
 from sim import kuberesources as kr
 from sim.kubeclient import KubeApiError

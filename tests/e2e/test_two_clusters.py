@@ -20,7 +20,7 @@ import pytest
 
 from sim import kuberesources as kr
 from tandem.v1 import job_pb2
-from broker.client import SubmitItem
+from broker.launcher.client import SubmitItem
 from extender.podreq import pinned_node
 from tests.broker.hub_builders import Broker, policy_doc, start_broker
 from tests.e2e.fleet import (TENANT_NAMESPACE, Cluster, PodHistory, busy_pod, gang, gpu_node, start_cluster,

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetplan.catalog import Catalog, ClusterEntry, ClusterMeta, Level
-from broker.serde_agent import report_from_delta, report_from_snapshot
-from broker.serde_inventory import InventoryDecodeError, node_from_proto
+from broker.api.serde_agent import report_from_delta, report_from_snapshot
+from broker.api.serde_inventory import InventoryDecodeError, node_from_proto
 from extender.agent.encode import (
     AttemptKey,
     DeltaWithoutSnapshot,

@@ -86,11 +86,12 @@ def test_every_choice_waits_with_a_reason_when_nothing_is_usable() -> None:
 
 def test_the_broker_flag_selects_the_choice_and_the_shells_exchange_events() -> None:
     from broker.config import load_config
+    from broker.api import serde
     from broker.hub import Hub
 
     cfg = load_config(["--db", ":memory:", "--cluster-choice", "round-robin", "--agent-insecure"])
     assert cfg.cluster_choice == "round-robin"
-    hub = Hub(cfg, Hub.store_for(cfg))
+    hub = Hub(cfg, Hub.store_for(cfg), specs=serde.SPECS)
     assert hub.placer.choice.name == "round-robin"
     assert not hasattr(hub.dispatcher, "placer") and not hasattr(hub.placer, "dispatcher")
     with pytest.raises(SystemExit):

@@ -1,4 +1,4 @@
-"""Fast mode's tandem-fair: the broker's preemption decision (broker.fairness.choose_preemption) in virtual
+"""Fast mode's tandem-fair: the broker's preemption decision (broker.scheduling.fairness.choose_preemption) in virtual
 time — the owner takes borrowed GPUs back, victims lose only the work since their last checkpoint and run
 again, gangs go whole, and the flood experiment's workload."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tandem.v1 import inventory_pb2 as inv
 
-from broker.serde_inventory import node_from_proto
+from broker.api.serde_inventory import node_from_proto
 from fleetsim.scale import (
     REPLICA_CPU_MILLI,
     FleetLayout,

@@ -12,12 +12,13 @@ import grpc
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
 
-from broker import errors, handlers, serde_agent, validation
-from broker.auth import Caller, Listener, Method
-from broker.dispatcher import Session
+from broker.domain import errors
+from broker.api import handlers, serde_agent, validation
+from broker.tenancy.auth import Caller, Listener, Method
+from broker.clusters.dispatcher import Session
 from broker.hub import Hub
-from broker.services.edge import Edge, abort, request_violations
-from broker.services.wire import Undecodable
+from broker.api.services.edge import Edge, abort, request_violations
+from broker.api.services.wire import Undecodable
 
 __all__ = ["AgentServicer", "ClusterAdminServicer", "cordon"]
 

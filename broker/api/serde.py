@@ -16,10 +16,11 @@ from placement.model import GPU_PRODUCT_LABEL, WHOLE_GPU_MILLI, DraRequest, JobR
 from placement.podspec import shape_from_pod
 from tandem.v1 import common_pb2, job_pb2, job_service_pb2
 
-from broker import errors, jobstatus, validation
-from broker.errors import FieldViolation, TandemError
-from broker.records import AttemptRecord, JobRecord, NewJob, WatchEvent, freeze_labels
-from broker.states import AttemptOutcome, JobState
+from broker.domain import errors, jobstatus
+from broker.api import validation
+from broker.domain.errors import FieldViolation, TandemError
+from broker.domain.records import AttemptRecord, JobRecord, NewJob, WatchEvent, freeze_labels
+from broker.domain.states import AttemptOutcome, JobState
 
 __all__ = [
     "ts",
@@ -197,6 +198,19 @@ def respec_priority(raw: bytes, priority: int, band: str) -> bytes:
 
 def request_from_record(rec: JobRecord) -> JobRequest:
     return request_from_spec(rec.job_id, spec_from_bytes(rec.spec), rec.tenant, rec.priority)
+
+
+class ProtoSpecs:
+    """The ``SpecReader`` over specs stored as JobSpec messages: what the hub is built with."""
+
+    def request(self, job: JobRecord) -> JobRequest:
+        return request_from_record(job)
+
+    def start_timeout_s(self, spec: bytes, default: float) -> float:
+        return start_timeout_s(spec, default)
+
+
+SPECS = ProtoSpecs()
 
 
 def _gpu_demand(req: JobRequest) -> float:

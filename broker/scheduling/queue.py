@@ -14,9 +14,9 @@ running, lost, cancelling, preempted), charged for the model it actually got,
 plus the idle GPUs of domains held for draining gangs (``drain_hold``).
 
 The order between tenants reads ``ordering_cost`` when given (the placer passes
-half-life-decayed usage, ``broker.fairness.DecayedUsage``); quotas and
+half-life-decayed usage, ``broker.scheduling.fairness.DecayedUsage``); quotas and
 preemption always read current usage. Who may preempt whom is
-``broker.fairness``.
+``broker.scheduling.fairness``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker.errors import QuotaViolation
-from broker.records import AttemptRecord, JobRecord
-from broker.states import HOLDS_CAPACITY, JobState
+from broker.domain.errors import QuotaViolation
+from broker.domain.records import AttemptRecord, JobRecord
+from broker.domain.states import HOLDS_CAPACITY, JobState
 
 __all__ = [
     "WaitReason",
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from broker.policy import Policy
+    from broker.tenancy.policy import Policy
 
 _EPS = 1e-9
 

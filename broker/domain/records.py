@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from fleetplan.catalog import ReplicaPlacement
 
-from broker.states import AttemptOutcome, JobState
+from broker.domain.states import AttemptOutcome, JobState
 
 __all__ = [
     "ReplicaPlacement",

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from broker.errors import FieldViolation
+from broker.domain.errors import FieldViolation
 
 __all__ = [
     "Level",

@@ -13,13 +13,13 @@ from tandem.v1 import common_pb2
 from tandem.v1 import inventory_pb2 as inv
 from tandem.v1 import job_pb2
 
-from broker import link
+from broker.clusters import link
 from fleetplan.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level
 from fleetplan.catalog import ReplicaPlacement
-from broker.records import ReplicaRecord
-from broker.serde import spec_from_bytes, ts
-from broker.serde_inventory import node_from_proto
-from broker.states import AttemptOutcome
+from broker.domain.records import ReplicaRecord
+from broker.api.serde import spec_from_bytes, ts
+from broker.api.serde_inventory import node_from_proto
+from broker.domain.states import AttemptOutcome
 
 __all__ = [
     "node_from_proto",

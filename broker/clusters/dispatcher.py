@@ -14,12 +14,14 @@ from typing import Any
 import cachetools
 
 from fleetplan import catalog as cat
-from broker import errors, lifecycle, link, serde
-from broker.auth import Caller, check_agent_speaks_for
+from broker.domain.specs import SpecReader
+from broker.domain import errors, lifecycle
+from broker.clusters import link
+from broker.tenancy.auth import Caller, check_agent_speaks_for
 from broker.config import BrokerConfig
-from broker.events import CapacityChanged, HoldReleased, JobChanged, NodesHeld, ToDispatcher, ToPlacer
-from broker.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
-from broker.states import PRE_START, AttemptOutcome, JobState
+from broker.domain.events import CapacityChanged, HoldReleased, JobChanged, NodesHeld, ToDispatcher, ToPlacer
+from broker.domain.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
+from broker.domain.states import PRE_START, AttemptOutcome, JobState
 from broker.store.base import Delivery, Store
 
 __all__ = ["Session", "Dispatcher"]
@@ -75,11 +77,12 @@ class Dispatcher:
 
     def __init__(
         self, store: Store, catalog: cat.Catalog, config: BrokerConfig,
-        *, send: Callable[[ToPlacer], None] = lambda _e: None, clock: Callable[[], float] = time.time,
+        *, specs: SpecReader, send: Callable[[ToPlacer], None] = lambda _e: None, clock: Callable[[], float] = time.time,
         metrics: Any = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
+        self.specs = specs
         self.send = send
         """Where job changes and capacity changes go (the hub hands them to the placer)."""
         self.cfg = config
@@ -417,7 +420,7 @@ class Dispatcher:
 
     def _dispatch_out(self, session: Session, job: JobRecord, attempt: AttemptRecord,
                       previous: AttemptRecord | None = None) -> link.DispatchOut:
-        timeout = serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
+        timeout = self.specs.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
         entry = self.catalog.clusters.get(session.cluster)
         return link.DispatchOut(job.job_id, attempt.number, job.spec, job.tenant, attempt.domain,
                                 attempt.assignments, self.clock() + timeout, entry.sequence if entry else 0,
@@ -483,7 +486,7 @@ class Dispatcher:
     def _late(self, job: JobRecord, a: AttemptRecord, now: float) -> str:
         """Why a gang missed its start (empty when it has not): the broker's deadlines are the only
         authority (the agent only reports). Both start bounds count from the Start."""
-        timeout = serde.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
+        timeout = self.specs.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
         if job.state is S.ACCEPTED and a.dispatch_time and now - a.dispatch_time > timeout:
             return f"the gang's pods were not all created and pinned {timeout:g} s after its dispatch"
         if job.state is not S.STARTING or a.start_time is None:

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 
 from fleetplan.catalog import ReplicaPlacement
-from broker.records import (
+from broker.domain.records import (
     AttemptClose,
     AttemptRecord,
     AttemptStamp,
@@ -21,7 +21,7 @@ from broker.records import (
     OrderSpec,
     Transition,
 )
-from broker.states import PRE_START, AttemptOutcome, JobState, is_allowed, spends_retry
+from broker.domain.states import PRE_START, AttemptOutcome, JobState, is_allowed, spends_retry
 
 __all__ = [
     "Reason",

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fleetplan.decide import ClusterVerdict
-from broker.records import AttemptRecord, JobRecord
-from broker.states import JobState
+from broker.domain.records import AttemptRecord, JobRecord
+from broker.domain.states import JobState
 
 __all__ = ["LogLink", "QueueView", "DEFAULT_PORTS", "PLAIN_PORT", "rendezvous_address", "log_links",
            "waiting_message"]

@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from broker.podsecurity import capability
+from broker.tenancy.podsecurity import capability
 
 __all__ = [
     "RateLimit",
@@ -51,7 +51,7 @@ class RateLimit(_Strict):
 
 class PreemptionPolicy(_Strict):
     """When this tenant's waiting jobs may preempt running ones (the knobs Kueue operators know; see
-    broker.fairness for the rules). A job that is not preemptible is never a victim, whatever these say."""
+    broker.scheduling.fairness for the rules). A job that is not preemptible is never a victim, whatever these say."""
 
     reclaim: Literal["Never", "LowerPriority", "Any"] = "Any"
     """Take back GPUs other tenants borrow beyond their quota: never, only from lower-priority jobs, or always."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fleetplan.catalog import ReplicaPlacement
 
-from broker.records import JobRecord
+from broker.domain.records import JobRecord
 
 __all__ = ["JobChanged", "CapacityChanged", "ReservationMade", "NodesHeld", "HoldReleased", "ToPlacer",
            "ToDispatcher"]

@@ -13,8 +13,8 @@ from typing import Any, TextIO
 
 import orjson
 
-from broker import errors
-from broker.policy import Policy, PolicyFile, TenantPolicy, TokenBucket
+from broker.domain import errors
+from broker.tenancy.policy import Policy, PolicyFile, TenantPolicy, TokenBucket
 
 __all__ = [
     "CallerKind",

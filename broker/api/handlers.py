@@ -6,17 +6,19 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from broker import errors, fairness, lifecycle, serde, validation
-from broker.auth import Caller, CallerKind
+from broker.domain import errors, lifecycle
+from broker.scheduling import fairness
+from broker.api import serde, validation
+from broker.tenancy.auth import Caller, CallerKind
 from fleetplan.catalog import ClusterEntry, Usability
 from fleetplan.decide import ClusterVerdict, could_ever_fit, within_policy
 from fleetplan.view import ClusterState, FleetView
-from broker.errors import ErrorDetails, PolicyViolation, QuotaViolation
+from broker.domain.errors import ErrorDetails, PolicyViolation, QuotaViolation
 from broker.hub import Hub
-from broker.jobstatus import QueueView
-from broker.records import AttemptRecord, GpuHours, JobFilter, JobPage, JobRecord, WatchEvent
-from broker.serde import ParsedItem
-from broker.states import JobState
+from broker.domain.jobstatus import QueueView
+from broker.domain.records import AttemptRecord, GpuHours, JobFilter, JobPage, JobRecord, WatchEvent
+from broker.api.serde import ParsedItem
+from broker.domain.states import JobState
 
 __all__ = [
     "ItemOutcome",

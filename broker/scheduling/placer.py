@@ -21,13 +21,15 @@ from fleetplan.decide import (
 from fleetplan.drain import DrainDomain
 from fleetplan.view import FleetView
 
-from broker import errors, fairness, lifecycle, serde
-from broker import queue as q
-from broker.drains import DrainHolds
-from broker.events import HoldReleased, JobChanged, NodesHeld, ReservationMade, ToDispatcher, ToPlacer
-from broker.policy import PolicyFile
-from broker.records import JobRecord
-from broker.states import HOLDS_CAPACITY, JobState
+from broker.domain.specs import SpecReader
+from broker.domain import errors, lifecycle
+from broker.scheduling import fairness
+from broker.scheduling import queue as q
+from broker.scheduling.drains import DrainHolds
+from broker.domain.events import HoldReleased, JobChanged, NodesHeld, ReservationMade, ToDispatcher, ToPlacer
+from broker.tenancy.policy import PolicyFile
+from broker.domain.records import JobRecord
+from broker.domain.states import HOLDS_CAPACITY, JobState
 from broker.store.base import Store
 
 __all__ = ["Placer", "Held", "WaitInfo", "PreemptionHold"]
@@ -84,6 +86,7 @@ class Placer:
         catalog: cat.Catalog,
         policy: PolicyFile,
         *,
+        specs: SpecReader,
         send: Callable[[ToDispatcher], None] = lambda _e: None,
         choice: ClusterChoice | None = None,
         clock: Callable[[], float] = time.time,
@@ -98,6 +101,8 @@ class Placer:
         self.store = store
         self.catalog = catalog
         self.policy = policy
+        self.specs = specs
+        """Reads the stored specs (the API room owns their wire format)."""
         self.send = send
         """Where reservations go once committed (the hub hands them to the dispatcher)."""
         self.choice = choice or TandemChoice(candidate_domains)
@@ -119,7 +124,7 @@ class Placer:
         self.start_timeout_s = start_timeout_s
         """Default gang start bound: with max runtime, what a backfill job's enforced end is counted from."""
         self.drains = DrainHolds(catalog)
-        """Domains held for long-waiting gangs while they drain (see broker.drains)."""
+        """Domains held for long-waiting gangs while they drain (see broker.scheduling.drains)."""
         self.preempting: dict[str, PreemptionHold] = {}
         """Waiting jobs whose victims are leaving: the nodes they will get are held for them meanwhile."""
         self._todo: set[str] = set()
@@ -149,7 +154,7 @@ class Placer:
     def _request(self, job: JobRecord) -> JobRequest:
         req = self.requests.get(job.job_id)
         if req is None:
-            req = self._placeable(job, serde.request_from_record(job))
+            req = self._placeable(job, self.specs.request(job))
             self.requests[job.job_id] = req
         return req
 
@@ -363,7 +368,7 @@ class Placer:
                 view = FleetView(self.catalog, now)
             lifted = self.drains.lifted_for(
                 job.job_id, job.max_runtime_s,
-                serde.start_timeout_s(job.spec, self.start_timeout_s) if job.max_runtime_s is not None else 0.0,
+                self.specs.start_timeout_s(job.spec, self.start_timeout_s) if job.max_runtime_s is not None else 0.0,
                 now) if self.drains.holds else []
             if lifted:
                 view = FleetView(self.catalog, now)
@@ -455,7 +460,7 @@ class Placer:
         return snap.charge(usage, job.tenant, drain.gpu_model, -float(drain.idle_gpus))
 
     def hold_domain(self, job: JobRecord, domain: DrainDomain, now: float, max_hold_s: float) -> None:
-        """Hold `domain` for the waiting gang `job` while it drains (see broker.drains)."""
+        """Hold `domain` for the waiting gang `job` while it drains (see broker.scheduling.drains)."""
         self.drains.start(job.job_id, domain, now, max_hold_s, attempt=job.attempt + 1)
         self.drains.refresh(now, {job.job_id})
         self._entry(job)

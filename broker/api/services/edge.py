@@ -16,11 +16,12 @@ from typing import Any, NoReturn
 import grpc
 from grpc_status import rpc_status
 
-from broker import errors, validation
-from broker.auth import AUDITED, Caller, Credentials, Listener, Method, credentials_from_metadata
+from broker.domain import errors
+from broker.api import validation
+from broker.tenancy.auth import AUDITED, Caller, Credentials, Listener, Method, credentials_from_metadata
 from broker.hub import Hub
-from broker.serde import status_from_error
-from broker.services.wire import Undecodable, decoder
+from broker.api.serde import status_from_error
+from broker.api.services.wire import Undecodable, decoder
 
 __all__ = ["abort", "Edge", "register", "request_violations"]
 

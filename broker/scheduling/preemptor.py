@@ -3,7 +3,7 @@ freed nodes for them until the victims are gone (FLEET-NOTES F-3, F-5, F-9).
 
 A round (every ``fairness.interval_s``) takes the queue snapshot and the fleet view once, and walks the
 blocked jobs in queue order (the placer's last verdict said capacity or topology, not quota or back-off).
-For each, the rules of ``broker.fairness`` say which running jobs it may preempt and why; the victim search
+For each, the rules of ``broker.scheduling.fairness`` say which running jobs it may preempt and why; the victim search
 (``fleetplan.preempt``) finds the cheapest set that lets the core's gang fit place it, in one cluster and
 one domain. Then, in this order: the placer holds the preemptor's nodes (no other placement can take them,
 ``Placer.hold_for_preemption``), and every victim gets ``PreemptRequested``: the cluster's agent deletes its
@@ -27,12 +27,13 @@ from fleetplan.decide import Wait
 from fleetplan.drain import BusyJob, choose_drain_domain, enforced_end
 from fleetplan.view import FleetView
 
-from broker import fairness, lifecycle, serde
-from broker import queue as q
+from broker.scheduling import fairness
+from broker.domain import lifecycle
+from broker.scheduling import queue as q
 from broker.config import FairnessConfig
-from broker.placer import Placer
-from broker.policy import PolicyFile
-from broker.records import AttemptRecord, JobRecord
+from broker.scheduling.placer import Placer
+from broker.tenancy.policy import PolicyFile
+from broker.domain.records import AttemptRecord, JobRecord
 from broker.store.base import Store
 
 __all__ = ["Preemptor", "Preemption"]
@@ -170,7 +171,7 @@ class Preemptor:
         for other, a in runs.values():
             start = a.accept_time or a.dispatch_time or a.reserve_time
             ends_by = enforced_end(start, other.max_runtime_s,
-                                   serde.start_timeout_s(other.spec, self.placer.start_timeout_s)
+                                   self.placer.specs.start_timeout_s(other.spec, self.placer.start_timeout_s)
                                    if other.max_runtime_s is not None else 0.0)
             busy.append(BusyJob(other.job_id, a.cluster, frozenset(r.node for r in a.assignments), ends_by,
                                 other.preemptible))

@@ -1,7 +1,7 @@
 """Store load generator: concurrent idempotent submissions, each key printed only after its commit.
 
-Used by the durability test (SIGKILL mid-way, reopen, retry) and the store
-benchmark. ``python -m broker.store.hammer DB --writers N --jobs M``
+Used by the durability test (SIGKILL mid-way, reopen, retry); a test tool, not part of the shipped
+package. ``python -m tests.broker.store_hammer DB --writers N --jobs M``
 prints ``ACK <key> <job_id>`` per acknowledged submission, ``DONE`` at the end;
 with ``--reserve`` each job is then reserved (attempt 1 on cluster ``c<writer % 4>``)
 and ``RES <key> <job_id>`` printed once that commit returned.
@@ -14,9 +14,9 @@ import asyncio
 import sys
 import time
 
-from broker import lifecycle
+from broker.domain import lifecycle
 from fleetplan.catalog import ReplicaPlacement
-from broker.records import NewJob
+from broker.domain.records import NewJob
 from broker.store.base import StoreOptions
 from broker.store.sqlite import SqliteStore
 

@@ -33,8 +33,8 @@ from fleetplan.decide import ClusterPredicate
 from fleetplan.preempt import PreemptionPlan, VictimCandidate, plan_preemption
 from fleetplan.view import FleetView
 
-from broker.queue import QueueEntry, QueueSnapshot, job_cost
-from broker.states import JobState
+from broker.scheduling.queue import QueueEntry, QueueSnapshot, job_cost
+from broker.domain.states import JobState
 
 __all__ = [
     "PreemptReason", "TenantKnobs", "Shares", "water_fill", "shares_of", "victim_reason", "final_share_ok",

@@ -12,11 +12,11 @@ from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 from tandem.v1 import job_service_pb2_grpc as svc_grpc
 
-from broker import handlers, serde, validation
-from broker.auth import Caller, Listener, Method
+from broker.api import handlers, serde, validation
+from broker.tenancy.auth import Caller, Listener, Method
 from broker.hub import Hub
-from broker.records import JobFilter, JobRecord, freeze_labels
-from broker.services.edge import Edge
+from broker.domain.records import JobFilter, JobRecord, freeze_labels
+from broker.api.services.edge import Edge
 
 __all__ = ["JobServicer", "get_job", "list_jobs", "watch_jobs", "cancel_job", "get_usage"]
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from fleetplan.catalog import ClusterMeta, InventoryReport
 from fleetplan.catalog import ReplicaPlacement
-from broker.records import ReplicaRecord
-from broker.states import AttemptOutcome
+from broker.domain.records import ReplicaRecord
+from broker.domain.states import AttemptOutcome
 
 __all__ = [
     "Hello",

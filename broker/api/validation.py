@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker import podsecurity
-from broker.errors import FieldViolation, InvalidArgument
-from broker.policy import TenantPolicy
+from broker.tenancy import podsecurity
+from broker.domain.errors import FieldViolation, InvalidArgument
+from broker.tenancy.policy import TenantPolicy
 from placement.dra import check_selector
 
 __all__ = [
@@ -826,7 +826,7 @@ _DEFAULT_TENANT = TenantPolicy(name="(defaults)")
 
 
 def check_pod_template(text: str, p: str, tenant: TenantPolicy | None = None) -> list[FieldViolation]:
-    """The untrusted template judged by the tenant's Pod Security level and extra capabilities (broker.podsecurity)
+    """The untrusted template judged by the tenant's Pod Security level and extra capabilities (broker.tenancy.podsecurity)
     and by Tandem's own rules (_TANDEM_RULES); `tenant` None = a tenant with every default."""
     tpl, bad = _load_template(text, p)
     if tpl is None:

@@ -21,8 +21,8 @@ from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 
-from broker.client import BrokerClient, SubmitItem, status_details
-from broker.jobfile import default_key, load_job_file, parse_duration, to_spec
+from broker.launcher.client import BrokerClient, SubmitItem, status_details
+from broker.launcher.jobfile import default_key, load_job_file, parse_duration, to_spec
 
 __all__ = ["main", "build_parser", "parse_time"]
 
