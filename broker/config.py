@@ -10,11 +10,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from broker.domain.lifecycle import RetryPolicy
+
 __all__ = [
     "TlsConfig",
     "ListenerConfig",
     "MtlsListenerConfig",
-    "RetryPolicy",
     "FairnessConfig",
     "WebConfig",
     "BrokerConfig",
@@ -117,25 +118,6 @@ class WebConfig(_Strict):
         return self
 
 
-class RetryPolicy(_Strict):
-    """How failed attempts are retried (only infrastructure failures spend the budget)."""
-
-    max_attempts: int = Field(default=5, ge=1)
-    """Attempts per job, the first included, before the job fails for good (count)."""
-    backoff_initial_s: float = Field(default=5.0, ge=0)
-    """Delay before the second attempt, in seconds."""
-    backoff_max_s: float = Field(default=300.0, ge=0)
-    """Upper bound of the exponential backoff, in seconds."""
-    backoff_factor: float = Field(default=2.0, ge=1.0)
-    """Multiplier of the delay per further attempt (dimensionless)."""
-
-    def delay_s(self, attempt: int) -> float:
-        """Backoff before starting attempt number `attempt` (1-based), in seconds."""
-        if attempt <= 1:
-            return 0.0
-        return float(min(self.backoff_max_s, self.backoff_initial_s * self.backoff_factor ** (attempt - 2)))
-
-
 class FairnessConfig(_Strict):
     """Fair share and fleet-wide preemption (who may preempt whom is per tenant, in the tenancy policy)."""
 
@@ -211,7 +193,8 @@ class BrokerConfig(_Strict):
     dispatch_ack_timeout_s: float = Field(default=30.0, gt=0)
     """A dispatch without accept/reject by then is treated as rejected, in seconds."""
     retry: RetryPolicy = RetryPolicy()
-    """Retry policy for failed attempts."""
+    """Retry budget and back-off of failed attempts (broker.domain.lifecycle.RetryPolicy; only
+    infrastructure failures spend the budget)."""
     retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """Finished jobs are kept this long before they may be purged, in seconds."""
     heartbeat_interval_s: float = Field(default=10.0, gt=0)

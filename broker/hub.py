@@ -15,7 +15,6 @@ from broker.config import BrokerConfig
 from broker.clusters.dispatcher import Dispatcher
 from broker.domain.specs import SpecReader
 from broker.domain.events import ToDispatcher, ToPlacer
-from broker.domain.lifecycle import RetryPolicy
 from broker.metrics import Metrics
 from broker.scheduling.placer import Placer
 from broker.scheduling.preemptor import Preemptor
@@ -60,14 +59,7 @@ class Hub:
     @classmethod
     def store_for(cls, cfg: BrokerConfig, clock: Callable[[], float] = time.time) -> Store:
         """The configured backend: PostgreSQL when `store_url` is set, else SQLite at `db_path`."""
-
-        retry = RetryPolicy(
-            max_infra_retries=max(cfg.retry.max_attempts - 1, 0),
-            backoff_base_s=cfg.retry.backoff_initial_s,
-            backoff_factor=cfg.retry.backoff_factor,
-            backoff_max_s=cfg.retry.backoff_max_s,
-        )
-        options = StoreOptions(retry=retry)
+        options = StoreOptions(retry=cfg.retry)
         if cfg.store_url is not None:
             from broker.store.postgres import PostgresStore
 

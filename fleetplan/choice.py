@@ -25,7 +25,7 @@ from placement.model import JobRequest
 from fleetplan.decide import (
     ClusterPredicate,
     Decision,
-    Wait,
+    WaitReason,
     cluster_allowed,
     decide,
     decide_in,
@@ -71,8 +71,8 @@ def usable_clusters(view: FleetView, req: JobRequest, policy_allows: ClusterPred
     if usable:
         return sorted(usable, key=lambda e: e.name)
     if allowed and all(e.cordoned for e in allowed):
-        return Decision(None, Wait.CLUSTERS_CORDONED, "every allowed cluster is cordoned")
-    return Decision(None, Wait.NO_FRESH_INVENTORY, "no allowed cluster is connected with a fresh report")
+        return Decision(None, WaitReason.CLUSTERS_CORDONED, "every allowed cluster is cordoned")
+    return Decision(None, WaitReason.NO_FRESH_INVENTORY, "no allowed cluster is connected with a fresh report")
 
 
 def _place_in(view: FleetView, cluster: str, req: JobRequest, limit: int, how: str) -> Decision:
@@ -80,8 +80,8 @@ def _place_in(view: FleetView, cluster: str, req: JobRequest, limit: int, how: s
     if choice is not None:
         return Decision(choice)
     if fragmented:
-        return Decision(None, Wait.TOPOLOGY_FRAGMENTED, f"{how} chose {cluster}; no domain there holds the gang")
-    return Decision(None, Wait.INSUFFICIENT_CAPACITY, f"{how} chose {cluster}; it has no room for the gang now")
+        return Decision(None, WaitReason.TOPOLOGY_FRAGMENTED, f"{how} chose {cluster}; no domain there holds the gang")
+    return Decision(None, WaitReason.INSUFFICIENT_CAPACITY, f"{how} chose {cluster}; it has no room for the gang now")
 
 
 class AggregateChoice:

@@ -19,7 +19,7 @@ from fleetplan.catalog import ReplicaPlacement, Usability
 from fleetplan.view import ClusterState, FleetView
 
 __all__ = [
-    "Wait", "Choice", "Decision", "decide", "decide_in", "choice_of", "core_request", "cluster_allowed",
+    "WaitReason", "Choice", "Decision", "decide", "decide_in", "choice_of", "core_request", "cluster_allowed",
     "level_index", "could_ever_fit", "demands_of",
     "Verdict", "ClusterVerdict", "cluster_verdicts", "within_policy", "NO_ALLOWED_MODEL", "ClusterPredicate",
 ]
@@ -31,17 +31,25 @@ _PRUNE_ABOVE = 4
 """Usable clusters above which the fleet-wide summary prune runs before the per-cluster checks."""
 
 
-class Wait(enum.Enum):
-    """Why a job is not placed now (names match tandem.v1.WaitReason without the prefix)."""
+class WaitReason(enum.StrEnum):
+    """Why a QUEUED job is not placed: the one enum of wait reasons, for the fleet decision here and for the
+    broker's queue (names match tandem.v1.WaitReason without the prefix)."""
 
+    UNSPECIFIED = "UNSPECIFIED"
+    # Decided here, over a fleet view:
     INSUFFICIENT_CAPACITY = "INSUFFICIENT_CAPACITY"
     TOPOLOGY_FRAGMENTED = "TOPOLOGY_FRAGMENTED"
     NO_FRESH_INVENTORY = "NO_FRESH_INVENTORY"
     CLUSTERS_CORDONED = "CLUSTERS_CORDONED"
-    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
-    RETRY_BACKOFF = "RETRY_BACKOFF"
-    QUEUED_BEHIND_OTHERS = "QUEUED_BEHIND_OTHERS"
     NOT_ALLOWED = "NOT_ALLOWED"
+    # Decided by the queue (order, quotas, back-off, holds) before a job reaches the decision:
+    QUEUED_BEHIND_OTHERS = "QUEUED_BEHIND_OTHERS"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    FAIR_SHARE = "FAIR_SHARE"
+    RETRY_BACKOFF = "RETRY_BACKOFF"
+    DRAINING_DOMAIN = "DRAINING_DOMAIN"
+    RATE_LIMITED = "RATE_LIMITED"
+    HELD = "HELD"
 
 
 NO_ALLOWED_MODEL = "(no GPU model the tenant may use)"
@@ -83,7 +91,7 @@ class Choice:
 @dataclass(frozen=True, slots=True)
 class Decision:
     choice: Choice | None
-    wait: Wait | None = None
+    wait: WaitReason | None = None
     message: str = ""
 
 
@@ -226,8 +234,8 @@ def decide(
     usable = [e for e in allowed if e.usable]
     if not usable:
         if allowed and all(e.cordoned for e in allowed):
-            return Decision(None, Wait.CLUSTERS_CORDONED, "every allowed cluster is cordoned")
-        return Decision(None, Wait.NO_FRESH_INVENTORY, "no allowed cluster is connected with a fresh report")
+            return Decision(None, WaitReason.CLUSTERS_CORDONED, "every allowed cluster is cordoned")
+        return Decision(None, WaitReason.NO_FRESH_INVENTORY, "no allowed cluster is connected with a fresh report")
     fragmented = False
     demands = demands_of(req, _shrunk_counts(req))
     # The fleet summary prunes many clusters at once; for a few, the per-cluster checks below are cheaper.
@@ -268,9 +276,9 @@ def decide(
         ranked = rank_clusters(req, options)
         return Decision(found[ranked[0].cluster])
     if fragmented:
-        return Decision(None, Wait.TOPOLOGY_FRAGMENTED,
+        return Decision(None, WaitReason.TOPOLOGY_FRAGMENTED,
                         f"free GPUs exist but no {req.required_level or 'node set'} domain holds the whole gang")
-    return Decision(None, Wait.INSUFFICIENT_CAPACITY, "no allowed, fresh cluster has room for the gang now")
+    return Decision(None, WaitReason.INSUFFICIENT_CAPACITY, "no allowed, fresh cluster has room for the gang now")
 
 
 class Verdict(enum.Enum):

@@ -13,7 +13,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from placement.errors import PodSpecError
 from placement.model import GPU_PRODUCT_LABEL, WHOLE_GPU_MILLI, DraRequest, JobRequest, PodSet, PodShape
-from placement.podspec import shape_from_pod
+from placement.podspec import GPU_MILLI_RESOURCE, GPU_RESOURCE, MIG_RESOURCE_PREFIX, shape_from_pod
 from tandem.v1 import common_pb2, job_pb2, job_service_pb2
 
 from broker.domain import errors, jobstatus
@@ -120,10 +120,10 @@ def _template_disagrees(shape: job_pb2.PodShape, tpl: PodShape, milli: int, path
     must request the same (computed as kube-scheduler does: init containers as a max, sidecars and overhead
     added), else a gang planned for 96 CPUs lands as a pod asking for none."""
     pairs = [
-        ("gpu_count", shape.gpu_count, tpl.gpus, "nvidia.com/gpu"),
-        ("gpu_milli", milli if shape.gpu_count else tpl.gpu_milli, tpl.gpu_milli, "tandem.dev/gpu-milli"),
-        ("mig_profile", shape.mig_profile or None, tpl.mig_profile, "nvidia.com/mig-<profile>"),
-        ("mig_count", shape.mig_count, tpl.mig_count, "nvidia.com/mig-<profile>"),
+        ("gpu_count", shape.gpu_count, tpl.gpus, GPU_RESOURCE),
+        ("gpu_milli", milli if shape.gpu_count else tpl.gpu_milli, tpl.gpu_milli, GPU_MILLI_RESOURCE),
+        ("mig_profile", shape.mig_profile or None, tpl.mig_profile, f"{MIG_RESOURCE_PREFIX}<profile>"),
+        ("mig_count", shape.mig_count, tpl.mig_count, f"{MIG_RESOURCE_PREFIX}<profile>"),
         ("cpu_milli", shape.cpu_milli, tpl.cpu_milli, "cpu (millicores)"),
         ("memory_bytes", shape.memory_bytes, tpl.memory, "memory (bytes)"),
         ("extended_resources", dict(shape.extended_resources), dict(tpl.extended), "other extended resources"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from placement.errors import QuantityError
 from placement.model import AttributeValue, DraDevice, DraVersion, Gpu, MigInstance, Node, Taint
+from placement.podspec import GPU_RESOURCE
 from placement.quantity import to_int_bytes
 from tandem.v1 import inventory_pb2 as inv
 
@@ -19,7 +20,6 @@ _EFFECT = {
     inv.TAINT_EFFECT_PREFER_NO_SCHEDULE: "PreferNoSchedule",
     inv.TAINT_EFFECT_NO_EXECUTE: "NoExecute",
 }
-_GPU = "nvidia.com/gpu"
 
 
 class InventoryDecodeError(ValueError):
@@ -42,8 +42,8 @@ def _gpus(n: inv.NodeInventory) -> tuple[Gpu, ...]:
                         milli_used=min(g.milli_in_use, 1000), mig=mig, healthy=healthy))
     if not gpus:
         # Count-only report: synthesise whole GPUs from the extended resource counts.
-        total = int(n.extended_allocatable.get(_GPU, 0))
-        free = int(n.extended_free.get(_GPU, 0))
+        total = int(n.extended_allocatable.get(GPU_RESOURCE, 0))
+        free = int(n.extended_free.get(GPU_RESOURCE, 0))
         gpus = [Gpu(index=i, model=n.gpu_model, memory_mib=n.gpu_memory_mib, milli_used=0 if i < free else 1000)
                 for i in range(total)]
     return tuple(gpus)
@@ -89,7 +89,7 @@ def node_from_proto(n: inv.NodeInventory) -> Node:
         memory_free=n.free.memory_bytes,
         pods_free=int(n.free.pods) if n.HasField("free") else 110,
         gpus=_gpus(n),
-        extended_free={k: int(v) for k, v in n.extended_free.items() if k != _GPU},
+        extended_free={k: int(v) for k, v in n.extended_free.items() if k != GPU_RESOURCE},
         dra_devices=tuple(_dra(n.name, d) for d in n.dra_devices),
         topology=tuple(s.value if s.HasField("value") else None for s in n.topology_path.segments),
     )

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from placement.podspec import GPU_MILLI_RESOURCE, GPU_RESOURCE
 from placement.quantity import cpu_milli, to_int_bytes
 from tandem.v1 import job_pb2
 
@@ -112,9 +113,9 @@ def _with_requests(ps: PodSetFile) -> dict[str, Any]:
         wanted["memory"] = str(ps.memory)
     extended: dict[str, str] = {k: str(v) for k, v in ps.extendedResources.items()}
     if ps.gpus and not ps.gpuShare:
-        extended["nvidia.com/gpu"] = str(ps.gpus)
+        extended[GPU_RESOURCE] = str(ps.gpus)
     elif ps.gpuShare:
-        extended["tandem.dev/gpu-milli"] = str(ps.gpuShare)
+        extended[GPU_MILLI_RESOURCE] = str(ps.gpuShare)
     if ps.migProfile and ps.migCount:
         extended[f"nvidia.com/mig-{ps.migProfile}"] = str(ps.migCount)
     for name, value in wanted.items():

@@ -33,7 +33,7 @@ from fleetplan.decide import ClusterPredicate
 from fleetplan.preempt import PreemptionPlan, VictimCandidate, plan_preemption
 from fleetplan.view import FleetView
 
-from broker.scheduling.queue import QueueEntry, QueueSnapshot, job_cost
+from broker.scheduling.queue import QueueEntry, QueueSnapshot, banded_priority, job_cost
 from broker.domain.states import JobState
 
 __all__ = [
@@ -336,7 +336,7 @@ def choose_preemption(
         allowed[v.job_id] = (r, reason)
         cands.append(VictimCandidate(
             v.job_id, r.cluster, r.replicas, _STAGE.get(v.state, 2), r.lost_gpu_hours,
-            snap.policy.band_rank(v.band) * 10000 + v.priority,
+            banded_priority(snap.policy.band_rank(v.band), v.priority),
             shares.usage.get(v.tenant, 0.0) - shares.fair.get(v.tenant, 0.0)))
     if not cands:
         return None

@@ -16,7 +16,7 @@ from fleetplan import catalog as cat
 from fleetplan.catalog import ReplicaPlacement
 from fleetplan.choice import ClusterChoice, TandemChoice
 from fleetplan.decide import (
-    Choice, ClusterPredicate, ClusterVerdict, Decision, Wait, cluster_verdicts, within_policy,
+    Choice, ClusterPredicate, ClusterVerdict, Decision, WaitReason, cluster_verdicts, within_policy,
 )
 from fleetplan.drain import DrainDomain
 from fleetplan.view import FleetView
@@ -66,14 +66,14 @@ class PreemptionHold:
 
 @dataclass(frozen=True, slots=True)
 class WaitInfo:
-    reason: Wait
+    reason: WaitReason
     message: str
     evaluated_at: float
 
 
 def _preempting(victims: frozenset[str], now: float) -> WaitInfo:
     """Why a job whose victims are still leaving waits (the preemptor's blocked-job filter reads the reason)."""
-    return WaitInfo(Wait.INSUFFICIENT_CAPACITY,
+    return WaitInfo(WaitReason.INSUFFICIENT_CAPACITY,
                     f"preempting {len(victims)} job(s) for it; its nodes are held until they leave", now)
 
 
@@ -161,11 +161,10 @@ class Placer:
     def _placeable(self, job: JobRecord, req: JobRequest) -> JobRequest:
         """The request as the current policy lets the placer see it: band priority, tenant's GPU models."""
         pol = self.policy.current()
-        band = pol.band_priority(job.priority_band) or 0
+        priority = q.banded_priority(pol.band_priority(job.priority_band) or 0, job.priority)
         tenant = pol.tenants.get(job.tenant)
         models = None if tenant is None or "*" in tenant.gpu_models else tenant.gpu_models
-        return within_policy(dataclasses.replace(req, job_id=job.job_id, priority=job.priority + band * 10000),
-                             models)
+        return within_policy(dataclasses.replace(req, job_id=job.job_id, priority=priority), models)
 
     def remember(self, job: JobRecord, req: JobRequest) -> None:
         """The request parsed at submission, so the placer does not decode the spec again."""
@@ -277,11 +276,11 @@ class Placer:
         """Position and why it waits: the queue's reasons plus the placer's last capacity verdict."""
         hint = self.waits.get(job_id)
         return self.snapshot().why_waiting(
-            job_id, hint=q.WaitReason(hint.reason.value) if hint else None, hint_message=hint.message if hint else "")
+            job_id, hint=hint.reason if hint else None, hint_message=hint.message if hint else "")
 
     def why_all(self, snap: q.QueueSnapshot | None = None) -> dict[str, q.WaitInfo]:
         """`why` for every QUEUED job, from one snapshot (`snap`, or the current one)."""
-        hints = {job_id: (q.WaitReason(h.reason.value), h.message) for job_id, h in self.waits.items()}
+        hints = {job_id: (h.reason, h.message) for job_id, h in self.waits.items()}
         return (snap or self.snapshot()).why_all_waiting(hints)
 
     async def cluster_verdicts(self, job: JobRecord) -> tuple[ClusterVerdict, ...]:
@@ -310,19 +309,19 @@ class Placer:
         """Placement for one job, with the quota checked for the model it would actually get."""
         tenant = self.policy.current().tenants.get(job.tenant)
         if tenant is None or not tenant.allows_band(job.priority_band):
-            return Decision(None, Wait.NOT_ALLOWED, f"the tenancy policy no longer allows tenant {job.tenant} "
+            return Decision(None, WaitReason.NOT_ALLOWED, f"the tenancy policy no longer allows tenant {job.tenant} "
                             f"in band {job.priority_band or 'default'}")
         req = self._request(job)
         now = view.now
         if job.not_before > now:
-            return Decision(None, Wait.RETRY_BACKOFF, f"retry back-off until {job.not_before:.0f}")
+            return Decision(None, WaitReason.RETRY_BACKOFF, f"retry back-off until {job.not_before:.0f}")
         d = self.choice.decide(view, req, policy_allows=self._allows(job))
         if d.choice is not None:
             snap = snap or self.snapshot(now)
             adm = snap.admit(job.tenant, d.choice.gpu_model, d.choice.gpus, preemptible=job.preemptible, usage=usage)
             if not adm.allowed and adm.violation is not None:
                 v = adm.violation
-                return Decision(None, Wait.QUOTA_EXCEEDED,
+                return Decision(None, WaitReason.QUOTA_EXCEEDED,
                                 f"{v.quota}: {v.used:g} held + {v.requested:g} > quota {v.limit:g}")
         return d
 
@@ -386,8 +385,8 @@ class Placer:
                 self.drains.restore([h for h in lifted if h.job_id in self.drains.holds], now)
                 view = FleetView(self.catalog, now)
             if d.choice is None:
-                self.waits[job.job_id] = WaitInfo(d.wait or Wait.INSUFFICIENT_CAPACITY, d.message, now)
-                if d.wait is Wait.RETRY_BACKOFF:
+                self.waits[job.job_id] = WaitInfo(d.wait or WaitReason.INSUFFICIENT_CAPACITY, d.message, now)
+                if d.wait is WaitReason.RETRY_BACKOFF:
                     self._todo.add(job.job_id)
                 continue
             c = d.choice

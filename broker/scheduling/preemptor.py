@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from fleetplan.decide import Wait
+from fleetplan.decide import WaitReason
 from fleetplan.drain import BusyJob, choose_drain_domain, enforced_end
 from fleetplan.view import FleetView
 
@@ -40,7 +40,7 @@ __all__ = ["Preemptor", "Preemption"]
 
 _log = logging.getLogger("tandem.broker.preemptor")
 
-_BLOCKED = frozenset({Wait.INSUFFICIENT_CAPACITY, Wait.TOPOLOGY_FRAGMENTED})
+_BLOCKED = frozenset({WaitReason.INSUFFICIENT_CAPACITY, WaitReason.TOPOLOGY_FRAGMENTED})
 
 Apply = Callable[[lifecycle.Event], Awaitable[JobRecord | None]]
 

@@ -21,7 +21,6 @@ preemption always read current usage. Who may preempt whom is
 
 from __future__ import annotations
 
-import enum
 import heapq
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -31,10 +30,12 @@ from typing import TYPE_CHECKING
 from broker.domain.errors import QuotaViolation
 from broker.domain.records import AttemptRecord, JobRecord
 from broker.domain.states import HOLDS_CAPACITY, JobState
+from fleetplan.decide import WaitReason
 
 __all__ = [
-    "WaitReason",
     "QueuePolicy",
+    "BAND_STRIDE",
+    "banded_priority",
     "QueueEntry",
     "Usage",
     "Admission",
@@ -55,22 +56,14 @@ OrderingCost = Callable[[float, Mapping[str, float]], Mapping[str, float]]
 """(now, usage cost per tenant) → the cost per tenant the queue order starts from."""
 
 
-class WaitReason(enum.StrEnum):
-    """Why a QUEUED job is not placed (names match tandem.v1.WaitReason without the prefix)."""
+BAND_STRIDE = 10_000
+"""Band ranks are this far apart on the core's one priority scale; a job's own priority is bounded well inside
+it (validation keeps it within ±1000), so the band always decides first."""
 
-    UNSPECIFIED = "UNSPECIFIED"
-    QUEUED_BEHIND_OTHERS = "QUEUED_BEHIND_OTHERS"
-    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
-    FAIR_SHARE = "FAIR_SHARE"
-    INSUFFICIENT_CAPACITY = "INSUFFICIENT_CAPACITY"
-    TOPOLOGY_FRAGMENTED = "TOPOLOGY_FRAGMENTED"
-    NO_FRESH_INVENTORY = "NO_FRESH_INVENTORY"
-    DRAINING_DOMAIN = "DRAINING_DOMAIN"
-    RETRY_BACKOFF = "RETRY_BACKOFF"
-    RATE_LIMITED = "RATE_LIMITED"
-    CLUSTERS_CORDONED = "CLUSTERS_CORDONED"
-    NOT_ALLOWED = "NOT_ALLOWED"
-    HELD = "HELD"
+
+def banded_priority(band_rank: int, priority: int) -> int:
+    """The core's priority of a job: its band's rank first, then its own priority within the band."""
+    return band_rank * BAND_STRIDE + priority
 
 
 @dataclass(frozen=True, slots=True)

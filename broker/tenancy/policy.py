@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from broker.tenancy.podsecurity import capability
+from placement.podspec import GPU_RESOURCE
 
 __all__ = [
     "RateLimit",
@@ -109,7 +110,7 @@ class TenantPolicy(_Strict):
     """ServiceAccounts a pod template may name (serviceAccountName); an unset one is the namespace's default."""
     runtime_classes: list[str] = []
     """RuntimeClasses a pod template may name (runtimeClassName); none by default."""
-    toleration_keys: list[str] = ["nvidia.com/gpu"]
+    toleration_keys: list[str] = [GPU_RESOURCE]
     """Taint keys a pod template may tolerate ("*" = any, including the empty key that tolerates every taint):
     a toleration for a dedicated taint reaches another team's nodes, and the broker's fit honours it."""
 

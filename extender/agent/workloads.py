@@ -33,6 +33,7 @@ from extender.agent.wire import Rejection
 from extender.kube import KubeClient, KubeError, NotLeader, api_path
 from extender.reservations import reservation_configmap
 from placement.overlay import Reservation, ReservedPart
+from placement.podspec import GPU_RESOURCE
 from placement.quantity import QuantityError, cpu_milli, to_int_bytes
 
 __all__ = ["Workloads", "DISPATCH_ANNOTATION", "ASSIGNMENT_ANNOTATION", "DEADLINE_ANNOTATION",
@@ -104,7 +105,7 @@ def _quota_needs(order: Order) -> dict[str, int]:
         for key, per in (("requests.cpu", s.cpu_milli), ("cpu", s.cpu_milli), ("requests.memory", s.memory),
                          ("memory", s.memory)):
             need[key] = need.get(key, 0) + per * ps.count
-        gpus = {"nvidia.com/gpu": s.gpus} if s.gpus and s.gpu_milli >= 1000 else {}
+        gpus = {GPU_RESOURCE: s.gpus} if s.gpus and s.gpu_milli >= 1000 else {}
         if s.mig_profile and s.mig_count:
             gpus[f"nvidia.com/mig-{s.mig_profile}"] = s.mig_count
         for name, per in [*gpus.items(), *s.extended]:

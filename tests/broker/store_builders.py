@@ -11,6 +11,7 @@ import pytest
 
 from fleetplan.catalog import ReplicaPlacement
 from broker.domain.records import AttemptRecord, JobRecord, NewJob
+from broker.domain.lifecycle import RetryPolicy
 from broker.domain.states import JobState
 from broker.store.base import StoreOptions
 from tests.needs import missing
@@ -83,6 +84,10 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+CONTRACT_OPTIONS = StoreOptions(retry=RetryPolicy(max_infra_retries=3, backoff_base_s=10.0, backoff_max_s=600.0))
+"""The retry budget the contract suite's figures are written against (3 spent retries, 10 s doubling to 600 s)."""
+
+
 @pytest.fixture(params=["memory", "file", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> AsyncIterator[SqliteStore]:
     """The same tests run against every backend: SQLite in memory, SQLite on disk (WAL, reader thread), PostgreSQL."""
@@ -90,10 +95,11 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
         from broker.store.postgres import PostgresStore
 
         dsn = await fresh_pg_database(request.getfixturevalue("pg_server"))
-        s: SqliteStore = PostgresStore(dsn, clock=clock, id_gen=id_gen())  # type: ignore[assignment]
+        s: SqliteStore = PostgresStore(dsn, clock=clock, id_gen=id_gen(),  # type: ignore[assignment]
+                                       options=CONTRACT_OPTIONS)
     else:
         path = ":memory:" if request.param == "memory" else str(tmp_path / "store.db")
-        s = SqliteStore(path, clock=clock, id_gen=id_gen(), options=StoreOptions())
+        s = SqliteStore(path, clock=clock, id_gen=id_gen(), options=CONTRACT_OPTIONS)
     await s.open()
     yield s
     await s.close()
@@ -107,7 +113,7 @@ def sqlite_only(store: object) -> None:
 
 @pytest.fixture
 async def file_store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[SqliteStore]:
-    s = SqliteStore(str(tmp_path / "store.db"), clock=clock, id_gen=id_gen())
+    s = SqliteStore(str(tmp_path / "store.db"), clock=clock, id_gen=id_gen(), options=CONTRACT_OPTIONS)
     await s.open()
     yield s
     await s.close()

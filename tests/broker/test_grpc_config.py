@@ -7,7 +7,9 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from broker.config import BrokerConfig, RetryPolicy, load_config
+from broker.config import BrokerConfig, load_config
+from broker.domain.lifecycle import RetryPolicy, backoff_s
+from broker.hub import Hub
 
 
 def test_defaults_have_small_tenant_and_large_agent_messages() -> None:
@@ -41,9 +43,26 @@ def test_bad_config_is_refused(tmp_path: Path, text: str) -> None:
         load_config(["--config", str(tmp_path / "b.yaml")])
 
 
-def test_retry_backoff_grows_and_caps() -> None:
-    r = RetryPolicy(backoff_initial_s=5, backoff_factor=2, backoff_max_s=30)
-    assert [r.delay_s(n) for n in (1, 2, 3, 4, 5)] == [0.0, 5.0, 10.0, 20.0, 30.0]
+def test_retry_backoff_grows_and_caps(tmp_path: Path) -> None:
+    (tmp_path / "b.yaml").write_text("retry: {backoff_base_s: 5, backoff_factor: 2, backoff_max_s: 30}\n")
+    r = load_config(["--config", str(tmp_path / "b.yaml")]).retry
+    assert [backoff_s(r, n) for n in (0, 1, 2, 3, 4)] == [0.0, 5.0, 10.0, 20.0, 30.0]
+
+
+@pytest.mark.parametrize(("text", "says"), [("retry: {backoff_factor: 0.5}\n", "backoff_factor"),
+                                            ("retry: {max_infra_retries: -1}\n", "max_infra_retries"),
+                                            ("retry: {backoff_initial_s: 5}\n", "backoff_initial_s")])
+def test_bad_retry_config_is_refused_naming_the_field(tmp_path: Path, text: str, says: str) -> None:
+    (tmp_path / "b.yaml").write_text(text)
+    with pytest.raises(pydantic.ValidationError, match=says):
+        load_config(["--config", str(tmp_path / "b.yaml")])
+
+
+def test_the_configured_retry_policy_is_the_stores() -> None:
+    cfg = load_config(["--db", ":memory:", "--agent-insecure"])
+    assert cfg.retry == RetryPolicy()  # one definition: the config's defaults are the domain's
+    store = Hub.store_for(cfg)
+    assert store._opts.retry is cfg.retry  # handed over as is, no conversion
 
 
 @pytest.mark.parametrize(("tls", "says"), [

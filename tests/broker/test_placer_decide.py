@@ -7,7 +7,7 @@ import pytest
 from placement.model import Gpu, JobRequest, Node, PodSet, PodShape
 
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Level, Reservation, ReservedReplica
-from fleetplan.decide import Wait, could_ever_fit, decide
+from fleetplan.decide import WaitReason, could_ever_fit, decide
 from fleetplan.view import FleetView
 
 LEVELS = (Level("zone", "z"), Level("rack", "r"), Level("host", "h"))
@@ -65,12 +65,12 @@ def test_decisions(clusters: dict[str, list[Node]], request_: JobRequest, want_c
 @pytest.mark.parametrize(
     ("clusters", "request_", "wait"),
     [
-        ({"frag": [mk(f"f{i}", free=2) for i in range(8)]}, job(8), Wait.INSUFFICIENT_CAPACITY),
-        ({"spread": [mk(f"s{i}", rack=f"r{i}") for i in range(4)]}, job(8, 2, level="rack"), Wait.TOPOLOGY_FRAGMENTED),
-        ({}, job(8), Wait.NO_FRESH_INVENTORY),
+        ({"frag": [mk(f"f{i}", free=2) for i in range(8)]}, job(8), WaitReason.INSUFFICIENT_CAPACITY),
+        ({"spread": [mk(f"s{i}", rack=f"r{i}") for i in range(4)]}, job(8, 2, level="rack"), WaitReason.TOPOLOGY_FRAGMENTED),
+        ({}, job(8), WaitReason.NO_FRESH_INVENTORY),
     ],
 )
-def test_waits(clusters: dict[str, list[Node]], request_: JobRequest, wait: Wait) -> None:
+def test_waits(clusters: dict[str, list[Node]], request_: JobRequest, wait: WaitReason) -> None:
     d = decide(FleetView(fleet(**clusters), 1.0), request_)
     assert d.choice is None and d.wait is wait
 
@@ -96,7 +96,7 @@ def test_policy_and_selector_restrict_clusters() -> None:
     d = decide(FleetView(cat, 1.0), job(8), policy_allows=lambda c: c.name == "b")
     assert d.choice is not None and d.choice.cluster == "b"
     d = decide(FleetView(cat, 1.0), job(8), excluded_clusters={"a", "b"})
-    assert d.wait is Wait.NO_FRESH_INVENTORY
+    assert d.wait is WaitReason.NO_FRESH_INVENTORY
 
 
 def test_locality_breaks_ties_between_equal_clusters() -> None:

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.scheduling.queue import Admission, QueueBook, QueueEntry, QueuePolicy, QueueSnapshot, WaitReason, ordinal
+from broker.scheduling.queue import Admission, QueueBook, QueueEntry, QueuePolicy, QueueSnapshot, ordinal
+from fleetplan.decide import WaitReason
 from broker.domain.states import JobState
 from tests.broker.store_builders import attempt_record, job_record
 
@@ -267,3 +268,10 @@ def test_why_all_waiting_is_why_waiting_for_each_job(
     for job_id, info in batch.items():
         hint, message = hints.get(job_id, (None, ""))
         assert info == s.why_waiting(job_id, hint=hint, hint_message=message)
+
+
+def test_one_wait_reason_enum_matches_the_wire_enum() -> None:
+    from tandem.v1 import job_pb2
+
+    wire = {name.removeprefix("WAIT_REASON_") for name in job_pb2.WaitReason.keys()}
+    assert wire == {r.value for r in WaitReason}

@@ -9,7 +9,7 @@ from placement.model import PodShape
 
 from fleetplan.catalog import InventoryReport, Reservation, ReservedReplica
 from fleetplan.choice import CHOICES, AggregateChoice, RoundRobinChoice, TandemChoice, make_choice
-from fleetplan.decide import Wait
+from fleetplan.decide import WaitReason
 from fleetplan.view import FleetView, StaleView
 from tests.broker.test_placer_decide import fleet, job, mk
 
@@ -21,7 +21,7 @@ def test_a_view_goes_stale_when_the_catalog_changes_outside_it() -> None:
     cat.apply_report(InventoryReport("a", 2, True, 0.0, (mk("a1", free=0),)), now=1.0)
     with pytest.raises(StaleView):
         TandemChoice().decide(view, job(8))
-    assert TandemChoice().decide(FleetView(cat, 1.0), job(8)).wait is Wait.INSUFFICIENT_CAPACITY
+    assert TandemChoice().decide(FleetView(cat, 1.0), job(8)).wait is WaitReason.INSUFFICIENT_CAPACITY
 
 
 def test_the_cycles_own_holds_are_seen_by_its_next_decision() -> None:
@@ -42,7 +42,7 @@ def test_a_view_fixes_usability_for_its_cycle() -> None:
     view = FleetView(cat, 1.0)
     late = FleetView(cat, 1000.0)  # the same catalog, read far past the staleness bound
     assert view.clusters["a"].usable and not late.clusters["a"].usable
-    assert TandemChoice().decide(late, job(8)).wait is Wait.NO_FRESH_INVENTORY
+    assert TandemChoice().decide(late, job(8)).wait is WaitReason.NO_FRESH_INVENTORY
 
 
 def test_aggregate_counts_replicas_node_by_node_and_ignores_topology() -> None:
@@ -53,7 +53,7 @@ def test_aggregate_counts_replicas_node_by_node_and_ignores_topology() -> None:
     tandem = TandemChoice().decide(view, gang)
     assert tandem.choice is not None and tandem.choice.cluster == "rack"
     aggregate = AggregateChoice().decide(view, gang)
-    assert aggregate.choice is None and aggregate.wait is Wait.TOPOLOGY_FRAGMENTED
+    assert aggregate.choice is None and aggregate.wait is WaitReason.TOPOLOGY_FRAGMENTED
     assert "wide" in aggregate.message
     # A job with no topology requirement goes where the estimate is largest.
     single = AggregateChoice().decide(view, job(8))
@@ -79,7 +79,7 @@ def test_every_choice_waits_with_a_reason_when_nothing_is_usable() -> None:
     cat.set_cordoned("a", True)
     for name in CHOICES:
         d = make_choice(name).decide(FleetView(cat, 1.0), job(8))
-        assert d.choice is None and d.wait is Wait.CLUSTERS_CORDONED, name
+        assert d.choice is None and d.wait is WaitReason.CLUSTERS_CORDONED, name
     with pytest.raises(ValueError, match="unknown cluster choice"):
         make_choice("most-free")
 
