@@ -4,12 +4,14 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY placement placement
+COPY fleetplan fleetplan
+COPY fleetsim fleetsim
 COPY extender extender
 COPY broker broker
 COPY sim sim
 COPY protos protos
 # Wheels for the project and every dependency, so the final stage needs no compiler.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[server]'
 
 FROM python:3.11-slim
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin tandem

@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,demo]'
+	$(PY) -m pip install --quiet -e '.[server,dev,demo]'
 	touch $(STAMP)
 
 setup: $(STAMP)
