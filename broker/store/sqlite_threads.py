@@ -1,0 +1,139 @@
+"""The SQLite store's threads: the group-committing writer, the snapshot reader and the commit signal to the loop.
+
+``sqlite.SqliteStore`` adds the Store operations on top of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from broker.domain.errors import StoreUnavailable
+from broker.store import codec, sql
+from broker.store.base import Clock, IdGen, Store, StoreOptions
+from broker.store.commit import GroupCommitter
+
+__all__ = ["SqliteThreads"]
+
+T = TypeVar("T")
+
+
+class SqliteThreads(Store):
+    """The threads a ``SqliteStore`` runs on: ``_write`` (the writer's group commit, ``commit.GroupCommitter``)
+    and ``_read`` (one snapshot on the reader thread); the Store operations are the subclass's."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = ":memory:",
+        *,
+        clock: Clock = time.time,
+        id_gen: IdGen | None = None,
+        options: StoreOptions = StoreOptions(),
+    ) -> None:
+        self._path = str(path)
+        self._clock = clock
+        self._id_gen = id_gen or (lambda: codec.new_job_id(lambda: int(clock() * 1000)))
+        self._opts = options
+        self._writer: GroupCommitter | None = None
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None
+        self._reader_conn: sqlite3.Connection | None = None
+        self._tokens: codec.PageTokens | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._commit_signal: asyncio.Future[None] | None = None
+        self._revision = 0
+        """Latest committed revision, kept by the writer's commit hook (read without I/O)."""
+        self.schema_version = 0
+
+    @property
+    def commit_stats(self) -> Any:
+        return self._writer.stats if self._writer else None
+
+    @property
+    def committer(self) -> GroupCommitter:
+        if self._writer is None:
+            raise StoreUnavailable("store is not open")
+        return self._writer
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._commit_signal = self._loop.create_future()
+        secret: list[bytes] = []
+
+        def setup() -> sqlite3.Connection:
+            conn = sql.connect(self._path)
+            self.schema_version = sql.migrate(conn, self._clock())
+            row = conn.execute("SELECT value FROM meta WHERE key='page_secret'").fetchone()
+            if row is None:
+                value = os.urandom(32)
+                conn.execute("INSERT INTO meta (key, value) VALUES ('page_secret', ?)", (value,))
+            else:
+                value = bytes(row[0])
+            secret.append(value)
+            self._revision = sql.revision(conn)
+            return conn
+
+        if self._path != ":memory:":
+            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+        writer = GroupCommitter(setup, max_batch=self._opts.max_batch, on_commit=self._notify)
+        await asyncio.get_running_loop().run_in_executor(None, writer.start)
+        self._writer = writer
+        self._tokens = codec.PageTokens(secret[0])
+        self.store_id = codec.store_id(secret[0])
+        if self._path != ":memory:":
+            self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tandem-store-reader")
+            self._reader_conn = sql.connect(self._path)
+
+    async def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.stop()
+        if self._reader is not None:
+            conn, pool = self._reader_conn, self._reader
+            self._reader, self._reader_conn = None, None
+            if conn is not None:
+                pool.submit(conn.close).result()
+            pool.shutdown(wait=True)
+
+    def _notify(self, conn: sqlite3.Connection) -> None:
+        """Writer thread, right after a COMMIT that wrote: publish the revision to the event loop."""
+        rev = sql.revision(conn)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._signal_commit, rev)
+
+    def _signal_commit(self, rev: int) -> None:
+        """Record the revision, resolve the current commit signal and arm a fresh one (no wake-up is lost)."""
+        fut, loop = self._commit_signal, self._loop
+        if loop is None:
+            return
+        self._revision = max(self._revision, rev)
+        self._commit_signal = loop.create_future()
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def _write(self, op: Callable[[sqlite3.Connection], T], *, savepoint: bool = True) -> T:
+        return await self.committer.call(op, savepoint=savepoint)
+
+    async def _read(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        if self._reader is None or self._reader_conn is None:
+            return await self._write(op)
+        conn = self._reader_conn
+
+        def run() -> T:
+            conn.execute("BEGIN")  # one snapshot for multi-statement reads
+            try:
+                return op(conn)
+            finally:
+                conn.execute("COMMIT")
+
+        return await asyncio.get_running_loop().run_in_executor(self._reader, run)
