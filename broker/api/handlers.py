@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,6 +20,8 @@ from broker.domain.jobstatus import QueueView
 from broker.domain.records import AttemptRecord, GpuHours, JobFilter, JobPage, JobRecord, WatchEvent
 from broker.api.serde import ParsedItem
 from broker.domain.states import JobState
+
+_log = logging.getLogger("tandem.broker.handlers")
 
 __all__ = [
     "ItemOutcome",
@@ -152,6 +155,9 @@ async def submit_jobs(hub: Hub, caller: Caller, items: Sequence[ParsedItem], val
             if item.request is not None:
                 hub.placer.remember(res.job, item.request)
             hub.placer.observe(res.job)
+            if res.created:
+                _log.info("job submitted", extra={"job": res.job.job_id, "tenant": res.job.tenant,
+                                                  "job_set": res.job.job_set, "gpus": res.job.gpus})
             out[item.index] = ItemOutcome(item.index, item.key, job_id=res.job.job_id, duplicate=not res.created)
     for o in out:
         assert o is not None
@@ -254,6 +260,8 @@ async def cancel_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tupl
     actor = f"{caller.kind.value}/{caller.name}"
     job = await hub.store.cancel_job(job_id, tenant=_scope(caller), actor=actor, message=reason or "cancelled",
                                      grace_s=hub.cfg.grace_period_s)
+    _log.info("job cancel requested", extra={"job": job.job_id, "attempt": job.attempt, "tenant": job.tenant,
+                                             "state": job.state.value, "actor": actor})
     hub.placer.observe(job)
     await hub.dispatcher.deliver_for(job)
     return job.state, False
@@ -265,9 +273,12 @@ async def cancel_job_set(hub: Hub, caller: Caller, tenant: str, job_set: str, re
         raise errors.InvalidArgument.fields(errors.FieldViolation("tenant", "admins must name the tenant"))
     page = await hub.store.list_jobs(JobFilter(tenant=who, job_set=job_set), page_size=1000)
     terminal = sum(1 for j in page.jobs if j.state.terminal)
-    changed = await hub.store.cancel_job_set(who, job_set, actor=f"{caller.kind.value}/{caller.name}",
+    actor = f"{caller.kind.value}/{caller.name}"
+    changed = await hub.store.cancel_job_set(who, job_set, actor=actor,
                                              message=reason or "cancelled", grace_s=hub.cfg.grace_period_s)
     for job in changed:
+        _log.info("job cancel requested", extra={"job": job.job_id, "attempt": job.attempt, "tenant": job.tenant,
+                                                 "state": job.state.value, "actor": actor, "job_set": job_set})
         hub.placer.observe(job)
     for cluster in {c for c in hub.dispatcher.sessions}:
         await hub.dispatcher.deliver(cluster)
@@ -366,6 +377,7 @@ async def requeue_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> Job
         raise errors.FailedPrecondition(
             f"job {job_id} changed meanwhile (now {after.state.value}, attempt {after.attempt}); read it again",
             details=errors.ErrorDetails(reason="NOT_REQUEUEABLE"), job_id=job_id, state=after.state.value)
+    _log.info("job state changed", extra=lifecycle.log_fields(after, reaction.transition))
     hub.placer.observe(after)
     await hub.dispatcher.deliver_for(after)
     return after

@@ -275,6 +275,7 @@ class Dispatcher:
         self.send(JobChanged(job))
         t = reaction.transition
         if t is not None:
+            _log.info("job state changed", extra=lifecycle.log_fields(job, t))
             if job.state is S.RUNNING and self.metrics is not None:
                 self.metrics.started(job)
             clusters = {o.cluster for o in t.orders}

@@ -24,6 +24,7 @@ from broker.domain.records import (
 from broker.domain.states import PRE_START, AttemptOutcome, JobState, is_allowed, spends_retry
 
 __all__ = [
+    "log_fields",
     "Reason",
     "IgnoreReason",
     "RetryPolicy",
@@ -115,6 +116,18 @@ class RetryPolicy:
             raise ValueError("retry: max_infra_retries must be >= 0 and max_attempts >= 1")
         if min(self.backoff_base_s, self.backoff_max_s, self.preempted_backoff_s) < 0 or self.backoff_factor < 1:
             raise ValueError("retry: back-offs must be >= 0 seconds and backoff_factor >= 1")
+
+
+def log_fields(job: JobRecord, t: Transition) -> dict[str, object]:
+    """A committed transition as log fields. ``job`` (the job id) is the correlation key every Tandem process
+    logs under, from submission to the pods (their ``tandem.dev/job`` label); ``attempt`` names the try."""
+    fields: dict[str, object] = {"job": job.job_id, "attempt": job.attempt, "tenant": job.tenant,
+                                 "state": job.state.value, "from_state": t.expect_state.value, "reason": t.reason}
+    if t.new_attempt is not None:
+        fields["cluster"] = t.new_attempt.cluster
+    if t.close_attempt is not None:
+        fields["outcome"] = t.close_attempt.outcome.value
+    return fields
 
 
 def backoff_s(policy: RetryPolicy, retries_spent: int) -> float:

@@ -499,6 +499,8 @@ class Placer:
                     _log.warning("reserve failed", extra={"job": job.job_id, "error": repr(res)})
                 continue
             placed += 1
+            if res[1].transition is not None:
+                _log.info("job reserved", extra=lifecycle.log_fields(res[0], res[1].transition))
             self.observe(res[0])  # RESERVED: the queue book stops counting it as waiting
             self.waits.pop(job.job_id, None)
             if self.metrics is not None:
