@@ -1,0 +1,265 @@
+"""What the placer knows about jobs: the queued ones, their requests, held capacity, why they wait."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from placement.model import JobRequest
+
+from fleetplan import catalog as cat
+from fleetplan.catalog import ReplicaPlacement
+from fleetplan.decide import ClusterPredicate, ClusterVerdict, WaitReason, cluster_verdicts, within_policy
+from fleetplan.view import FleetView
+
+from broker.domain.specs import SpecReader
+from broker.scheduling import fairness
+from broker.scheduling import queue as q
+from broker.scheduling.drains import DrainHolds
+from broker.domain.events import HoldReleased, JobChanged, ToDispatcher, ToPlacer
+from broker.tenancy.policy import Policy, PolicyFile
+from broker.domain.records import JobRecord
+from broker.domain.states import HOLDS_CAPACITY, JobState
+from broker.store.base import Store
+
+__all__ = ["PlacerBook", "Held", "WaitInfo", "PreemptionHold"]
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Capacity a job's current attempt holds (quota and fair share are charged for it)."""
+
+    tenant: str
+    gpu_model: str
+    gpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionHold:
+    """Nodes held for a waiting job while the jobs preempted for it leave (FLEET-NOTES F-5).
+
+    The hold is a reservation in the catalog overlay, so no other placement takes the freed GPUs; it is
+    given back when its job is decided (placed, or, past the deadline, planned again from scratch)."""
+
+    reservation: cat.Reservation
+    victims: frozenset[str]
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitInfo:
+    reason: WaitReason
+    message: str
+    evaluated_at: float
+
+
+class PlacerBook:
+    """The placer's bookkeeping, kept in step with the store by `observe` and read by the queue's views and
+    GetJob. A base of `Placer` (broker.scheduling.placer), whose `__init__` sets the state declared here."""
+
+    store: Store
+    catalog: cat.Catalog
+    policy: PolicyFile
+    specs: SpecReader
+    send: Callable[[ToDispatcher], None]
+    clock: Callable[[], float]
+    model_weights: dict[str, float]
+    book: q.QueueBook
+    decayed: fairness.DecayedUsage
+    queued: dict[str, JobRecord]
+    requests: dict[str, JobRequest]
+    held: dict[str, Held]
+    waits: dict[str, WaitInfo]
+    drains: DrainHolds
+    preempting: dict[str, PreemptionHold]
+    _policy_seen: Policy
+    _version: int
+    _snap: tuple[int, float, q.QueueSnapshot] | None
+    _todo: set[str]
+    _wake: asyncio.Event
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    async def load(self) -> None:
+        """After a restart: queued jobs, holds and reservations come back from the store (inventory does not)."""
+        jobs = {j.job_id: j for j in await self.store.active_jobs()}
+        attempts = {a.job_id: a for a in await self.store.active_attempts()}
+        for job in jobs.values():
+            self.observe(job)
+            a = attempts.get(job.job_id)
+            if a is not None and job.state in HOLDS_CAPACITY:
+                self.held[job.job_id] = Held(job.tenant, a.gpu_model, a.gpus)
+                self._entry(job)
+        for res in await self.store.active_reservations():
+            held_job = jobs.get(res.job_id)
+            if held_job is not None:
+                self.catalog.add_reservation(self._reservation(held_job, res.cluster, res.attempt, res.assignments,
+                                                               res.gpu_model))
+
+    def _request(self, job: JobRecord) -> JobRequest:
+        req = self.requests.get(job.job_id)
+        if req is None:
+            req = self._placeable(job, self.specs.request(job))
+            self.requests[job.job_id] = req
+        return req
+
+    def _placeable(self, job: JobRecord, req: JobRequest) -> JobRequest:
+        """The request as the current policy lets the placer see it: band priority, tenant's GPU models."""
+        pol = self.policy.current()
+        priority = q.banded_priority(pol.band_priority(job.priority_band) or 0, job.priority)
+        tenant = pol.tenants.get(job.tenant)
+        models = None if tenant is None or "*" in tenant.gpu_models else tenant.gpu_models
+        return within_policy(dataclasses.replace(req, job_id=job.job_id, priority=priority), models)
+
+    def remember(self, job: JobRecord, req: JobRequest) -> None:
+        """The request parsed at submission, so the placer does not decode the spec again."""
+        if job.job_id not in self.requests:
+            self.requests[job.job_id] = self._placeable(job, req)
+
+    def _reservation(self, job: JobRecord, cluster: str, attempt: int, assignments: tuple[ReplicaPlacement, ...],
+                     gpu_model: str) -> cat.Reservation:
+        req = self._request(job)
+        shapes = {ps.name: ps.shape for ps in req.pod_sets}
+        replicas = tuple(cat.ReservedReplica(a.pod_set, a.index, a.node) for a in assignments)
+        return cat.Reservation(job.job_id, attempt, cluster, replicas, shapes, gpu_model)
+
+    def _entry(self, job: JobRecord) -> None:
+        self._version += 1
+        held = self.held.get(job.job_id) if job.state in HOLDS_CAPACITY else None
+        drain = self.drains.holds.get(job.job_id) if job.state is JobState.QUEUED else None
+        model, gpus = (held.gpu_model, held.gpus) if held else (drain.gpu_model, float(drain.idle_gpus)) if drain \
+            else ("", 0.0)
+        self.book.upsert(q.QueueEntry(
+            job_id=job.job_id, tenant=job.tenant, queue=job.queue, band=job.priority_band, priority=job.priority,
+            seq=job.seq, state=job.state, gpus=job.gpus, gpu_models=job.gpu_models, preemptible=job.preemptible,
+            not_before=job.not_before, charged_model=model, charged_gpus=gpus, drain_hold=drain is not None,
+            held=job.held))
+
+    def observe(self, job: JobRecord) -> None:
+        """Every committed job change passes here: keeps the queue, holds and overlay in step with the store."""
+        if job.state is JobState.QUEUED:
+            if job.job_id not in self.queued:
+                self._todo.add(job.job_id)
+            self.queued[job.job_id] = job
+        else:
+            self.queued.pop(job.job_id, None)
+            self.waits.pop(job.job_id, None)
+            gone = self.preempting.pop(job.job_id, None)
+            if gone is not None and job.state is not JobState.RESERVED:
+                self._release_hold(gone)  # cancelled (or failed) while its victims were leaving
+            self.drains.end(job.job_id)
+        if job.state not in HOLDS_CAPACITY:
+            for holder, hold in self.preempting.items():
+                if job.job_id in hold.victims:
+                    self._todo.add(holder)  # one of its victims has left: look at it again
+            if self.held.pop(job.job_id, None) is not None:
+                self.capacity_changed()
+            # The attempt ended: its reservation no longer holds anything.
+            for key in self.catalog.reservations_of_job(job.job_id):
+                self.catalog.drop_reservation(key)
+        if job.terminal:
+            self.requests.pop(job.job_id, None)
+        self._entry(job)
+        self._wake.set()
+
+    def on_event(self, event: ToPlacer) -> None:
+        """An event from the dispatcher: a job change it committed, or capacity that changed."""
+        if isinstance(event, JobChanged):
+            self.observe(event.job)
+        else:
+            self.capacity_changed()
+
+    def capacity_changed(self) -> None:
+        """Inventory, cordon or holds changed: every waiting job deserves another look."""
+        self._todo.update(self.queued)
+        self._wake.set()
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def _release_hold(self, hold: PreemptionHold) -> None:
+        # here, not with the other holds: `observe` gives a hold back when its job leaves the queue
+        r = hold.reservation
+        self.send(HoldReleased(r.cluster, r.job_id, r.attempt))
+
+    # ------------------------------------------------------------------ ordering (the queue's)
+
+    def snapshot(self, now: float | None = None) -> q.QueueSnapshot:
+        """The queue's view; reused for a quarter second while no job changed (reads call this per job)."""
+        pol = self.policy.current()
+        if pol is not self._policy_seen:
+            self._policy_seen = pol
+            self.book.set_policy(q.policy_from_tenancy(pol, model_weights=self.model_weights))
+            self._version += 1
+            self.requests.clear()  # band priorities and allowed models are the policy's: derive them again
+            self.capacity_changed()
+        t = self.clock() if now is None else now
+        cached = self._snap
+        if cached is not None and cached[0] == self._version and 0 <= t - cached[1] < 0.25:
+            return cached[2]
+        snap = self.book.snapshot(t, self._ordering_cost if self.decayed.half_life_s > 0 else None)
+        self._snap = (self._version, t, snap)
+        return snap
+
+    def shares(self, now: float | None = None) -> tuple[q.QueueSnapshot, fairness.Shares]:
+        """The queue's snapshot and every tenant's usage, demand and fair share of the fleet's capacity now."""
+        snap = self.snapshot(now)
+        totals = FleetView(self.catalog, snap.now).gpu_totals()
+        capacity = sum(n * snap.policy.model_weight(m) for m, n in totals.items())
+        return snap, fairness.shares_of(snap, capacity)
+
+    def _ordering_cost(self, now: float, usage: Mapping[str, float]) -> Mapping[str, float]:
+        """The larger of usage now and decayed usage: recent heavy use counts against a tenant for about a
+        half-life, current use at once."""
+        decayed = self.decayed.observe(now, usage)
+        return {t: max(usage.get(t, 0.0), decayed.get(t, 0.0)) for t in set(usage) | set(decayed)}
+
+    def ordered(self) -> list[JobRecord]:
+        """QUEUED jobs in the queue's order: band, weighted fair share, priority, arrival."""
+        return [self.queued[e.job_id] for e in self.snapshot().order() if e.job_id in self.queued]
+
+    def position(self, job_id: str) -> int | None:
+        """Jobs ahead of this one in its tenant's own queue order (never reveals other tenants' jobs)."""
+        return self.snapshot().position(job_id)
+
+    def why(self, job_id: str) -> q.WaitInfo:
+        """Position and why it waits: the queue's reasons plus the placer's last capacity verdict."""
+        hint = self.waits.get(job_id)
+        return self.snapshot().why_waiting(
+            job_id, hint=hint.reason if hint else None, hint_message=hint.message if hint else "")
+
+    def why_all(self, snap: q.QueueSnapshot | None = None) -> dict[str, q.WaitInfo]:
+        """`why` for every QUEUED job, from one snapshot (`snap`, or the current one)."""
+        hints = {job_id: (h.reason, h.message) for job_id, h in self.waits.items()}
+        return (snap or self.snapshot()).why_all_waiting(hints)
+
+    async def cluster_verdicts(self, job: JobRecord) -> tuple[ClusterVerdict, ...]:
+        """Each allowed cluster's verdict on a queued job now (the core's fit over its reported inventory).
+
+        One cluster per turn of the event loop, each over a view taken for it: an exact gang fit costs
+        tens of milliseconds at 1,000 nodes, so a hundred clusters in one go would stall placement and
+        every other call for seconds."""
+        req, allows = self._request(job), self._allows(job)
+        out: list[ClusterVerdict] = []
+        for name in sorted(self.catalog.clusters):
+            out.extend(cluster_verdicts(FleetView(self.catalog, self.clock()), req, policy_allows=allows, only=name))
+            await asyncio.sleep(0)
+        return tuple(out)
+
+    # ------------------------------------------------------------------ the policy's view of a job
+
+    def _allows(self, job: JobRecord) -> ClusterPredicate:
+        tenant = self.policy.current().tenants.get(job.tenant)
+        if tenant is None:
+            return lambda _c: False
+        return lambda entry: tenant.allows_place(entry.name, entry.meta.region, entry.meta.role)
+
+    def request_of(self, job: JobRecord) -> JobRequest:
+        """The job's request as placement sees it under the current policy (cached until it ends)."""
+        return self._request(job)
+
+    def allows(self, job: JobRecord) -> ClusterPredicate:
+        """Which clusters the tenancy policy lets the job's tenant use."""
+        return self._allows(job)
