@@ -21,7 +21,6 @@ __all__ = [
     "NewJob",
     "JobRecord",
     "SubmitResult",
-    "Reservation",
     "AttemptRecord",
     "AttemptStamp",
     "AttemptClose",
@@ -155,26 +154,6 @@ class SubmitResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Reservation:
-    """A placement persisted with its attempt before dispatch; the overlay subtracts it from inventory."""
-
-    job_id: str
-    attempt: int
-    tenant: str
-    cluster: str
-    domain: tuple[str, ...]
-    """Topology path of the chosen domain, broad to narrow."""
-    assignments: tuple[ReplicaPlacement, ...]
-    gpu_model: str
-    """Model quota is charged for ('' when the job uses no GPUs)."""
-    gpus: float
-    """GPUs charged (whole-GPU equivalents)."""
-    created_at: float
-    expires_at: float | None
-    """Until the cluster accepts; None = no expiry."""
-
-
-@dataclass(frozen=True, slots=True)
 class AttemptRecord:
     """One attempt (run) of a job on one cluster, with its reservation, timestamps and outcome."""
 
@@ -210,13 +189,6 @@ class AttemptRecord:
     @property
     def active(self) -> bool:
         return self.outcome is None
-
-    def reservation(self, tenant: str) -> Reservation:
-        return Reservation(
-            job_id=self.job_id, attempt=self.number, tenant=tenant, cluster=self.cluster,
-            domain=self.domain, assignments=self.assignments, gpu_model=self.gpu_model,
-            gpus=self.gpus, created_at=self.reserve_time, expires_at=self.expires_at,
-        )
 
 
 @dataclass(frozen=True, slots=True)

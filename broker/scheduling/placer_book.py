@@ -92,11 +92,11 @@ class PlacerBook:
             if a is not None and job.state in HOLDS_CAPACITY:
                 self.held[job.job_id] = Held(job.tenant, a.gpu_model, a.gpus)
                 self._entry(job)
-        for res in await self.store.active_reservations():
-            held_job = jobs.get(res.job_id)
+        for a in attempts.values():  # each open attempt is the reservation it was persisted with
+            held_job = jobs.get(a.job_id)
             if held_job is not None:
-                self.catalog.add_reservation(self._reservation(held_job, res.cluster, res.attempt, res.assignments,
-                                                               res.gpu_model))
+                self.catalog.add_reservation(self._reservation(held_job, a.cluster, a.number, a.assignments,
+                                                               a.gpu_model))
 
     def _request(self, job: JobRecord) -> JobRequest:
         req = self.requests.get(job.job_id)

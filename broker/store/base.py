@@ -52,7 +52,6 @@ from broker.domain.records import (
     JobRecord,
     NewJob,
     ReplicaRecord,
-    Reservation,
     SubmitResult,
     Transition,
     WatchEvent,
@@ -156,7 +155,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def active_attempts(self) -> list[AttemptRecord]:
-        """The current, open attempt of every non-terminal job that has one."""
+        """The current, open attempt of every non-terminal job that has one: with its assignments, the
+        reservation it was persisted with (the overlay reloads these after a restart)."""
 
     async def active_runs(self) -> list[tuple[JobRecord, AttemptRecord]]:
         """Each active attempt with its job, as of one read (the watchdog's sweep).
@@ -169,10 +169,6 @@ class Store(abc.ABC):
             except JobNotFound:
                 continue
         return out
-
-    @abc.abstractmethod
-    async def active_reservations(self) -> list[Reservation]:
-        """Reservations of open attempts (the overlay reloads these after a restart)."""
 
     # -- state changes -----------------------------------------------------------------------
 

@@ -22,7 +22,6 @@ from broker.domain.records import (
     JobRecord,
     NewJob,
     ReplicaRecord,
-    Reservation,
     SubmitResult,
     Transition,
     WatchEvent,
@@ -130,7 +129,7 @@ class PostgresStore(PgLeader):
         return result
 
     _OPEN_ATTEMPTS = (
-        "SELECT a.*, j.tenant AS tenant FROM attempts a JOIN jobs j ON j.job_id = a.job_id AND j.attempt = a.number"
+        "SELECT a.* FROM attempts a JOIN jobs j ON j.job_id = a.job_id AND j.attempt = a.number"
         " WHERE a.outcome IS NULL AND j.state = ANY($1::text[]) ORDER BY j.seq"
     )
 
@@ -139,14 +138,6 @@ class PostgresStore(PgLeader):
             return [codec.attempt_from_row(r) for r in await c.fetch(self._OPEN_ATTEMPTS, pg_sql.ACTIVE_STATES)]
 
         result: list[AttemptRecord] = await self._read(op)
-        return result
-
-    async def active_reservations(self) -> list[Reservation]:
-        async def op(c: Conn) -> list[Reservation]:
-            rows = await c.fetch(self._OPEN_ATTEMPTS, pg_sql.ACTIVE_STATES)
-            return [codec.attempt_from_row(r).reservation(r["tenant"]) for r in rows]
-
-        result: list[Reservation] = await self._read(op)
         return result
 
     # -- state changes ---------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from broker.domain.records import (
     JobRecord,
     NewJob,
     ReplicaRecord,
-    Reservation,
     SubmitResult,
     Transition,
     WatchEvent,
@@ -145,17 +144,6 @@ class SqliteStore(SqliteThreads):
                 for r in c.execute(f"SELECT * FROM jobs WHERE job_id IN ({','.join('?' * len(chunk))})", chunk):
                     jobs[r["job_id"]] = codec.job_from_row(r)
             return [(jobs[a.job_id], a) for a in attempts if a.job_id in jobs]
-
-        return await self._read(op)
-
-    async def active_reservations(self) -> list[Reservation]:
-        def op(c: sqlite3.Connection) -> list[Reservation]:
-            rows = c.execute(
-                "SELECT a.*, j.tenant AS tenant FROM attempts a JOIN jobs j"
-                " ON j.job_id = a.job_id AND j.attempt = a.number"
-                f" WHERE a.outcome IS NULL AND j.state IN ({sql.ACTIVE_SQL}) ORDER BY j.seq"
-            ).fetchall()
-            return [codec.attempt_from_row(r).reservation(r["tenant"]) for r in rows]
 
         return await self._read(op)
 

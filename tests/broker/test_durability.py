@@ -95,14 +95,14 @@ async def test_acknowledged_reservations_and_their_dispatch_orders_survive_sigki
     reserved = seen["RES"]
     assert reserved, "the child reserved nothing before the kill"
     async with SqliteStore(str(db)) as store:
-        by_job = {r.job_id: r for r in await store.active_reservations()}
+        by_job = {r.job_id: r for r in await store.active_attempts()}
         orders = {o.job_id: o for c in ("c0", "c1", "c2", "c3") for o in await store.pending_orders(c, limit=100_000)}
         for key, job_id in reserved.items():
             job = await store.get_job(job_id)
             assert (job.state, job.attempt, job.idempotency_key) == (JobState.RESERVED, 1, key)
             res = by_job[job_id]
             w = int(key[1:4])
-            assert (res.cluster, res.attempt, res.gpu_model) == (f"c{w % 4}", 1, "H100")
+            assert (res.cluster, res.number, res.gpu_model) == (f"c{w % 4}", 1, "H100")
             assert (orders[job_id].kind, orders[job_id].attempt) == (OrderKind.DISPATCH, 1)
         # nothing half-done: every reservation has its order and every order its reservation
         assert set(by_job) == set(orders)

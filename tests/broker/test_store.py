@@ -247,8 +247,8 @@ async def test_reserve_persists_attempt_event_and_dispatch_order_together(store:
     assert a.assignments == (ReplicaPlacement("w", 0, "n1"), ReplicaPlacement("w", 1, "n2"))
     [o] = await store.pending_orders("c1")
     assert (o.job_id, o.attempt, o.kind) == (j.job_id, 1, OrderKind.DISPATCH)
-    [res] = await store.active_reservations()
-    assert (res.job_id, res.attempt, res.tenant, res.cluster) == (j.job_id, 1, "t1", "c1")
+    [res] = await store.active_attempts()
+    assert (res.job_id, res.number, j.tenant, res.cluster) == (j.job_id, 1, "t1", "c1")
 
 
 async def test_cas_refuses_stale_state_or_attempt(store: SqliteStore) -> None:
@@ -316,7 +316,7 @@ async def test_full_lifecycle_records_attempt_times(store: SqliteStore, clock: F
     assert history == [(None, S.QUEUED), (S.QUEUED, S.RESERVED), (S.RESERVED, S.DISPATCHED),
                        (S.DISPATCHED, S.ACCEPTED), (S.ACCEPTED, S.STARTING), (S.STARTING, S.RUNNING),
                        (S.RUNNING, S.SUCCEEDED)]
-    assert await store.active_reservations() == []
+    assert await store.active_attempts() == []
 
 
 async def test_stale_attempt_messages_are_ignored(store: SqliteStore) -> None:
@@ -700,8 +700,8 @@ async def test_reservations_and_orders_survive_reopen(tmp_path, clock: FakeClock
             await s.submit(new_job())
         token = (await s.list_jobs(JobFilter(), page_size=1)).next_page_token
     async with SqliteStore(path, clock=clock, id_gen=id_gen("x")) as s:
-        [res] = await s.active_reservations()
-        assert (res.job_id, res.attempt, res.cluster) == (j.job_id, 1, "c1")
+        [res] = await s.active_attempts()
+        assert (res.job_id, res.number, res.cluster) == (j.job_id, 1, "c1")
         assert [o.kind for o in await s.pending_orders("c1")] == [OrderKind.DISPATCH]
         assert [a.job_id for a in await s.active_attempts()] == [j.job_id]
         assert len(await s.active_jobs()) == 3
@@ -820,7 +820,7 @@ async def test_requeue_of_a_reserved_job_queues_it_at_once_and_cancels_the_dispa
     assert [o.kind for o in await store.pending_orders("c1")] == [OrderKind.DISPATCH, OrderKind.CANCEL]
     [a] = await store.list_attempts(j.job_id)
     assert (a.outcome, a.spent_retry, a.message) == (AttemptOutcome.PREEMPTED, False, "requeued by tenant/t1")
-    assert await store.active_reservations() == []
+    assert await store.active_attempts() == []
     _, again = await store.apply_event(lifecycle.RequeueRequested(j.job_id, 1))
     assert again.ignored is lifecycle.IgnoreReason.NOT_APPLICABLE  # QUEUED: nothing to requeue
 

@@ -56,7 +56,7 @@ async def _scenario(steps: list[tuple[int, str, int, AttemptOutcome]], pg_server
             await s.apply_event(_event(kind, job.job_id, max(0, job.attempt + offset), outcome))
         revisions = [e.revision for e in await s.watch_events(0)]
         assert revisions == sorted(set(revisions))
-        reservations = {r.job_id for r in await s.active_reservations()}
+        reservations = {r.job_id for r in await s.active_attempts()}
         for job_id in ids:
             job = await s.get_job(job_id)
             history = await s.job_history(job_id)

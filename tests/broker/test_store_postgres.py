@@ -35,8 +35,8 @@ async def test_one_leader_per_database_and_state_survives_a_takeover(pg_server: 
     try:
         assert await standby.current_revision() == rev
         assert not (await standby.submit(new_job(key="k"))).created
-        [res] = await standby.active_reservations()
-        assert (res.job_id, res.attempt, res.cluster) == (j.job_id, 1, "c1")
+        [res] = await standby.active_attempts()
+        assert (res.job_id, res.number, res.cluster) == (j.job_id, 1, "c1")
         assert [o.kind for o in await standby.pending_orders("c1")] == [OrderKind.DISPATCH]
         assert len((await standby.list_jobs(JobFilter(), page_size=1, page_token=token)).jobs) == 1
         nxt = (await standby.submit(new_job())).job
