@@ -4,6 +4,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY placement placement
+COPY jsonlogs jsonlogs
 COPY fleetplan fleetplan
 COPY fleetsim fleetsim
 COPY extender extender

@@ -30,7 +30,7 @@ lint: setup
 
 ## mypy --strict on the core and every shell.
 typecheck: setup
-	$(VENV)/bin/mypy placement fleetplan broker extender sim fleetsim scripts
+	$(VENV)/bin/mypy jsonlogs placement fleetplan broker extender sim fleetsim scripts
 
 test: setup protos-check lint typecheck
 	$(PY) -m pytest -q

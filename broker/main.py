@@ -6,9 +6,9 @@ import asyncio
 import json
 import logging
 import signal
-import sys
 from collections.abc import Sequence
 
+from jsonlogs import configure_json_logging
 from broker.config import BrokerConfig, load_config
 from broker.server import serve
 
@@ -33,7 +33,7 @@ async def run(cfg: BrokerConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    configure_json_logging(logging.INFO)
     cfg = load_config(argv)
     asyncio.run(run(cfg))
     return 0

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from aiohttp import web
@@ -21,34 +20,12 @@ from extender.config import ExtenderConfig
 from extender.errors import ExtenderError, UndecodableBody
 from extender.inventory import Inventory
 
-__all__ = ["make_app", "Metrics", "RecentDecisions", "JsonFormatter", "ssl_context", "INVENTORY_KEY", "METRICS_KEY",
-           "DECISIONS_KEY"]
+__all__ = ["make_app", "Metrics", "RecentDecisions", "ssl_context", "INVENTORY_KEY", "METRICS_KEY", "DECISIONS_KEY"]
 
 log = logging.getLogger("tandem.extender")
 
 INVENTORY_KEY = web.AppKey("inventory", Inventory)
 CONFIG_KEY = web.AppKey("config", ExtenderConfig)
-
-_LOG_KEYS = ("verb", "pod", "decision_id", "passed", "candidates", "duration_ms", "error", "detail", "version")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line with fixed keys; the message is constant, data goes in fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 6),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for k in _LOG_KEYS:
-            v = record.__dict__.get(k)
-            if v is not None:
-                out[k] = v
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
 
 
 class Metrics:
@@ -125,6 +102,16 @@ def _pod_name(pod: Any) -> str | None:
     return f"{ns if isinstance(ns, str) else ''}/{name if isinstance(name, str) else ''}"[:_POD_KEY_MAX]
 
 
+class _VerbArgs(Protocol):
+    """What every decoded verb body has (protocol.ExtenderArgs, protocol.PreemptionArgs)."""
+
+    @property
+    def pod(self) -> dict[str, Any]: ...
+
+
+_Args = TypeVar("_Args", bound=_VerbArgs)
+
+
 def make_app(
     inventory: Inventory,
     config: ExtenderConfig | None = None,
@@ -132,7 +119,8 @@ def make_app(
     clock: Callable[[], float] = time.monotonic,
     extra_routes: Callable[[web.Application, ExtenderConfig], None] | None = None,
 ) -> web.Application:
-    """The extender app. extra_routes lets main() mount the webhook (webhook.add_routes)."""
+    """The extender app. extra_routes mounts more on it: main() passes webhook.add_routes (app.py never imports
+    the webhook), which reads its settings from the config it is handed."""
     cfg = config or inventory.config
     app = web.Application(client_max_size=cfg.max_body_bytes)
     metrics = Metrics(inventory, clock)
@@ -144,7 +132,7 @@ def make_app(
     ids = itertools.count(1)
 
     def verb_handler(
-        verb: str, parse: Callable[[bytes], Any], run: Callable[[Inventory, Any], decide.Decision],
+        verb: str, parse: Callable[[bytes], _Args], run: Callable[[Inventory, _Args], decide.Decision],
         on_error: Callable[[str], bytes],
     ) -> Handler:
         hist = metrics.latency.labels(verb)
@@ -161,7 +149,7 @@ def make_app(
             pod = None
             try:
                 args = parse(body)
-                pod = _pod_name(getattr(args, "pod", None))
+                pod = _pod_name(args.pod)
                 d = run(inventory, args)
                 decisions.record(verb, pod, d)
                 out = d.body

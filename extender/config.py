@@ -1,14 +1,34 @@
-"""The extender's one typed configuration object, loaded once in main() and passed explicitly."""
+"""The `tandem-extender serve` process's one typed configuration object, loaded once in main() and passed explicitly.
+
+main() builds a `ServeProcessConfig` with `load_serve_config` from the config file (`--config`, YAML/JSON: the
+`ExtenderConfig` keys), the command-line flags and the environment, all resolved here at load time; the
+components get its parts (`extender` for the inventory, the app and the webhook, `kube` for the API client)
+and read no environment of their own. Precedence: flag, then file, then environment, then the default.
+
+The environment variables read (the agent process reads the kube and POD_NAME ones through
+extender.agent.config):
+
+* ``TANDEM_WEBHOOK_PATH``, ``TANDEM_WEBHOOK_LISTEN``, ``TANDEM_WEBHOOK_TLS_CERT_FILE``,
+  ``TANDEM_WEBHOOK_TLS_KEY_FILE``, ``TANDEM_WEBHOOK_CERT_CHECK_INTERVAL_S``, ``TANDEM_WEBHOOK_MAX_BODY_BYTES``:
+  the ``webhook_*`` setting of the same name when the file leaves it unset (empty = unset).
+* ``KUBERNETES_SERVICE_HOST``: set in a pod; the API client then uses the pod's service account (unless the
+  agent's ``--kubeconfig`` names a file).
+* ``KUBECONFIG`` (os.pathsep-separated files; ``HOME`` for ``~``): the kubeconfig otherwise, default
+  ``~/.kube/config``.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ExtenderConfig", "Listens", "TopologyConfig", "WorkloadClass", "load_config", "read_config",
+__all__ = ["ExtenderConfig", "KubeAccess", "Listens", "ServeProcessConfig", "TopologyConfig", "WebhookSettings",
+           "WorkloadClass", "WEBHOOK_ENV", "kube_access", "load_config", "load_serve_config", "read_config",
            "DEFAULT_DEVICE_CLASS_SELECTORS"]
 
 DEFAULT_DEVICE_CLASS_SELECTORS: dict[str, list[str]] = {
@@ -101,8 +121,31 @@ class Listens(BaseModel):
         return int(self.listen.rpartition(":")[2])
 
 
+class WebhookSettings(BaseModel):
+    """Where and how the mutating webhook listens (ExtenderConfig.webhook: its ``webhook_*`` settings)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = "/mutate"
+    """URL path of the webhook (the MutatingWebhookConfiguration's service path)."""
+    listen: str | None = None
+    """HOST:PORT of the API-server-facing listener, e.g. 0.0.0.0:8443; None = only the main app serves it."""
+    tls_cert_file: Path | None = None
+    """PEM certificate (chain) of that listener, mounted from a Secret; None = plain HTTP (tests only)."""
+    tls_key_file: Path | None = None
+    """PEM private key matching tls_cert_file."""
+    cert_check_interval_s: float = 60.0
+    """How often the certificate files are checked for rotation, seconds."""
+    max_body_bytes: int = 8 * 1024 * 1024
+    """Largest AdmissionReview accepted, bytes (a pod is at most ~1.5 MiB in etcd)."""
+
+
+_WEBHOOK_DEFAULTS = WebhookSettings()
+
+
 class ExtenderConfig(Listens):
-    """Everything the extender process can be told; every field has a default."""
+    """The extender's settings, the config file's keys; every field has a default. The `serve` process holds
+    it as ServeProcessConfig.extender, the agent process as AgentConfig.extender."""
 
     listen: str = "127.0.0.1:8888"
     """HOST:PORT the extender HTTP server binds (the scheduler sidecar talks over loopback)."""
@@ -122,13 +165,19 @@ class ExtenderConfig(Listens):
     webhook_namespaces: list[str] = Field(default_factory=list)
     """Namespaces whose GPU pods the mutating webhook routes to the scheduler (empty = all)."""
     webhook_path: str | None = None
-    """URL path of the mutating webhook (None = the webhook's default, /mutate)."""
+    """URL path of the mutating webhook (None = TANDEM_WEBHOOK_PATH, else the webhook's default, /mutate)."""
     webhook_listen: str | None = None
-    """HOST:PORT of the webhook's own TLS listener for the API server (None = only this app serves it)."""
+    """HOST:PORT of the webhook's own TLS listener for the API server (None = TANDEM_WEBHOOK_LISTEN, else only
+    this app serves it)."""
     webhook_tls_cert_file: Path | None = None
-    """PEM certificate of the webhook listener (None = TANDEM_WEBHOOK_TLS_CERT_FILE or plain HTTP)."""
+    """PEM certificate of the webhook listener (None = TANDEM_WEBHOOK_TLS_CERT_FILE, else plain HTTP)."""
     webhook_tls_key_file: Path | None = None
-    """PEM private key of the webhook listener."""
+    """PEM private key of the webhook listener (None = TANDEM_WEBHOOK_TLS_KEY_FILE)."""
+    webhook_cert_check_interval_s: float | None = None
+    """How often the webhook certificate files are checked for rotation, seconds (None =
+    TANDEM_WEBHOOK_CERT_CHECK_INTERVAL_S, else 60)."""
+    webhook_max_body_bytes: int | None = None
+    """Largest AdmissionReview accepted, bytes (None = TANDEM_WEBHOOK_MAX_BODY_BYTES, else 8 MiB)."""
     tls_cert_file: Path | None = None
     """PEM certificate for HTTPS (None = plain HTTP, fine on loopback)."""
     tls_key_file: Path | None = None
@@ -187,6 +236,52 @@ class ExtenderConfig(Listens):
         """Full URL path of one verb."""
         return f"{self.url_prefix}/{verb.strip('/')}"
 
+    @property
+    def webhook(self) -> WebhookSettings:
+        """The webhook's listener settings: the ``webhook_*`` fields, defaults where they are unset."""
+        d = _WEBHOOK_DEFAULTS
+        return WebhookSettings(
+            path=d.path if self.webhook_path is None else self.webhook_path,
+            listen=self.webhook_listen,
+            tls_cert_file=self.webhook_tls_cert_file,
+            tls_key_file=self.webhook_tls_key_file,
+            cert_check_interval_s=(d.cert_check_interval_s if self.webhook_cert_check_interval_s is None
+                                   else self.webhook_cert_check_interval_s),
+            max_body_bytes=d.max_body_bytes if self.webhook_max_body_bytes is None else self.webhook_max_body_bytes,
+        )
+
+
+class KubeAccess(BaseModel):
+    """How a process reaches its cluster's API server, resolved from flags and the environment by kube_access."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    in_cluster: bool = False
+    """In a pod (KUBERNETES_SERVICE_HOST set) and no kubeconfig named on the command line: use the pod's
+    service account token and CA."""
+    kubeconfig: str | None = None
+    """Otherwise the kubeconfig file(s), os.pathsep-separated as in $KUBECONFIG (``~`` expanded); None = the
+    client library's default."""
+
+    def found(self) -> bool:
+        """Whether a cluster can be found: in a pod, or one of the kubeconfig files exists."""
+        return self.in_cluster or any(Path(p).is_file() for p in (self.kubeconfig or "").split(os.pathsep) if p)
+
+
+class ServeProcessConfig(BaseModel):
+    """`tandem-extender serve`'s one configuration object: the file, the flags and the environment, resolved."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    extender: ExtenderConfig = Field(default_factory=ExtenderConfig)
+    """The extender's settings (the config file, with --listen / --log-level and TANDEM_WEBHOOK_* applied)."""
+    kube: KubeAccess = Field(default_factory=KubeAccess)
+    """How to reach the cluster's API server."""
+    watch_cluster: bool = False
+    """--kube: list+watch the cluster's API server."""
+    inventory_files: tuple[Path, ...] = ()
+    """--inventory-file: Kubernetes List files loaded as one full sync at start."""
+
 
 def read_config(path: Path | None, **overrides: Any) -> dict[str, Any]:
     """A YAML/JSON config file's mapping (optional) with command-line overrides applied (None = not given)."""
@@ -201,6 +296,50 @@ def read_config(path: Path | None, **overrides: Any) -> dict[str, Any]:
     return data
 
 
-def load_config(path: Path | None, **overrides: Any) -> ExtenderConfig:
-    """Read a YAML/JSON config file (optional) and apply command-line overrides."""
-    return ExtenderConfig.model_validate(read_config(path, **overrides))
+WEBHOOK_ENV: dict[str, str] = {
+    "webhook_path": "TANDEM_WEBHOOK_PATH",
+    "webhook_listen": "TANDEM_WEBHOOK_LISTEN",
+    "webhook_tls_cert_file": "TANDEM_WEBHOOK_TLS_CERT_FILE",
+    "webhook_tls_key_file": "TANDEM_WEBHOOK_TLS_KEY_FILE",
+    "webhook_cert_check_interval_s": "TANDEM_WEBHOOK_CERT_CHECK_INTERVAL_S",
+    "webhook_max_body_bytes": "TANDEM_WEBHOOK_MAX_BODY_BYTES",
+}
+"""ExtenderConfig key -> the environment variable that sets it when the file and the flags leave it unset."""
+
+
+def load_config(path: Path | None, *, env: Mapping[str, str] | None = None, **overrides: Any) -> ExtenderConfig:
+    """Read a YAML/JSON config file (optional), apply command-line overrides (None = not given), then fill the
+    ``webhook_*`` settings still unset from ``env`` (WEBHOOK_ENV; None = no environment)."""
+    data = read_config(path, **overrides)
+    for key, var in WEBHOOK_ENV.items():
+        value = env.get(var) if env is not None else None
+        if data.get(key) is None and value:
+            data[key] = value
+    return ExtenderConfig.model_validate(data)
+
+
+def kube_access(env: Mapping[str, str], kubeconfig: str | None = None) -> KubeAccess:
+    """The API server access of a process: ``kubeconfig`` (a flag) if given, else in a pod its service account,
+    else $KUBECONFIG, else ~/.kube/config."""
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+
+    def expand(p: str) -> str:
+        return str(home / p[2:]) if p.startswith("~/") else str(Path(p).expanduser())
+
+    if kubeconfig is not None:
+        return KubeAccess(kubeconfig=kubeconfig)
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        return KubeAccess(in_cluster=True)
+    files = env.get("KUBECONFIG") or "~/.kube/config"
+    return KubeAccess(kubeconfig=os.pathsep.join(expand(p) for p in files.split(os.pathsep) if p))
+
+
+def load_serve_config(
+    path: Path | None, *, env: Mapping[str, str], listen: str | None = None, log_level: str | None = None,
+    kube: bool = False, inventory_files: Sequence[Path] = (),
+) -> ServeProcessConfig:
+    """The `serve` process's configuration: the file (optional), the flags (None / empty = not given), ``env``."""
+    return ServeProcessConfig(
+        extender=load_config(path, env=env, listen=listen, log_level=log_level),
+        kube=kube_access(env), watch_cluster=kube, inventory_files=tuple(inventory_files),
+    )

@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import enum
 import logging
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -364,16 +363,18 @@ class Watcher:
 
 
 async def load_api_client(
-    host: str | None = None, kubeconfig: str | None = None, context: str | None = None, token: str | None = None
+    host: str | None = None, kubeconfig: str | None = None, context: str | None = None, token: str | None = None,
+    *, in_cluster: bool = False,
 ) -> kclient.ApiClient:
-    """Build the API client: an explicit host (tests, proxies; with a bearer `token`), else in-cluster,
-    else kubeconfig."""
+    """Build the API client: an explicit host (tests, proxies; with a bearer `token`), else in-cluster (the
+    pod's service account: `in_cluster`, as KubeAccess resolved it), else kubeconfig (None = the client's
+    default)."""
     cfg = kclient.Configuration()
     if host:
         cfg.host = host
         if token:
             cfg.api_key = {"authorization": f"Bearer {token}"}
-    elif kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    elif in_cluster:
         kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
         await kconfig.load_kube_config(  # type: ignore[no-untyped-call]

@@ -1,4 +1,10 @@
-"""`tandem-extender serve`: load the config once, fill the inventory (files or the kube API), serve."""
+"""`tandem-extender`: load the subcommand's one configuration object once, then run it.
+
+* `serve`: fill the inventory (files or the kube API) and serve the extender verbs and the webhook
+  (extender.config.ServeProcessConfig).
+* `agent`: the cluster agent, a process of its own (extender.agent.config.AgentProcessConfig).
+* `render-rbac`: print the RoleBindings the agent needs (its AgentConfig file alone).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +21,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from extender.app import JsonFormatter, make_app, ssl_context
-from extender.config import ExtenderConfig, load_config
+from extender import webhook
+from extender.agent.config import AgentProcessConfig, load_agent_config, load_agent_process_config
+from extender.app import make_app, ssl_context
+from extender.config import ServeProcessConfig, load_serve_config
 from extender.inventory import Inventory
+from jsonlogs import configure_json_logging
 
 __all__ = ["main", "build_parser", "load_inventory_files"]
 
@@ -68,41 +77,32 @@ def load_inventory_files(inv: Inventory, paths: Sequence[Path]) -> None:
 
 
 def _setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    configure_json_logging(level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-async def _serve(config: ExtenderConfig, files: Sequence[Path], kube: bool) -> None:
-    inv = Inventory(config)
-    extra = None
-    try:
-        from extender import webhook  # the webhook is optional in file mode (it may not exist yet)
-
-        extra = getattr(webhook, "add_routes", None)
-    except ImportError:
-        extra = None
-    if files:
-        load_inventory_files(inv, files)
+async def _serve(config: ServeProcessConfig, watch: bool) -> None:
+    """Serve until cancelled; ``watch``: list+watch the cluster (--kube, or a cluster found in the environment)."""
+    settings = config.extender
+    inv = Inventory(settings)
+    if config.inventory_files:
+        load_inventory_files(inv, config.inventory_files)
         inv.snapshot()
         gc.freeze()  # the loaded inventory is long-lived: keep it out of every full collection
-    app = make_app(inv, config, extra_routes=extra)
+    app = make_app(inv, settings, extra_routes=webhook.add_routes)
     tasks: list[asyncio.Task[None]] = []
-    if kube:
+    if watch:
         from extender import kube as kube_mod  # imported lazily: file mode needs no cluster
 
-        api = await kube_mod.load_api_client()
-        watcher = kube_mod.Watcher(api, inv, kube_mod.KubeSettings.from_config(config))
+        api = await kube_mod.load_api_client(kubeconfig=config.kube.kubeconfig, in_cluster=config.kube.in_cluster)
+        watcher = kube_mod.Watcher(api, inv, kube_mod.KubeSettings.from_config(settings))
         tasks.append(asyncio.create_task(watcher.run(), name="kube-watch"))
     tasks.append(asyncio.create_task(_expire_reservations(inv), name="reservation-expiry"))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context(config))
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context(settings))
     await site.start()
-    log.info("extender serving", extra={"detail": {"listen": config.listen, "nodes": len(inv.snapshot()),
+    log.info("extender serving", extra={"detail": {"listen": settings.listen, "nodes": len(inv.snapshot()),
                                                    "ready": inv.ready}})
     try:
         await asyncio.Event().wait()
@@ -119,58 +119,56 @@ async def _expire_reservations(inv: Inventory, every_s: float = 5.0) -> None:
         inv.expire_reservations()
 
 
-def cluster_reachable() -> bool:
-    """Whether a cluster can be found without --kube: in a pod, or a kubeconfig ($KUBECONFIG / ~/.kube/config)."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return True
-    paths = os.environ.get("KUBECONFIG", "").split(os.pathsep) if os.environ.get("KUBECONFIG") else []
-    return any(Path(p).expanduser().is_file() for p in paths or ["~/.kube/config"])
-
-
-def _agent(args: argparse.Namespace) -> int:
-    from extender.agent.config import load_agent_config
-    from extender.agent.preflight import render_rbac
-
-    if args.command == "render-rbac":
-        sys.stdout.write(render_rbac(load_agent_config(args.config)))
-        return 0
-    config = load_agent_config(args.config, broker=args.broker, cluster_name=args.cluster_name,
-                               tls_cert_file=args.tls_cert, tls_key_file=args.tls_key, tls_ca_file=args.tls_ca,
-                               listen=args.listen)
-    _setup_logging(args.log_level or config.extender.log_level)
-    if not config.cluster_name or not config.broker:
+def _agent(config: AgentProcessConfig) -> int:
+    _setup_logging(config.log_level)
+    if not config.agent.cluster_name or not config.agent.broker:
         print("tandem-extender agent: --cluster-name and --broker are required (or set them in --config)",
               file=sys.stderr)
         return 2
-    if args.kube == bool(args.inventory_file):
+    if config.watch_cluster == bool(config.inventory_files):
         print("tandem-extender agent: pass exactly one of --kube or --inventory-file", file=sys.stderr)
         return 2
-    from extender.agent.process import run_agent
+    from extender.agent.process import run_agent  # imported lazily: the extender's serve needs no agent
 
-    asyncio.run(run_agent(config, kube=args.kube, inventory_files=args.inventory_file, kubeconfig=args.kubeconfig))
+    asyncio.run(run_agent(config))
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in ("agent", "render-rbac"):
-        return _agent(args)
-    config = load_config(args.config, listen=args.listen, log_level=args.log_level)
-    _setup_logging(config.log_level)
-    kube = args.kube
-    if not args.inventory_file and not kube:
+def _serve_main(config: ServeProcessConfig) -> int:
+    _setup_logging(config.extender.log_level)
+    watch = config.watch_cluster
+    if not config.inventory_files and not watch:
         # Serving with nothing to read would never become ready: find the cluster, or say what is missing.
-        if not cluster_reachable():
+        if not config.kube.found():
             print("tandem-extender serve: no inventory source: pass --kube (in a pod or with a kubeconfig) or "
                   "--inventory-file FILE", file=sys.stderr)
             return 2
         log.info("no inventory source given: watching the cluster found in the environment")
-        kube = True
+        watch = True
     try:
-        asyncio.run(_serve(config, args.inventory_file, kube))
+        asyncio.run(_serve(config, watch))
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, load the subcommand's one configuration object (file + flags + environment,
+    resolved once here) and run it."""
+    args = build_parser().parse_args(argv)
+    if args.command == "render-rbac":
+        from extender.agent.preflight import render_rbac  # imported lazily: it pulls in the kube client
+
+        sys.stdout.write(render_rbac(load_agent_config(args.config)))
+        return 0
+    if args.command == "agent":
+        return _agent(load_agent_process_config(
+            args.config, env=os.environ, kube=args.kube, kubeconfig=args.kubeconfig,
+            inventory_files=args.inventory_file, log_level=args.log_level, broker=args.broker,
+            cluster_name=args.cluster_name, tls_cert_file=args.tls_cert, tls_key_file=args.tls_key,
+            tls_ca_file=args.tls_ca, listen=args.listen))
+    return _serve_main(load_serve_config(args.config, env=os.environ, listen=args.listen, log_level=args.log_level,
+                                         kube=args.kube, inventory_files=args.inventory_file))
 
 
 if __name__ == "__main__":

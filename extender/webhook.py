@@ -26,7 +26,6 @@ import asyncio
 import base64
 import contextlib
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
@@ -34,8 +33,8 @@ from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
 
+from extender.config import ExtenderConfig, WebhookSettings
 from placement.errors import QuantityError
 from placement.quantity import parse_quantity
 
@@ -64,37 +63,6 @@ class RoutingConfig(Protocol):
 
     @property
     def gpu_share_resource(self) -> str: ...
-
-
-class WebhookSettings(BaseModel):
-    """Where and how the webhook listens. Read from ``webhook_*`` config fields, else TANDEM_WEBHOOK_* env."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    path: str = "/mutate"
-    """URL path of the webhook (the MutatingWebhookConfiguration's service path)."""
-    listen: str | None = None
-    """HOST:PORT of the API-server-facing listener, e.g. 0.0.0.0:8443; None = only the main app serves it."""
-    tls_cert_file: Path | None = None
-    """PEM certificate (chain) of that listener, mounted from a Secret; None = plain HTTP (tests only)."""
-    tls_key_file: Path | None = None
-    """PEM private key matching tls_cert_file."""
-    cert_check_interval_s: float = 60.0
-    """How often the certificate files are checked for rotation, seconds."""
-    max_body_bytes: int = 8 * 1024 * 1024
-    """Largest AdmissionReview accepted, bytes (a pod is at most ~1.5 MiB in etcd)."""
-
-    @classmethod
-    def from_config(cls, config: object, env: Mapping[str, str] | None = None) -> WebhookSettings:
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            value = getattr(config, f"webhook_{name}", None)
-            if value is None:
-                value = env.get(f"TANDEM_WEBHOOK_{name.upper()}") or None
-            if value is not None:
-                values[name] = value
-        return cls.model_validate(values)
 
 
 # ---------------------------------------------------------------------------------------- decision
@@ -285,16 +253,18 @@ def _split_listen(listen: str) -> tuple[str, int]:
 
 def add_routes(
     app: web.Application,
-    config: Any,
+    config: ExtenderConfig,
     settings: WebhookSettings | None = None,
     *,
     ready: Callable[[], bool] | None = None,
 ) -> None:
     """Mount the webhook on ``app``; with ``settings.listen`` also run the TLS listener for the API server.
 
-    ``ready`` answers the listener's /readyz; by default it is the app's inventory readiness.
+    ``settings`` defaults to ``config.webhook`` (the ``webhook_*`` settings, the environment's already applied
+    when main() loaded the config). ``ready`` answers the listener's /readyz; by default it is the app's
+    inventory readiness.
     """
-    settings = settings or WebhookSettings.from_config(config)
+    settings = settings or config.webhook
     handler = _handler(config)
     app.router.add_post(settings.path, handler)
     listen = settings.listen

@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,7 +26,7 @@ from extender.agent import preflight
 from extender.agent import status as st
 from extender.agent import wire
 from extender.agent.attempts import order_from_jobs, rendezvous_address
-from extender.agent.config import AgentConfig
+from extender.agent.config import AgentConfig, default_identity
 from extender.agent.encode import LabelFilter, ReportBuilder
 from extender.agent.metrics import AgentMetrics
 from extender.agent.model import AttemptKey, Order
@@ -46,11 +44,6 @@ log = logging.getLogger("tandem.agent")
 
 AGENT_VERSION = "0.2.0"
 _TERMINAL = ("SUCCEEDED", "FAILED")
-
-
-def default_identity() -> str:
-    """`<pod name>_<random>`: unique per process, readable in the Lease."""
-    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:6]}"
 
 
 @dataclass
@@ -233,6 +226,8 @@ class Agent:
             self._send(dispatch_ack=wire.dispatch_ack(key, namespace=ns if rejection is None else "",
                                                       rejection=rejection, inventory_sequence=order.inventory_sequence))
             if rejection is None:
+                log.info("dispatch accepted", extra={"job": order.job_id, "attempt": order.attempt,
+                                                     "tenant": order.tenant, "namespace": ns})
                 a = self._state(key)
                 a.order, a.namespace = order, ns
                 self.tracker.dirty.add(key)
@@ -240,8 +235,8 @@ class Agent:
                     if self.work is not None and self._holds(key, drain):
                         await self._quietly(self.work.delete_hold(key, drain=drain), "deleting the hold", key)
             else:
-                log.info("dispatch rejected", extra={"job": order.job_id, "detail": {
-                    "attempt": order.attempt, "reason": rejection.reason, "message": rejection.message}})
+                log.info("dispatch rejected", extra={"job": order.job_id, "attempt": order.attempt, "detail": {
+                    "reason": rejection.reason, "message": rejection.message}})
             return rejection
 
     async def _accept(self, order: Order) -> wire.Rejection | None:
@@ -326,6 +321,7 @@ class Agent:
                 return
             if not a.pending_groups:
                 self.metrics.time_to_ungate.observe(self.mono() - a.start_received)
+            log.info("gang started", extra={"job": key[0], "attempt": key[1], "pods": len(pods)})
             jobs = self.tracker.jobs(key)
             await self.work.event(jobs[0] if jobs else None, "TandemStarted", f"gates lifted on Start of attempt {key[1]}")
 
@@ -334,7 +330,7 @@ class Agent:
         report = wire.WorkloadReport(key, "FAILED", namespace=a.namespace, outcome=outcome, message=message)
         a.terminal_sequence = self._send(workload_status=wire.workload_status(report, self.clock()))
         a.sent = ("FAILED", outcome, message)
-        log.warning("attempt failed", extra={"job": key[0], "detail": {"attempt": key[1], "message": message}})
+        log.warning("attempt failed", extra={"job": key[0], "attempt": key[1], "detail": {"message": message}})
 
     async def cancel(self, key: AttemptKey, grace_s: float | None, reason: str) -> None:
         """Delete an attempt (A-6): CancelAck IN_PROGRESS now, DELETED once every pod is gone."""

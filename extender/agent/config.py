@@ -1,15 +1,37 @@
-"""The cluster agent's one typed configuration object (YAML via --config), loaded once in main()."""
+"""The `tandem-extender agent` process's one typed configuration object, loaded once in main().
+
+main() builds an `AgentProcessConfig` with `load_agent_process_config` from the config file (`--config`,
+YAML/JSON: the `AgentConfig` keys), the command-line flags and the environment, all resolved here at load
+time; the agent's parts get it (or its `agent` part) and read no environment of their own. Precedence: flag,
+then file, then environment, then the default.
+
+The environment variables read:
+
+* ``POD_NAME``: the Lease holder identity is ``<POD_NAME>_<random>`` when ``identity`` is not configured
+  (the host name when POD_NAME is unset too).
+* ``KUBERNETES_SERVICE_HOST``, ``KUBECONFIG``, ``HOME``: how to reach the API server without ``--kubeconfig``
+  (extender.config.kube_access).
+"""
 
 from __future__ import annotations
 
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from extender.config import LEVEL_NAMES, ExtenderConfig, Listens, read_config
+from extender.config import LEVEL_NAMES, ExtenderConfig, KubeAccess, Listens, kube_access, read_config
 
-__all__ = ["AgentConfig", "LeaseConfig", "load_agent_config", "LEVEL_NAMES"]
+__all__ = ["AgentConfig", "AgentProcessConfig", "LeaseConfig", "default_identity", "load_agent_config",
+           "load_agent_process_config", "LEVEL_NAMES"]
+
+
+def default_identity(pod_name: str = "") -> str:
+    """`<pod name>_<random>` (the host name without one): unique per process, readable in the Lease."""
+    return f"{pod_name or socket.gethostname()}_{uuid.uuid4().hex[:6]}"
 
 
 
@@ -31,7 +53,8 @@ class LeaseConfig(BaseModel):
 
 
 class AgentConfig(Listens):
-    """Everything the agent process can be told; every field has a default except the cluster's name."""
+    """The agent's settings, the config file's keys; every field has a default except the cluster's name. The
+    agent process holds it as AgentProcessConfig.agent."""
 
     cluster_name: str = ""
     """This cluster's name in the fleet (the broker checks it against the client certificate)."""
@@ -86,7 +109,7 @@ class AgentConfig(Listens):
     lease: LeaseConfig = Field(default_factory=LeaseConfig)
     """Leader election."""
     identity: str = ""
-    """Lease holder identity (default: `<POD_NAME or host name>_<random>`)."""
+    """Lease holder identity (default: `<POD_NAME or host name>_<random>`, resolved at load)."""
     log_url_templates: dict[str, str] = Field(default_factory=dict)
     """name -> URL template with {cluster}, {namespace}, {job}, {attempt}, {pod} (GetJob's log links)."""
     gated_grace_s: float = Field(60.0, ge=0)
@@ -144,6 +167,38 @@ class AgentConfig(Listens):
         return list(self.extender.topology.levels)
 
 
+class AgentProcessConfig(BaseModel):
+    """`tandem-extender agent`'s one configuration object: the file, the flags and the environment, resolved."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    """The agent's settings (the config file with the flags applied and ``identity`` resolved)."""
+    kube: KubeAccess = Field(default_factory=KubeAccess)
+    """How to reach the cluster's API server (--kubeconfig, else the environment)."""
+    watch_cluster: bool = False
+    """--kube: watch and write the cluster."""
+    inventory_files: tuple[Path, ...] = ()
+    """--inventory-file: read-only mode, report this file snapshot."""
+    log_level: str = "INFO"
+    """--log-level, else the extender part's log_level."""
+
+
 def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
     """Read a YAML/JSON config file (optional) and apply command-line overrides (None = not given)."""
     return AgentConfig.model_validate(read_config(path, **overrides))
+
+
+def load_agent_process_config(
+    path: Path | None, *, env: Mapping[str, str], kube: bool = False, kubeconfig: str | None = None,
+    inventory_files: Sequence[Path] = (), log_level: str | None = None, **overrides: Any,
+) -> AgentProcessConfig:
+    """The `agent` process's configuration: the file (optional), the flags (None / empty = not given), ``env``.
+    ``overrides`` are AgentConfig keys given as flags (broker, cluster_name, tls_*_file, listen)."""
+    data = read_config(path, **overrides)
+    if not data.get("identity"):
+        data["identity"] = default_identity(env.get("POD_NAME") or "")
+    agent = AgentConfig.model_validate(data)
+    return AgentProcessConfig(agent=agent, kube=kube_access(env, kubeconfig), watch_cluster=kube,
+                              inventory_files=tuple(inventory_files),
+                              log_level=log_level or agent.extender.log_level)

@@ -16,18 +16,18 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Sequence
-from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from extender import kube as kube_mod
 from extender.agent.agent import Agent
-from extender.agent.config import AgentConfig
+from extender.agent.config import AgentProcessConfig
 from extender.agent.lease import LeaderElector
 from extender.agent.model import check_name_budget
 from extender.agent.tracker import Tee
 from extender.inventory import Inventory
+from extender.main import load_inventory_files
 
 __all__ = ["run_agent", "health_app"]
 
@@ -95,10 +95,10 @@ async def _leader_work(agent: Agent, epoch: int) -> None:
         group.create_task(agent.follow_loop())
 
 
-async def run_agent(config: AgentConfig, *, kube: bool, inventory_files: Sequence[Path] = (),
-                    kubeconfig: str | None = None) -> None:
+async def run_agent(process: AgentProcessConfig) -> None:
     """Run until SIGTERM / SIGINT; as leader, hand the Lease over on the way out."""
     check_name_budget()
+    config = process.agent
     inv = Inventory(config.extender)
     tasks: list[asyncio.Task[None]] = []
     elector: LeaderElector | None = None
@@ -107,10 +107,8 @@ async def run_agent(config: AgentConfig, *, kube: bool, inventory_files: Sequenc
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    if kube:
-        from extender import kube as kube_mod
-
-        api = await kube_mod.load_api_client(kubeconfig=kubeconfig)
+    if process.watch_cluster:
+        api = await kube_mod.load_api_client(kubeconfig=process.kube.kubeconfig, in_cluster=process.kube.in_cluster)
         client = kube_mod.KubeClient(api, field_manager="tandem-agent", timeout_s=config.kube_api_timeout_s)
         agent = Agent(config, inv, client)
         elector = LeaderElector(client, config.lease, agent.identity)
@@ -121,9 +119,7 @@ async def run_agent(config: AgentConfig, *, kube: bool, inventory_files: Sequenc
                   loop.create_task(_preflight(agent), name="preflight"),
                   loop.create_task(_lead(agent, elector), name="lead")]
     else:
-        from extender.main import load_inventory_files
-
-        load_inventory_files(inv, inventory_files)
+        load_inventory_files(inv, process.inventory_files)
         agent = Agent(config, inv, None, read_only=True)
         agent.preflight_done.set()
         tasks.append(loop.create_task(agent.sessions(0), name="sessions"))

@@ -227,7 +227,7 @@ async def test_leader_handover_between_two_replicas(broker: Broker, tmp_path: Pa
 
 def _leads(c: Cluster, i: int) -> bool:
     text = c.agents[i].log.read_text(errors="replace")
-    return '"msg": "leading"' in text
+    return '"message": "leading"' in text
 
 
 async def test_an_agent_whose_certificate_names_another_cluster_is_refused(broker: Broker, tmp_path: Path) -> None:

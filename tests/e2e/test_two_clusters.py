@@ -10,6 +10,9 @@ kube-scheduler's own message.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import logging
 import os
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from jsonlogs import FIXED_KEYS, JsonLineFormatter
 from sim import kuberesources as kr
 from tandem.v1 import job_pb2
 from broker.launcher.client import SubmitItem
@@ -67,6 +71,11 @@ async def test_the_gang_lands_in_the_cluster_with_a_rack_and_runs_to_success(
     history = PodHistory()
     watcher = asyncio.get_running_loop().create_task(watch_pods(b, history))
     procs = a.procs + b.procs
+    broker_log = io.StringIO()  # the broker runs in this process: its log lines through the processes' format
+    capture = logging.StreamHandler(broker_log)
+    capture.setFormatter(JsonLineFormatter())
+    logging.getLogger("tandem.broker").addHandler(capture)
+    logging.getLogger("tandem.broker").setLevel(logging.INFO)
     try:
         client = broker.client("alpha")
         t0 = time.monotonic()
@@ -120,8 +129,30 @@ async def test_the_gang_lands_in_the_cluster_with_a_rack_and_runs_to_success(
             await b.sim.kubelet.complete(TENANT_NAMESPACE, pod["metadata"]["name"], 0)  # type: ignore[union-attr]
         await wait_for(lambda: _state_is(broker, j.job_id, job_pb2.JOB_STATE_SUCCEEDED), 60, "job SUCCEEDED", procs)
         print(f"submit to all 8 pods bound: {bound_after_s:.2f} s")
+
+        # One correlation id from submission to the pods: the job id, logged under "job" by both processes.
+        assert all(p["metadata"]["labels"]["tandem.dev/job"] == j.job_id for p in pods)
+        said = [line for line in _json_lines(broker_log.getvalue()) if line.get("job") == j.job_id]
+        assert {"job submitted", "job reserved", "job state changed"} <= {line["message"] for line in said}
+        assert [line["state"] for line in said if line["message"] == "job state changed"][-1] == "SUCCEEDED"
+        agent_said = [line for proc in b.agents for line in
+                      _json_lines(proc.log.read_text(errors="replace")) if line.get("job") == j.job_id]
+        assert {"dispatch accepted", "gang started"} <= {line["message"] for line in agent_said}
+        assert {line["attempt"] for line in agent_said if line["message"] == "dispatch accepted"} == {1}
     finally:
         watcher.cancel()
+        logging.getLogger("tandem.broker").removeHandler(capture)
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON log lines of a process's output, each with the fixed keys (other output is not a log line)."""
+    out = []
+    for raw in text.splitlines():
+        if raw.startswith("{"):
+            line = json.loads(raw)
+            assert list(line)[:4] == list(FIXED_KEYS), line
+            out.append(line)
+    return out
 
 
 async def _agent_pods(c: Cluster) -> list[dict[str, Any]]:

@@ -235,7 +235,7 @@ def test_webhook_service_reaches_the_extender_listener() -> None:
     assert selector_matches({"matchLabels": service["spec"]["selector"]}, pod_template()["metadata"]["labels"])
     ext = container("extender")
     (cport,) = [p for p in ext["ports"] if p["name"] == port["targetPort"]]
-    settings = webhook.WebhookSettings.from_config(extender_config(), {})  # the ConfigMap alone decides
+    settings = extender_config().webhook  # the ConfigMap alone decides
     assert settings.listen is not None and int(settings.listen.rsplit(":", 1)[1]) == cport["containerPort"]
     assert ref["path"] == settings.path
     mounts = {m["name"]: m["mountPath"] for m in ext["volumeMounts"]}

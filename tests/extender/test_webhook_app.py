@@ -12,16 +12,16 @@ from aiohttp import web
 
 from extender import webhook
 from extender.app import make_app
-from extender.config import ExtenderConfig
+from extender.config import load_config
 from extender.inventory import Inventory
 from tests.extender.test_webhook import PENDING, admission_review, as_created
 from tests.fixtures import fixture_json
 
 
 @pytest.fixture
-async def served(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Inventory, str, str]]:
-    monkeypatch.setenv("TANDEM_WEBHOOK_LISTEN", "127.0.0.1:0")  # plain HTTP here; the manifests set TLS
-    cfg = ExtenderConfig(webhook_namespaces=["team-a"])
+async def served() -> AsyncIterator[tuple[Inventory, str, str]]:
+    # The environment is read once, at load (as main() does); plain HTTP here, the manifests set TLS.
+    cfg = load_config(None, env={"TANDEM_WEBHOOK_LISTEN": "127.0.0.1:0"}, webhook_namespaces=["team-a"])
     inv = Inventory(cfg)
     app = make_app(inv, cfg, extra_routes=webhook.add_routes)
     runner = web.AppRunner(app)

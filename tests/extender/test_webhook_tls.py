@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from extender import webhook
-from extender.config import ExtenderConfig
+from extender.config import ExtenderConfig, load_config
 from tests.extender.test_webhook import admission_review, as_created, PENDING
 
 SERVICE_DNS = "tandem-webhook.tandem-system.svc"
@@ -141,9 +141,9 @@ async def test_broken_new_pair_keeps_serving_the_old_certificate(listener: Liste
 def test_settings_from_environment() -> None:
     env = {"TANDEM_WEBHOOK_LISTEN": "0.0.0.0:8443", "TANDEM_WEBHOOK_TLS_CERT_FILE": "/certs/tls.crt",
            "TANDEM_WEBHOOK_TLS_KEY_FILE": "/certs/tls.key"}
-    s = webhook.WebhookSettings.from_config(ExtenderConfig(), env)
+    s = load_config(None, env=env).webhook
     assert (s.listen, s.tls_cert_file, s.tls_key_file, s.path) == ("0.0.0.0:8443", Path("/certs/tls.crt"), Path("/certs/tls.key"), "/mutate")
-    assert webhook.WebhookSettings.from_config(ExtenderConfig(), {}).listen is None
+    assert load_config(None, env={}).webhook.listen is None
 
 
 def _bump_mtime(directory: Path) -> None:
