@@ -192,14 +192,6 @@ class ExtenderConfig(Listens):
     """Label marking reservation ConfigMaps."""
     reservation_namespace: str = "tandem-system"
     """Namespace where the agent writes reservation ConfigMaps."""
-    gpu_resource: str = "nvidia.com/gpu"
-    """Extended resource of whole GPUs (device plugin). Read by the webhook to route GPU pods; the
-    fit core uses the same name (placement.podspec.GPU_RESOURCE)."""
-    mig_resource_prefix: str = "nvidia.com/mig-"
-    """Prefix of MIG extended resources (device plugin mixed strategy); webhook routing, as above."""
-    gpu_share_resource: str = "tandem.dev/gpu-milli"
-    """Extended resource for a fractional share of ONE GPU, in thousandths of a GPU (500 = half);
-    webhook routing, as above (placement.podspec.GPU_MILLI_RESOURCE)."""
     dra_driver: str = "gpu.nvidia.com"
     """DRA driver whose ResourceSlices describe GPUs."""
     fallback_device_classes: dict[str, list[str]] = Field(

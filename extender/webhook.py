@@ -36,6 +36,7 @@ from aiohttp import web
 
 from extender.config import ExtenderConfig, WebhookSettings
 from placement.errors import QuantityError
+from placement.podspec import GPU_MILLI_RESOURCE, GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from placement.quantity import parse_quantity
 
 __all__ = ["WebhookSettings", "add_routes", "review", "wants_gpu", "CertReloader"]
@@ -55,15 +56,6 @@ class RoutingConfig(Protocol):
     @property
     def webhook_namespaces(self) -> list[str]: ...
 
-    @property
-    def gpu_resource(self) -> str: ...
-
-    @property
-    def mig_resource_prefix(self) -> str: ...
-
-    @property
-    def gpu_share_resource(self) -> str: ...
-
 
 # ---------------------------------------------------------------------------------------- decision
 
@@ -77,12 +69,9 @@ def _positive(value: Any) -> bool:
         return True  # a malformed quantity still names a GPU resource: route it; the API server validates
 
 
-def _gpu_resource(name: str, config: RoutingConfig) -> bool:
-    return (
-        name == config.gpu_resource
-        or name.startswith(config.mig_resource_prefix)
-        or name == config.gpu_share_resource
-    )
+def _gpu_resource(name: str) -> bool:
+    # The core's names: a pod the webhook routes is one the fit counts (no second, configurable spelling).
+    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX) or name == GPU_MILLI_RESOURCE
 
 
 def _containers(spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
@@ -107,7 +96,7 @@ def wants_gpu(pod: Mapping[str, Any], config: RoutingConfig) -> bool:
         for section in ("requests", "limits"):
             amounts = resources.get(section)
             if isinstance(amounts, Mapping) and any(
-                _gpu_resource(str(k), config) and _positive(v) for k, v in amounts.items()
+                _gpu_resource(str(k)) and _positive(v) for k, v in amounts.items()
             ):
                 return True
     return False
