@@ -20,7 +20,7 @@ from broker.domain import errors
 from broker.api import validation
 from broker.tenancy.auth import AUDITED, Caller, Credentials, Listener, Method, credentials_from_metadata
 from broker.hub import Hub
-from broker.api.serde import status_from_error
+from broker.api.serde_status import status_from_error
 from broker.api.services.wire import Undecodable, decoder
 
 __all__ = ["abort", "Edge", "register", "request_violations"]

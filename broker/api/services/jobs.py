@@ -16,6 +16,7 @@ from broker.api import handlers, serde, validation
 from broker.tenancy.auth import Caller, Listener, Method
 from broker.hub import Hub
 from broker.domain.records import JobFilter, JobRecord, freeze_labels
+from broker.api.serde_status import status_from_error
 from broker.api.services.edge import Edge
 
 __all__ = ["JobServicer", "get_job", "list_jobs", "watch_jobs", "cancel_job", "get_usage"]
@@ -50,9 +51,9 @@ class JobServicer(svc_grpc.JobServiceServicer):
         for r in results:
             item = out.results.add(index=r.index, idempotency_key=r.key, duplicate=r.duplicate)
             if r.error is not None:
-                status = serde.status_from_error(r.error)
+                status = status_from_error(r.error)
                 if status.ByteSize() > room:
-                    status = serde.status_from_error(r.error, size="minimal")
+                    status = status_from_error(r.error, size="minimal")
                 room -= status.ByteSize()
                 item.error.CopyFrom(status)
             elif r.valid:
