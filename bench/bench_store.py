@@ -76,10 +76,6 @@ async def _one(path: str, submitters: int, total: int, max_batch: int) -> dict[s
 def _postgres() -> Iterator[str | None]:
     """A throwaway PostgreSQL server with durable settings (fsync, synchronous_commit on); None if unavailable."""
     initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    try:
-        import asyncpg  # type: ignore[import-untyped]  # noqa: F401
-    except ImportError:
-        initdb = None
     if not initdb or not pg_ctl:
         yield None
         return

@@ -133,10 +133,6 @@ def _pg_binaries() -> tuple[str, str] | None:
     initdb, pg_ctl = shutil.which("initdb", path=path), shutil.which("pg_ctl", path=path)
     if not initdb or not pg_ctl:
         return None
-    try:
-        import asyncpg  # type: ignore[import-untyped]  # noqa: F401
-    except ImportError:
-        return None
     return initdb, pg_ctl
 
 

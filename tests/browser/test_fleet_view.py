@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.async_api import async_playwright
 
 from tandem.v1 import job_pb2
 
@@ -79,10 +80,6 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
     path = chromium_path()
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        missing("the playwright Python package")
     async with async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
         yield b
