@@ -17,7 +17,7 @@ from broker.domain import errors, jobstatus
 from broker.api import validation
 from broker.domain.errors import FieldViolation, TandemError
 from broker.domain.records import AttemptRecord, JobRecord, NewJob, WatchEvent, freeze_labels
-from broker.domain.states import AttemptOutcome, JobState
+from broker.domain.states import JobState
 
 __all__ = [
     "ts",
@@ -345,12 +345,6 @@ def state_to_proto(state: JobState) -> int:
 
 def state_from_proto(value: int) -> JobState:
     return JobState(job_pb2.JobState.Name(value).removeprefix("JOB_STATE_"))  # type: ignore[arg-type]
-
-
-def outcome_from_proto(value: int) -> AttemptOutcome | None:
-    known = value in job_pb2.AttemptOutcome.values()
-    name = job_pb2.AttemptOutcome.Name(value).removeprefix("ATTEMPT_OUTCOME_") if known else "UNSPECIFIED"  # type: ignore[arg-type]
-    return None if name == "UNSPECIFIED" else AttemptOutcome(name)
 
 
 def job_to_proto(

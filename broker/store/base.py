@@ -58,14 +58,12 @@ from broker.domain.records import (
     WatchPage,
 )
 
-__all__ = ["Store", "StoreOptions", "Clock", "IdGen", "Decide", "Delivery"]
+__all__ = ["Store", "StoreOptions", "Clock", "IdGen", "Delivery"]
 
 Clock = Callable[[], float]
 """Seconds since the epoch."""
 IdGen = Callable[[], str]
 """New job id: a DNS-1035 label of at most 40 characters."""
-Decide = Callable[[JobRecord, AttemptRecord | None], Transition | None]
-"""Read-decide-write callback run inside the write transaction (must be pure and fast)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +125,6 @@ class Store(abc.ABC):
     async def submit(self, job: NewJob) -> SubmitResult:
         """Write a QUEUED job (with its SUBMITTED event) durably; idempotent per (tenant, key)."""
 
-    @abc.abstractmethod
-    async def submit_all(self, jobs: Sequence[NewJob]) -> list[SubmitResult]:
-        """Submit several jobs atomically (all or none), e.g. one SubmitJobs call of a job set."""
-
     # -- reads -------------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -175,10 +169,6 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def transition(self, t: Transition) -> JobRecord:
         """Compare-and-set transition with its attempt changes, event and orders; returns the new job."""
-
-    @abc.abstractmethod
-    async def mutate(self, job_id: str, decide: Decide) -> JobRecord:
-        """Atomically read the job (+ current attempt), call ``decide``, apply its Transition (None = no change)."""
 
     @abc.abstractmethod
     async def apply_event(self, event: Event) -> tuple[JobRecord, Reaction]:
@@ -283,11 +273,11 @@ class Store(abc.ABC):
     async def current_revision(self) -> int:
         """Latest committed revision (0 for an empty store)."""
 
-    @abc.abstractmethod
     async def watch_events(
         self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
     ) -> list[WatchEvent]:
         """Committed events with revision > ``from_revision`` (optionally one tenant / job set), oldest first."""
+        return list((await self.watch_page(from_revision, limit=limit, tenant=tenant, job_set=job_set)).events)
 
     @abc.abstractmethod
     async def watch_page(

@@ -29,7 +29,6 @@ from broker.domain.records import (
 )
 from broker.domain.states import JobState
 from broker.store import codec, pg_sql, updates
-from broker.store.base import Decide
 from broker.store.pg_leader import Conn, PgLeader
 
 __all__ = ["PostgresStore"]
@@ -45,15 +44,6 @@ class PostgresStore(PgLeader):
             return await pg_sql.submit_job(c, job, id_gen=self._id_gen, now=self._clock())
 
         result: SubmitResult = await self._write(op, savepoint=False)
-        return result
-
-    async def submit_all(self, jobs: Sequence[NewJob]) -> list[SubmitResult]:
-        items = list(jobs)
-
-        async def op(c: Conn) -> list[SubmitResult]:
-            return [await pg_sql.submit_job(c, j, id_gen=self._id_gen, now=self._clock()) for j in items]
-
-        result: list[SubmitResult] = await self._write(op)
         return result
 
     # -- reads -----------------------------------------------------------------------------------
@@ -145,15 +135,6 @@ class PostgresStore(PgLeader):
     async def transition(self, t: Transition) -> JobRecord:
         async def op(c: Conn) -> JobRecord:
             return await pg_sql.apply_transition(c, await pg_sql.load_job(c, t.job_id), t, self._clock())
-
-        result: JobRecord = await self._write(op)
-        return result
-
-    async def mutate(self, job_id: str, decide: Decide) -> JobRecord:
-        async def op(c: Conn) -> JobRecord:
-            job = await pg_sql.load_job(c, job_id)
-            t = decide(job, await pg_sql.current_attempt(c, job))
-            return job if t is None else await pg_sql.apply_transition(c, job, t, self._clock())
 
         result: JobRecord = await self._write(op)
         return result
@@ -332,11 +313,6 @@ class PostgresStore(PgLeader):
     async def compacted_revision(self) -> int:
         result: int = await self._read(lambda c: pg_sql.meta_int(c, "compacted_revision"))
         return result
-
-    async def watch_events(
-        self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
-    ) -> list[WatchEvent]:
-        return list((await self.watch_page(from_revision, limit=limit, tenant=tenant, job_set=job_set)).events)
 
     async def watch_page(
         self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None

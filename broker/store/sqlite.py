@@ -30,7 +30,7 @@ from broker.domain.records import (
 )
 from broker.domain.states import JobState
 from broker.store import codec, sql, updates
-from broker.store.base import Decide, Delivery
+from broker.store.base import Delivery
 from broker.store.sqlite_threads import SqliteThreads
 
 __all__ = ["SqliteStore"]
@@ -44,10 +44,6 @@ class SqliteStore(SqliteThreads):
     async def submit(self, job: NewJob) -> SubmitResult:
         # submit_job raises its TandemErrors (key conflict, duplicate id) before it writes anything
         return await self._write(lambda c: self._submit(c, job), savepoint=False)
-
-    async def submit_all(self, jobs: Sequence[NewJob]) -> list[SubmitResult]:
-        items = list(jobs)
-        return await self._write(lambda c: [self._submit(c, j) for j in items])
 
     def _submit(self, c: sqlite3.Connection, new: NewJob) -> SubmitResult:
         return sql.submit_job(c, new, id_gen=self._id_gen, now=self._clock())
@@ -151,14 +147,6 @@ class SqliteStore(SqliteThreads):
 
     async def transition(self, t: Transition) -> JobRecord:
         return await self._write(lambda c: self._apply(c, sql.load_job(c, t.job_id), t))
-
-    async def mutate(self, job_id: str, decide: Decide) -> JobRecord:
-        def op(c: sqlite3.Connection) -> JobRecord:
-            job = sql.load_job(c, job_id)
-            t = decide(job, sql.current_attempt(c, job))
-            return job if t is None else self._apply(c, job, t)
-
-        return await self._write(op)
 
     async def apply_event(self, event: lifecycle.Event) -> tuple[JobRecord, lifecycle.Reaction]:
         def op(c: sqlite3.Connection) -> tuple[JobRecord, lifecycle.Reaction]:
@@ -338,12 +326,6 @@ class SqliteStore(SqliteThreads):
 
     async def compacted_revision(self) -> int:
         return await self._read(lambda c: sql.meta_int(c, "compacted_revision"))
-
-    async def watch_events(
-        self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
-    ) -> list[WatchEvent]:
-        page = await self.watch_page(from_revision, limit=limit, tenant=tenant, job_set=job_set)
-        return list(page.events)
 
     async def watch_page(
         self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None

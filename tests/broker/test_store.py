@@ -102,15 +102,6 @@ async def test_keys_are_scoped_per_tenant(store: SqliteStore) -> None:
     assert a.created and b.created and a.job.job_id != b.job.job_id
 
 
-async def test_submit_all_is_atomic(store: SqliteStore) -> None:
-    await store.submit(new_job(key="taken", gpus=1))
-    with pytest.raises(errors.IdempotencyConflict):
-        await store.submit_all([new_job(key="a"), new_job(key="taken", gpus=2), new_job(key="b")])
-    assert [j.idempotency_key for j in (await store.list_jobs(JobFilter())).jobs] == ["taken"]
-    results = await store.submit_all([new_job(key="a"), new_job(key="b")])
-    assert [r.created for r in results] == [True, True]
-
-
 # -- group commit ----------------------------------------------------------------------------------
 
 
@@ -342,19 +333,6 @@ async def test_infra_failure_backs_off_and_spends_budget(store: SqliteStore, clo
     await _run(store, j.job_id, attempt=2)
     job, _ = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 2, AttemptOutcome.GANG_TIMEOUT))
     assert (job.state, job.infra_retries, job.reason) == (S.FAILED, 2, "RetryBudgetSpent")
-
-
-async def test_mutate_reads_and_writes_atomically(store: SqliteStore) -> None:
-    j = (await store.submit(new_job())).job
-    seen = []
-
-    def decide(job, attempt):  # type: ignore[no-untyped-def]
-        seen.append((job.state, attempt))
-        return Transition(job.job_id, job.state, job.attempt, S.CANCELLED, reason="Cancelled")
-
-    out = await store.mutate(j.job_id, decide)
-    assert out.state is S.CANCELLED and seen == [(S.QUEUED, None)]
-    assert (await store.mutate(j.job_id, lambda job, a: None)).state is S.CANCELLED
 
 
 # -- cancel ----------------------------------------------------------------------------------------
