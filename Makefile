@@ -24,8 +24,11 @@ protos: setup
 protos-check: setup
 	$(PY) scripts/protos.py --check
 
-## Architecture contracts (.importlinter): the core stays pure, shells stay apart.
+## ruff (lint and format check), then the architecture contracts (.importlinter): the core stays pure,
+## shells stay apart, the broker's rooms stay in their layers.
 lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
 ## mypy --strict on the core and every shell.

@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from bench.bench_extender import FIXTURES, REPO, RESULTS, synth_cluster
@@ -96,9 +95,12 @@ def realistic_cluster(n_nodes: int, reservations: int) -> tuple[dict[str, Any], 
         for index in range(2):
             p = copy.deepcopy(template)
             p["metadata"].update(name=f"{job}-1-workers-{index}", uid=f"gang-{r}-{index}")
-            p["metadata"]["labels"] = {"tandem.dev/job": job, "tandem.dev/attempt": "1",
-                                       "tandem.dev/pod-set": "workers",
-                                       "batch.kubernetes.io/job-completion-index": str(index)}
+            p["metadata"]["labels"] = {
+                "tandem.dev/job": job,
+                "tandem.dev/attempt": "1",
+                "tandem.dev/pod-set": "workers",
+                "batch.kubernetes.io/job-completion-index": str(index),
+            }
             p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1"
             p["spec"]["nodeName"] = h100[(2 * r + index) % len(h100)]
             p["status"] = {"phase": "Running"}
@@ -120,11 +122,20 @@ def p50_ms(xs: list[float]) -> float:
 def bound_pod(k: int, node: str) -> dict[str, Any]:
     """A small running pod (CPU and memory only, so it fits every node shape) bound to `node`."""
     return {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": f"churn-{k}", "namespace": "team-a", "uid": f"churn-{k}", "labels": {}},
-        "spec": {"nodeName": node, "schedulerName": "tandem-scheduler",
-                 "containers": [{"name": "main", "image": "registry.example.com/worker:1",
-                                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]},
+        "spec": {
+            "nodeName": node,
+            "schedulerName": "tandem-scheduler",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example.com/worker:1",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                }
+            ],
+        },
         "status": {"phase": "Running"},
     }
 
@@ -138,6 +149,7 @@ def measure(size: int, runs: int) -> dict[str, Any]:
     cluster, names, keys = realistic_cluster(size, reservations=max(size // 50, 1))
     config = ExtenderConfig()
     inv = Inventory(config)
+
     def load() -> None:
         inv.load_list(cluster)
         inv.snapshot()
@@ -148,8 +160,13 @@ def measure(size: int, runs: int) -> dict[str, Any]:
     every = LabelFilter.everything()
     labels_in = statistics.fmean(len(f.node.labels) for f in facts)
     labels_out = statistics.fmean(len(allow.apply(f.node.labels)) for f in facts)
-    row: dict[str, Any] = {"nodes": size, "reservations": len(keys), "inventory_load_s": round(load_s, 2),
-                           "labels_per_node": round(labels_in, 1), "labels_reported_per_node": round(labels_out, 1)}
+    row: dict[str, Any] = {
+        "nodes": size,
+        "reservations": len(keys),
+        "inventory_load_s": round(load_s, 2),
+        "labels_per_node": round(labels_in, 1),
+        "labels_reported_per_node": round(labels_out, 1),
+    }
 
     for label, flt, n_runs in (("allow_list", allow, runs), ("all_labels", every, max(runs // 3, 3))):
         walls, cpus, size_b = [], [], 0
@@ -158,9 +175,14 @@ def measure(size: int, runs: int) -> dict[str, Any]:
             walls.append(w)
             cpus.append(c)
             size_b = len(data)
-        row[f"snapshot_{label}"] = {"bytes": size_b, "bytes_per_node": round(size_b / size), "runs": n_runs,
-                                    "cold_wall_p50_ms": p50_ms(walls), "cold_cpu_p50_ms": p50_ms(cpus),
-                                    "cold_us_per_node": round(statistics.median(cpus) / size * 1e6, 1)}
+        row[f"snapshot_{label}"] = {
+            "bytes": size_b,
+            "bytes_per_node": round(size_b / size),
+            "runs": n_runs,
+            "cold_wall_p50_ms": p50_ms(walls),
+            "cold_cpu_p50_ms": p50_ms(cpus),
+            "cold_us_per_node": round(statistics.median(cpus) / size * 1e6, 1),
+        }
     builder = ReportBuilder(allow)
     builder.snapshot(facts, keys, 0.0)
     walls, cpus = [], []
@@ -189,11 +211,18 @@ def measure(size: int, runs: int) -> dict[str, Any]:
             facts_s.append(fw)
             sizes.append(len(data))
         cpu = statistics.median(cpus)
-        deltas.append({"window_nodes": window, "runs": runs, "bytes_p50": int(statistics.median(sizes)),
-                       "encode_wall_p50_ms": p50_ms(walls), "encode_cpu_p50_ms": p50_ms(cpus),
-                       "facts_rebuild_wall_p50_ms": p50_ms(facts_s),
-                       "deltas_per_s": round(1 / cpu) if cpu > 0 else None,
-                       "node_updates_per_s": round(window / cpu) if cpu > 0 else None})
+        deltas.append(
+            {
+                "window_nodes": window,
+                "runs": runs,
+                "bytes_p50": int(statistics.median(sizes)),
+                "encode_wall_p50_ms": p50_ms(walls),
+                "encode_cpu_p50_ms": p50_ms(cpus),
+                "facts_rebuild_wall_p50_ms": p50_ms(facts_s),
+                "deltas_per_s": round(1 / cpu) if cpu > 0 else None,
+                "node_updates_per_s": round(window / cpu) if cpu > 0 else None,
+            }
+        )
     row["idle_delta_wall_ms"] = round(w_idle * 1000, 3)
     row["deltas"] = deltas
     row["load_1m"] = round(os.getloadavg()[0], 2)
@@ -205,8 +234,11 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "# Agent: inventory report size and encode cost",
         "",
         f"Python {meta['python']}, protobuf {meta['protobuf']} ({meta['protobuf_impl']}), {meta['cpus']} CPUs (shared).",
-        "Load average at start " + ", ".join(f"{x:.2f}" for x in meta["load_avg_at_start"]) + "; at end "
-        + ", ".join(f"{x:.2f}" for x in meta["load_avg_at_end"]) + ". CPU ms is this process's CPU time, which other",
+        "Load average at start "
+        + ", ".join(f"{x:.2f}" for x in meta["load_avg_at_start"])
+        + "; at end "
+        + ", ".join(f"{x:.2f}" for x in meta["load_avg_at_end"])
+        + ". CPU ms is this process's CPU time, which other",
         "load inflates far less than wall clock; p50 over the runs shown. Encode = report built by",
         "`ReportBuilder` + `SerializeToString()`. Nodes: the 12 fixture shapes replicated (1/12 MIG",
         "mixed-strategy, 1/12 DRA with 8 ResourceSlice devices), the fixture's bound pods per copy, one",
@@ -220,10 +252,12 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for r in rows:
         for label in ("allow_list", "all_labels"):
             s = r[f"snapshot_{label}"]
-            warm = (f"{s['warm_wall_p50_ms']} | {s['warm_cpu_p50_ms']}" if "warm_wall_p50_ms" in s else "— | —")
-            lines.append(f"| {r['nodes']} | {r['labels_per_node']} ({r['labels_reported_per_node']}) | "
-                         f"{label.replace('_', '-')} | {s['bytes']:,} | {s['bytes_per_node']} | {s['cold_wall_p50_ms']} | "
-                         f"{s['cold_cpu_p50_ms']} | {s['cold_us_per_node']} | {warm} |")
+            warm = f"{s['warm_wall_p50_ms']} | {s['warm_cpu_p50_ms']}" if "warm_wall_p50_ms" in s else "— | —"
+            lines.append(
+                f"| {r['nodes']} | {r['labels_per_node']} ({r['labels_reported_per_node']}) | "
+                f"{label.replace('_', '-')} | {s['bytes']:,} | {s['bytes_per_node']} | {s['cold_wall_p50_ms']} | "
+                f"{s['cold_cpu_p50_ms']} | {s['cold_us_per_node']} | {warm} |"
+            )
     lines += [
         "",
         "Cold: a new builder encodes every node (agent start, new stream). Warm: a resync on the same",
@@ -236,9 +270,11 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         for d in r["deltas"]:
-            lines.append(f"| {r['nodes']} | {d['window_nodes']} | {d['bytes_p50']:,} | {d['encode_wall_p50_ms']} | "
-                         f"{d['encode_cpu_p50_ms']} | {d['deltas_per_s']} | {d['node_updates_per_s']} | "
-                         f"{d['facts_rebuild_wall_p50_ms']} |")
+            lines.append(
+                f"| {r['nodes']} | {d['window_nodes']} | {d['bytes_p50']:,} | {d['encode_wall_p50_ms']} | "
+                f"{d['encode_cpu_p50_ms']} | {d['deltas_per_s']} | {d['node_updates_per_s']} | "
+                f"{d['facts_rebuild_wall_p50_ms']} |"
+            )
     lines += [
         "",
         "Rates are 1 / (encode CPU p50): what one core spends on encoding alone. The facts rebuild",
@@ -248,7 +284,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         + " (identity checks only).",
         "",
         "Inventory load (List -> Inventory -> first Snapshot), for context: "
-        + ", ".join(f"{r['inventory_load_s']} s at {r['nodes']:,} nodes" for r in rows) + ".",
+        + ", ".join(f"{r['inventory_load_s']} s at {r['nodes']:,} nodes" for r in rows)
+        + ".",
     ]
     return "\n".join(lines) + "\n"
 
@@ -260,9 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     from google.protobuf import __version__ as pb_version
     from google.protobuf.internal import api_implementation
 
-    meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "protobuf": pb_version, "protobuf_impl": api_implementation.Type(),
-            "load_avg_at_start": os.getloadavg()}
+    meta = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "protobuf": pb_version,
+        "protobuf_impl": api_implementation.Type(),
+        "load_avg_at_start": os.getloadavg(),
+    }
     rows = []
     for size in SIZES:
         runs = 5 if args.quick else (15 if size <= 1000 else 9)

@@ -24,7 +24,6 @@ import os
 import platform
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,23 +47,39 @@ def _certs(d: Path) -> tuple[Path, Path, bytes]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "broker")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "broker")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     (d / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (d / "server.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption()))
+    (d / "server.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return d / "server.pem", d / "server.key", ca.public_bytes(serialization.Encoding.PEM)
 
 
@@ -75,9 +90,19 @@ def _spec(gpus: int) -> Any:
     from tandem.v1 import job_pb2
 
     s = job_pb2.JobSpec()
-    ps = s.pod_sets.add(name="workers", count=1, pod_template_json=json.dumps(
-        {"spec": {"containers": [{"name": "main", "image": "trainer:1",
-                                  "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}))
+    ps = s.pod_sets.add(
+        name="workers",
+        count=1,
+        pod_template_json=json.dumps(
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "main", "image": "trainer:1", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+                    ]
+                }
+            }
+        ),
+    )
     ps.shape.gpu_count = gpus
     return s
 
@@ -141,15 +166,48 @@ async def _submissions(total: int, concurrency: int, batch: int, cluster: bool =
     tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
     cert, key, ca = _certs(tmp)
     token = "bench-token"
-    (tmp / "policy.yaml").write_text(json.dumps({"tenants": [{
-        "name": "bench", "token_sha256": [hashlib.sha256(token.encode()).hexdigest()],
-        "rate_limit": {"rate_per_s": 1e9, "burst": 1000000}}]}))
+    (tmp / "policy.yaml").write_text(
+        json.dumps(
+            {
+                "tenants": [
+                    {
+                        "name": "bench",
+                        "token_sha256": [hashlib.sha256(token.encode()).hexdigest()],
+                        "rate_limit": {"rate_per_s": 1e9, "burst": 1000000},
+                    }
+                ]
+            }
+        )
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "protos")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker.main", "--listen", "127.0.0.1:0", "--agent-listen", "127.0.0.1:0",
-         "--db", str(tmp / "broker.db"), "--policy", str(tmp / "policy.yaml"), "--metrics-port", "0",
-         "--tls-cert", str(cert), "--tls-key", str(key), "--agent-insecure", "--audit-log", str(tmp / "audit.jsonl")],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "broker.main",
+            "--listen",
+            "127.0.0.1:0",
+            "--agent-listen",
+            "127.0.0.1:0",
+            "--db",
+            str(tmp / "broker.db"),
+            "--policy",
+            str(tmp / "policy.yaml"),
+            "--metrics-port",
+            "0",
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--agent-insecure",
+            "--audit-log",
+            str(tmp / "audit.jsonl"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     assert proc.stdout is not None
     ports = json.loads(await asyncio.to_thread(proc.stdout.readline))
     stop = asyncio.Event()
@@ -160,14 +218,16 @@ async def _submissions(total: int, concurrency: int, batch: int, cluster: bool =
         return 0
 
     agent = asyncio.get_running_loop().create_task(
-        _agent(ports["agent_port"], 2048, stop, box) if cluster else idle(stop))
+        _agent(ports["agent_port"], 2048, stop, box) if cluster else idle(stop)
+    )
     lat: list[float] = []
     done = [0]
     errors = [0]
     spec = _spec(1)
     try:
-        async with BrokerClient(f"127.0.0.1:{ports['tenant_port']}", token=token, ca_pem=ca,
-                                server_name="localhost") as c:
+        async with BrokerClient(
+            f"127.0.0.1:{ports['tenant_port']}", token=token, ca_pem=ca, server_name="localhost"
+        ) as c:
             await c.list()  # connect + TLS handshake outside the timed part
             calls = total // batch
             next_call = [0]
@@ -204,24 +264,32 @@ async def _submissions(total: int, concurrency: int, batch: int, cluster: bool =
         await agent
     except (asyncio.CancelledError, Exception):
         pass
-    return {"cluster": cluster, "submissions": done[0], "refused": errors[0], "concurrency": concurrency,
-            "items_per_call": batch,
-            "seconds": round(wall, 3), "per_s": round(done[0] / wall, 1),
-            "call_p50_ms": round(_pct(lat, 50) * 1000, 2), "call_p99_ms": round(_pct(lat, 99) * 1000, 2),
-            "dispatches_accepted_meanwhile": meanwhile, "broker_cpu_s": round(broker_cpu, 2),
-            "broker_cpu_ms_per_submission": round(broker_cpu * 1000 / max(done[0], 1), 3),
-            "all_accepted": all_accepted, "end_to_end_s": round(all_wall, 3),
-            "end_to_end_per_s": round(all_accepted / all_wall, 1),
-            "broker_cpu_ms_per_job_end_to_end": round(all_cpu * 1000 / max(all_accepted, 1), 3)}
+    return {
+        "cluster": cluster,
+        "submissions": done[0],
+        "refused": errors[0],
+        "concurrency": concurrency,
+        "items_per_call": batch,
+        "seconds": round(wall, 3),
+        "per_s": round(done[0] / wall, 1),
+        "call_p50_ms": round(_pct(lat, 50) * 1000, 2),
+        "call_p99_ms": round(_pct(lat, 99) * 1000, 2),
+        "dispatches_accepted_meanwhile": meanwhile,
+        "broker_cpu_s": round(broker_cpu, 2),
+        "broker_cpu_ms_per_submission": round(broker_cpu * 1000 / max(done[0], 1), 3),
+        "all_accepted": all_accepted,
+        "end_to_end_s": round(all_wall, 3),
+        "end_to_end_per_s": round(all_accepted / all_wall, 1),
+        "broker_cpu_ms_per_job_end_to_end": round(all_cpu * 1000 / max(all_accepted, 1), 3),
+    }
 
 
 # ----------------------------------------------------------------------------- 2. decisions
 
 
 def _catalog(clusters: int, nodes: int, seed: int) -> Any:
-    from placement.model import Gpu, Node
-
     from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Level
+    from placement.model import Gpu, Node
 
     rng = random.Random(seed)
     levels = (Level("zone", "z"), Level("rack", "r"), Level("host", "h"))
@@ -235,9 +303,17 @@ def _catalog(clusters: int, nodes: int, seed: int) -> Any:
         for i in range(nodes):
             busy = rng.choice((0, 0, 0, 2, 4, 6, 8, 8, 8, 8))
             gpus = tuple(Gpu(k, model, 81920, 1000 if k < busy else 0) for k in range(8))
-            ns.append(Node(name=f"{name}-n{i}", cpu_milli_allocatable=128000, cpu_milli_free=128000 - 12000 * busy,
-                           memory_allocatable=1 << 40, memory_free=(1 << 40) - (busy << 35), gpus=gpus,
-                           topology=(f"z{i // 500}", f"r{i // 16}", f"{name}-n{i}")))
+            ns.append(
+                Node(
+                    name=f"{name}-n{i}",
+                    cpu_milli_allocatable=128000,
+                    cpu_milli_free=128000 - 12000 * busy,
+                    memory_allocatable=1 << 40,
+                    memory_free=(1 << 40) - (busy << 35),
+                    gpus=gpus,
+                    topology=(f"z{i // 500}", f"r{i // 16}", f"{name}-n{i}"),
+                )
+            )
         cat.apply_report(InventoryReport(name, 1, True, 0.0, tuple(ns)), now=0.0)
     return cat
 
@@ -281,16 +357,33 @@ def _decisions(clusters: int, nodes: int, reps: int) -> dict[str, Any]:
             d = decide(FleetView(cat, 1.0), req)
             lat.append(time.perf_counter() - t)
             cpu.append(time.thread_time() - c)
-            outcome = f"{d.choice.cluster} ({len(d.choice.assignments)} replicas)" if d.choice else f"wait: {d.wait.value}"  # type: ignore[union-attr]
+            outcome = (
+                f"{d.choice.cluster} ({len(d.choice.assignments)} replicas)" if d.choice else f"wait: {d.wait.value}"
+            )  # type: ignore[union-attr]
         all_lat += lat
         all_cpu += cpu
-        rows.append({"job": label, "outcome": outcome, "p50_ms": round(_pct(lat, 50) * 1000, 3),
-                     "p99_ms": round(_pct(lat, 99) * 1000, 3), "max_ms": round(max(lat) * 1000, 3),
-                     "cpu_p50_ms": round(_pct(cpu, 50) * 1000, 3), "cpu_p99_ms": round(_pct(cpu, 99) * 1000, 3)})
-    return {"clusters": clusters, "nodes_per_cluster": nodes, "repetitions": reps, "catalog_build_s": round(build_s, 2),
-            "rows": rows, "all_p50_ms": round(_pct(all_lat, 50) * 1000, 3),
-            "all_p99_ms": round(_pct(all_lat, 99) * 1000, 3), "all_cpu_p50_ms": round(_pct(all_cpu, 50) * 1000, 3),
-            "all_cpu_p99_ms": round(_pct(all_cpu, 99) * 1000, 3)}
+        rows.append(
+            {
+                "job": label,
+                "outcome": outcome,
+                "p50_ms": round(_pct(lat, 50) * 1000, 3),
+                "p99_ms": round(_pct(lat, 99) * 1000, 3),
+                "max_ms": round(max(lat) * 1000, 3),
+                "cpu_p50_ms": round(_pct(cpu, 50) * 1000, 3),
+                "cpu_p99_ms": round(_pct(cpu, 99) * 1000, 3),
+            }
+        )
+    return {
+        "clusters": clusters,
+        "nodes_per_cluster": nodes,
+        "repetitions": reps,
+        "catalog_build_s": round(build_s, 2),
+        "rows": rows,
+        "all_p50_ms": round(_pct(all_lat, 50) * 1000, 3),
+        "all_p99_ms": round(_pct(all_lat, 99) * 1000, 3),
+        "all_cpu_p50_ms": round(_pct(all_cpu, 50) * 1000, 3),
+        "all_cpu_p99_ms": round(_pct(all_cpu, 99) * 1000, 3),
+    }
 
 
 # ----------------------------------------------------------------------------- report
@@ -299,39 +392,61 @@ def _decisions(clusters: int, nodes: int, reps: int) -> dict[str, Any]:
 def _write(result: dict[str, Any]) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "broker.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["# Broker: durable submissions over gRPC, and placement decision latency", "",
-             f"Python {platform.python_version()}, {os.cpu_count()} CPUs, 1-min load average "
-             f"{os.getloadavg()[0]:.2f} at the end. Goals: >= 2,000 durable submissions/s; decision p99 <= 10 ms.", "",
-             "## Durable submissions/s (broker in its own process, TLS, SQLite WAL synchronous=FULL, placer running)", "",
-             "Durable = acknowledged after the SQLite commit. 'End to end' waits until the scripted agent has accepted",
-             "a Dispatch for every submitted job (reserve committed, Dispatch sent, DispatchSent and accept committed).",
-             "Broker CPU covers everything the broker process did (gRPC, TLS, validation, commits, placer,",
-             "dispatches); the clients and the scripted agent run in the benchmark process on the same 2 cores.", "",
-             "Rows without a cluster: no agent is connected, the placer still decides every job (it waits for",
-             "fresh inventory) but nothing is reserved or dispatched: the submission path alone.", "",
-             "'Durable per s' counts submissions acknowledged while the placer and dispatcher share the broker's",
-             "one event loop with them ('accepted meanwhile' says how much of that work got in), so a row with more",
-             "dispatches meanwhile shows fewer submissions. On this shared 2-core machine repeated runs of one build",
-             "vary by about +-15% (see the load average above); compare CPU per submission rather than rates.", "",
-             "| cluster | concurrent calls | items per call | submissions | durable per s | call p50 ms | call p99 ms | "
-             "broker CPU ms / submission | accepted meanwhile | end-to-end jobs/s | broker CPU ms / job end to end |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Broker: durable submissions over gRPC, and placement decision latency",
+        "",
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs, 1-min load average "
+        f"{os.getloadavg()[0]:.2f} at the end. Goals: >= 2,000 durable submissions/s; decision p99 <= 10 ms.",
+        "",
+        "## Durable submissions/s (broker in its own process, TLS, SQLite WAL synchronous=FULL, placer running)",
+        "",
+        "Durable = acknowledged after the SQLite commit. 'End to end' waits until the scripted agent has accepted",
+        "a Dispatch for every submitted job (reserve committed, Dispatch sent, DispatchSent and accept committed).",
+        "Broker CPU covers everything the broker process did (gRPC, TLS, validation, commits, placer,",
+        "dispatches); the clients and the scripted agent run in the benchmark process on the same 2 cores.",
+        "",
+        "Rows without a cluster: no agent is connected, the placer still decides every job (it waits for",
+        "fresh inventory) but nothing is reserved or dispatched: the submission path alone.",
+        "",
+        "'Durable per s' counts submissions acknowledged while the placer and dispatcher share the broker's",
+        "one event loop with them ('accepted meanwhile' says how much of that work got in), so a row with more",
+        "dispatches meanwhile shows fewer submissions. On this shared 2-core machine repeated runs of one build",
+        "vary by about +-15% (see the load average above); compare CPU per submission rather than rates.",
+        "",
+        "| cluster | concurrent calls | items per call | submissions | durable per s | call p50 ms | call p99 ms | "
+        "broker CPU ms / submission | accepted meanwhile | end-to-end jobs/s | broker CPU ms / job end to end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result["submissions"]:
         e2e = (r["end_to_end_per_s"], r["broker_cpu_ms_per_job_end_to_end"]) if r["cluster"] else ("-", "-")
-        lines.append(f"| {'2,048 nodes' if r['cluster'] else 'none'} | {r['concurrency']} | {r['items_per_call']} | "
-                     f"{r['submissions']} | {r['per_s']} | "
-                     f"{r['call_p50_ms']} | {r['call_p99_ms']} | {r['broker_cpu_ms_per_submission']} | "
-                     f"{r['dispatches_accepted_meanwhile'] if r['cluster'] else '-'} | {e2e[0]} | {e2e[1]} |")
+        lines.append(
+            f"| {'2,048 nodes' if r['cluster'] else 'none'} | {r['concurrency']} | {r['items_per_call']} | "
+            f"{r['submissions']} | {r['per_s']} | "
+            f"{r['call_p50_ms']} | {r['call_p99_ms']} | {r['broker_cpu_ms_per_submission']} | "
+            f"{r['dispatches_accepted_meanwhile'] if r['cluster'] else '-'} | {e2e[0]} | {e2e[1]} |"
+        )
     d = result["decisions"]
-    lines += ["", f"## Placement decision latency: {d['clusters']} clusters x {d['nodes_per_cluster']} nodes "
-              f"({d['repetitions']} decisions per job; catalog built in {d['catalog_build_s']} s)", "",
-              "Wall time, and the decision thread's CPU time (the difference is time the OS gave to other processes).",
-              "", "| job | outcome | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"## Placement decision latency: {d['clusters']} clusters x {d['nodes_per_cluster']} nodes "
+        f"({d['repetitions']} decisions per job; catalog built in {d['catalog_build_s']} s)",
+        "",
+        "Wall time, and the decision thread's CPU time (the difference is time the OS gave to other processes).",
+        "",
+        "| job | outcome | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in d["rows"]:
-        lines.append(f"| {r['job']} | {r['outcome']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | "
-                     f"{r['cpu_p50_ms']} | {r['cpu_p99_ms']} |")
-    lines += ["", f"All decisions: p50 {d['all_p50_ms']} ms, p99 {d['all_p99_ms']} ms (CPU p50 {d['all_cpu_p50_ms']} ms, "
-              f"p99 {d['all_cpu_p99_ms']} ms).", ""]
+        lines.append(
+            f"| {r['job']} | {r['outcome']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | "
+            f"{r['cpu_p50_ms']} | {r['cpu_p99_ms']} |"
+        )
+    lines += [
+        "",
+        f"All decisions: p50 {d['all_p50_ms']} ms, p99 {d['all_p99_ms']} ms (CPU p50 {d['all_cpu_p50_ms']} ms, "
+        f"p99 {d['all_cpu_p99_ms']} ms).",
+        "",
+    ]
     (RESULTS / "broker.md").write_text("\n".join(lines))
 
 
@@ -339,8 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
-    runs = [(32, 1, 1000, True)] if args.quick else [
-        (64, 1, 5000, True), (8, 100, 12000, True), (64, 1, 5000, False), (8, 100, 12000, False)]
+    runs = (
+        [(32, 1, 1000, True)]
+        if args.quick
+        else [(64, 1, 5000, True), (8, 100, 12000, True), (64, 1, 5000, False), (8, 100, 12000, False)]
+    )
     subs = [asyncio.run(_submissions(total, conc, batch, cl)) for conc, batch, total, cl in runs]
     dec = _decisions(20 if args.quick else 100, 1000, 20 if args.quick else 100)
     result = {"submissions": subs, "decisions": dec}

@@ -117,9 +117,22 @@ def free_port() -> int:
 def start_server(inventory_file: Path, port: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "extender.main", "serve", "--inventory-file", str(inventory_file),
-         "--listen", f"127.0.0.1:{port}", "--log-level", "WARNING"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "extender.main",
+            "serve",
+            "--inventory-file",
+            str(inventory_file),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -155,8 +168,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_pairs(port: int, pod: dict[str, Any], nodes: list[dict[str, Any]], mode: str, cached: bool,
-              pairs: int, warmup: int, server_pid: int) -> dict[str, Any]:
+def run_pairs(
+    port: int,
+    pod: dict[str, Any],
+    nodes: list[dict[str, Any]],
+    mode: str,
+    cached: bool,
+    pairs: int,
+    warmup: int,
+    server_pid: int,
+) -> dict[str, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.connect()
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no Nagle / delayed-ACK stalls
@@ -187,8 +208,7 @@ def run_pairs(port: int, pod: dict[str, Any], nodes: list[dict[str, Any]], mode:
             pbody = go_json({"Pod": p, "Nodes": None, "NodeNames": ok})
         else:
             ok = [n["metadata"]["name"] for n in fres["Nodes"]["items"]]
-            pbody = go_json({"Pod": p, "Nodes": {"metadata": {}, "items": [by_name[x] for x in ok]},
-                             "NodeNames": None})
+            pbody = go_json({"Pod": p, "Nodes": {"metadata": {}, "items": [by_name[x] for x in ok]}, "NodeNames": None})
         t2 = time.perf_counter()
         praw = post(conn, "/prioritize", pbody)
         t3 = time.perf_counter()
@@ -210,8 +230,13 @@ def run_pairs(port: int, pod: dict[str, Any], nodes: list[dict[str, Any]], mode:
 
     total = sum(lat)
     return {
-        "mode": mode, "cached": cached, "candidates": len(names), "passed": passed, "pairs": len(lat),
-        "pair_p50_ms": round(pct(lat, 0.50), 3), "pair_p99_ms": round(pct(lat, 0.99), 3),
+        "mode": mode,
+        "cached": cached,
+        "candidates": len(names),
+        "passed": passed,
+        "pairs": len(lat),
+        "pair_p50_ms": round(pct(lat, 0.50), 3),
+        "pair_p99_ms": round(pct(lat, 0.99), 3),
         "pair_mean_ms": round(statistics.fmean(lat) * 1000, 3),
         "filter_p50_ms": round(pct(f_lat, 0.50), 3),
         "pairs_per_s": round(len(lat) / total, 1),
@@ -248,9 +273,13 @@ def pairs_in_process(size: int, only: tuple[str, ...], pod: dict[str, Any], roun
         if k >= 10:
             lat.append((t1 - t0) + (t3 - t2))
     lat.sort()
-    return {"nodes": size, "cluster": "prefiltered" if only else "mixed", "rounds": rounds,
-            "pair_p50_ms": round(lat[len(lat) // 2] * 1000, 3),
-            "pair_p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 3)}
+    return {
+        "nodes": size,
+        "cluster": "prefiltered" if only else "mixed",
+        "rounds": rounds,
+        "pair_p50_ms": round(lat[len(lat) // 2] * 1000, 3),
+        "pair_p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 3),
+    }
 
 
 def churn_in_process(size: int, pod: dict[str, Any], rounds: int) -> dict[str, Any]:
@@ -291,9 +320,13 @@ def churn_in_process(size: int, pod: dict[str, Any], rounds: int) -> dict[str, A
         if k >= 5:  # the client's decoding and encoding between the two calls is not counted
             lat.append((t2 - t1) + (t4 - t3))
     lat.sort()
-    return {"nodes": size, "rounds": rounds, "snapshot_build_ms": round(build_s * 1000, 1),
-            "pair_after_bind_p50_ms": round(lat[len(lat) // 2] * 1000, 3),
-            "pair_after_bind_p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 3)}
+    return {
+        "nodes": size,
+        "rounds": rounds,
+        "snapshot_build_ms": round(build_s * 1000, 1),
+        "pair_after_bind_p50_ms": round(lat[len(lat) // 2] * 1000, 3),
+        "pair_after_bind_p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,8 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     pod = json.loads((FIXTURES / "args-want-4-h100-names.json").read_text())["Pod"]
     rows: list[dict[str, Any]] = []
-    plans = (("mixed", (), (("names", True), ("names", False), ("nodelist", True))),
-             ("prefiltered", PREFILTERED, (("names", True), ("nodelist", True))))
+    plans = (
+        ("mixed", (), (("names", True), ("names", False), ("nodelist", True))),
+        ("prefiltered", PREFILTERED, (("names", True), ("nodelist", True))),
+    )
     for size, (cluster_kind, only, scenarios) in itertools.product((500, 5000), plans):
         cluster, nodes = synth_cluster(size, only)
         with tempfile.TemporaryDirectory() as tmp:
@@ -320,9 +355,13 @@ def main(argv: list[str] | None = None) -> int:
                         n = n // 2
                     if args.quick:
                         n = max(n // 10, 5)
-                    rows.append({"nodes": size, "cluster": cluster_kind,
-                                 **run_pairs(port, pod, nodes, mode, cached, n, warmup=max(n // 10, 3),
-                                             server_pid=proc.pid)})
+                    rows.append(
+                        {
+                            "nodes": size,
+                            "cluster": cluster_kind,
+                            **run_pairs(port, pod, nodes, mode, cached, n, warmup=max(n // 10, 3), server_pid=proc.pid),
+                        }
+                    )
                     print(json.dumps(rows[-1]), flush=True)
             finally:
                 proc.terminate()
@@ -333,14 +372,21 @@ def main(argv: list[str] | None = None) -> int:
     churn = [churn_in_process(size, pod, 20 if args.quick else 100) for size in (500, 5000)]
     for c in churn:
         print(json.dumps(c), flush=True)
-    meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "pod": "want-4-h100 (4 x H100, nodeSelector on gpu.product)",
-            "note": "latency = filter + prioritize round trips measured by a sequential http.client on loopback;"
-                    " request encoding and reply decoding on the client side are excluded; candidate order is"
-            " shuffled per request", "load_avg_at_end": os.getloadavg()}
+    meta = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "pod": "want-4-h100 (4 x H100, nodeSelector on gpu.product)",
+        "note": "latency = filter + prioritize round trips measured by a sequential http.client on loopback;"
+        " request encoding and reply decoding on the client side are excluded; candidate order is"
+        " shuffled per request",
+        "load_avg_at_end": os.getloadavg(),
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "extender.json").write_text(json.dumps({"meta": meta, "rows": rows, "decide_in_process": decide_only,
-                                                      "churn_in_process": churn}, indent=1) + "\n")
+    (RESULTS / "extender.json").write_text(
+        json.dumps({"meta": meta, "rows": rows, "decide_in_process": decide_only, "churn_in_process": churn}, indent=1)
+        + "\n"
+    )
     lines = [
         "# Extender: sequential filter + prioritize pairs over HTTP (loopback, server in its own process)",
         "",
@@ -359,9 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['nodes']} | {r['cluster']} | {r['mode']} | {'cached' if r['cached'] else 'uncached'} | {r['passed']} | "
-                     f"{r['pair_p50_ms']} | {r['pair_p99_ms']} | {r['filter_p50_ms']} | {r['pairs_per_s']} | "
-                     f"{r['server_cpu_ms_per_pair']} | {r['load_1m']} |")
+        lines.append(
+            f"| {r['nodes']} | {r['cluster']} | {r['mode']} | {'cached' if r['cached'] else 'uncached'} | {r['passed']} | "
+            f"{r['pair_p50_ms']} | {r['pair_p99_ms']} | {r['filter_p50_ms']} | {r['pairs_per_s']} | "
+            f"{r['server_cpu_ms_per_pair']} | {r['load_1m']} |"
+        )
     lines += [
         "",
         "In process, no HTTP and no event loop: the decision work alone (parse, decide, encode) of a",
@@ -382,8 +430,10 @@ def main(argv: list[str] | None = None) -> int:
         "|---:|---:|---:|---:|",
     ]
     for c in churn:
-        lines.append(f"| {c['nodes']} | {c['snapshot_build_ms']} | {c['pair_after_bind_p50_ms']} | "
-                     f"{c['pair_after_bind_p99_ms']} |")
+        lines.append(
+            f"| {c['nodes']} | {c['snapshot_build_ms']} | {c['pair_after_bind_p50_ms']} | "
+            f"{c['pair_after_bind_p99_ms']} |"
+        )
     (RESULTS / "extender.md").write_text("\n".join(lines) + "\n")
     return 0
 

@@ -36,8 +36,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "protos")]
 
-from broker.launcher.client import SubmitItem  # noqa: E402
 from broker.config import FairnessConfig  # noqa: E402
+from broker.launcher.client import SubmitItem  # noqa: E402
 from tests.broker.hub_builders import AutoCluster, node, policy_doc, spec, start_broker  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -81,15 +81,18 @@ async def convergence(tmp: Path, jobs: int) -> dict[str, Any]:
     within = [all(abs(u[t] - FAIR[t]) <= 8.0 for t in FAIR) for _, u in samples]
     # the first sample within one job of the shares after which at least 80 % of samples stay so
     start = next((i for i in range(len(within)) if within[i] and sum(within[i:]) >= 0.8 * len(within[i:])), None)
-    late = samples[len(samples) // 2:]
+    late = samples[len(samples) // 2 :]
     mean = {t: sum(u[t] for _, u in late) / len(late) for t in FAIR}
     held = sum(mean.values()) or 1.0
     return {
-        "jobs_finished": cluster.finished, "samples": len(samples), "run_s_per_job": RUN_S,
+        "jobs_finished": cluster.finished,
+        "samples": len(samples),
+        "run_s_per_job": RUN_S,
         "duration_s": round(samples[-1][0], 2),
         "converged_after_s": round(samples[start][0], 2) if start is not None else None,
         "within_one_job_after_pct": round(100.0 * sum(within[start:]) / len(within[start:]), 1)
-        if start is not None else None,
+        if start is not None
+        else None,
         "split_second_half_pct": {t: round(100.0 * mean[t] / held, 1) for t in FAIR},
         "mean_held_second_half_gpus": {t: round(mean[t], 2) for t in FAIR},
     }
@@ -122,43 +125,69 @@ async def reclaim(tmp: Path, runs: int) -> dict[str, Any]:
             await cluster.stop()
             await agent.close()
             await b.close()
-    return {"runs": runs, "interval_s": 0.5, "grace_s": GRACE_S,
-            "submit_to_dispatch_s": {"p50": round(statistics.median(waits), 3), "max": round(max(waits), 3),
-                                     "all": [round(w, 3) for w in waits]}}
+    return {
+        "runs": runs,
+        "interval_s": 0.5,
+        "grace_s": GRACE_S,
+        "submit_to_dispatch_s": {
+            "p50": round(statistics.median(waits), 3),
+            "max": round(max(waits), 3),
+            "all": [round(w, 3) for w in waits],
+        },
+    }
 
 
 def _markdown(res: dict[str, Any]) -> str:
     c, r = res["convergence"], res["reclaim"]
     split = ", ".join(f"{t} {v} %" for t, v in c["split_second_half_pct"].items())
-    return "\n".join([
-        "# Fair share and preemption through the real broker", "",
-        f"Machine: {res['machine']}. Written by `python -m bench.bench_fairness`.", "",
-        "## Convergence: three tenants weighted 1 : 1 : 2 on 64 GPUs", "",
-        (f"alpha alone holds every GPU for {ALONE_S:g} s; then all three keep four 8-GPU jobs queued "
-         f"({c['run_s_per_job']} s each); {c['jobs_finished']} jobs, {c['samples']} samples over "
-         f"{c['duration_s']} s after the others arrived. Fair share 16 / 16 / 32."), "",
-        "| figure | value |", "|---|---|",
-        f"| converged (first sample with all three within one job of their share, ≥ 80 % of samples staying so), "
-        f"after the others arrived | "
-        f"{c['converged_after_s']} s |",
-        f"| samples within one job (8 GPUs) of fair share after that | {c['within_one_job_after_pct']} % |",
-        f"| split of the GPUs in use, second half (fair: 25 / 25 / 50 %) | {split} |", "",
-        "## Reclaim: the owner takes borrowed GPUs back", "",
-        (f"beta (quota 32) borrows all 64 GPUs with two preemptible 4 x 8-GPU gangs; alpha (quota 32) submits a "
-         f"4 x 8-GPU gang. Preemption round every {r['interval_s']} s; the scripted cluster confirms the "
-         f"victim's deletion at once (a real one waits for the pods' grace, here {r['grace_s']:g} s)."), "",
-        "| figure | value |", "|---|---|",
-        f"| owner's submit → its Dispatch, p50 over {r['runs']} runs | {r['submit_to_dispatch_s']['p50']} s |",
-        f"| max | {r['submit_to_dispatch_s']['max']} s |", "",
-    ])
+    return "\n".join(
+        [
+            "# Fair share and preemption through the real broker",
+            "",
+            f"Machine: {res['machine']}. Written by `python -m bench.bench_fairness`.",
+            "",
+            "## Convergence: three tenants weighted 1 : 1 : 2 on 64 GPUs",
+            "",
+            (
+                f"alpha alone holds every GPU for {ALONE_S:g} s; then all three keep four 8-GPU jobs queued "
+                f"({c['run_s_per_job']} s each); {c['jobs_finished']} jobs, {c['samples']} samples over "
+                f"{c['duration_s']} s after the others arrived. Fair share 16 / 16 / 32."
+            ),
+            "",
+            "| figure | value |",
+            "|---|---|",
+            f"| converged (first sample with all three within one job of their share, ≥ 80 % of samples staying so), "
+            f"after the others arrived | "
+            f"{c['converged_after_s']} s |",
+            f"| samples within one job (8 GPUs) of fair share after that | {c['within_one_job_after_pct']} % |",
+            f"| split of the GPUs in use, second half (fair: 25 / 25 / 50 %) | {split} |",
+            "",
+            "## Reclaim: the owner takes borrowed GPUs back",
+            "",
+            (
+                f"beta (quota 32) borrows all 64 GPUs with two preemptible 4 x 8-GPU gangs; alpha (quota 32) submits a "
+                f"4 x 8-GPU gang. Preemption round every {r['interval_s']} s; the scripted cluster confirms the "
+                f"victim's deletion at once (a real one waits for the pods' grace, here {r['grace_s']:g} s)."
+            ),
+            "",
+            "| figure | value |",
+            "|---|---|",
+            f"| owner's submit → its Dispatch, p50 over {r['runs']} runs | {r['submit_to_dispatch_s']['p50']} s |",
+            f"| max | {r['submit_to_dispatch_s']['max']} s |",
+            "",
+        ]
+    )
 
 
 async def main_async(jobs: int, runs: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tandem-bench-fair-") as tmp:
         conv = await convergence(Path(tmp), jobs)
         rec = await reclaim(Path(tmp), runs)
-    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-            "convergence": conv, "reclaim": rec}
+    return {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "convergence": conv,
+        "reclaim": rec,
+    }
 
 
 def main() -> None:

@@ -82,11 +82,19 @@ async def measure(replicas: int, runs: int, tmp: Path) -> dict[str, Any]:
         await a.stop()
         await b.stop()
         await broker.close()
-    return {"replicas": replicas, "gpus_per_replica": 8, "runs": runs,
-            "cluster_a_nodes": len(a_nodes), "cluster_b_nodes": len(b_nodes),
-            "submit_to_all_bound_s": bound_s, "submit_to_running_s": running_s,
-            "bound_p50_s": statistics.median(bound_s), "bound_max_s": max(bound_s),
-            "running_p50_s": statistics.median(running_s), "running_max_s": max(running_s)}
+    return {
+        "replicas": replicas,
+        "gpus_per_replica": 8,
+        "runs": runs,
+        "cluster_a_nodes": len(a_nodes),
+        "cluster_b_nodes": len(b_nodes),
+        "submit_to_all_bound_s": bound_s,
+        "submit_to_running_s": running_s,
+        "bound_p50_s": statistics.median(bound_s),
+        "bound_max_s": max(bound_s),
+        "running_p50_s": statistics.median(running_s),
+        "running_max_s": max(running_s),
+    }
 
 
 async def _gone(cluster: Any, job_id: str) -> bool:
@@ -108,9 +116,11 @@ def report(results: list[dict[str, Any]], load: tuple[tuple[float, ...], tuple[f
         "|---|---|---:|---:|---:|",
     ]
     for r in results:
-        lines.append(f"| {r['replicas']} x {r['gpus_per_replica']} GPUs, one rack | {r['cluster_a_nodes']} / "
-                     f"{r['cluster_b_nodes']} | {r['runs']} | {r['bound_p50_s']:.2f} s ({r['bound_max_s']:.2f} s) | "
-                     f"{r['running_p50_s']:.2f} s ({r['running_max_s']:.2f} s) |")
+        lines.append(
+            f"| {r['replicas']} x {r['gpus_per_replica']} GPUs, one rack | {r['cluster_a_nodes']} / "
+            f"{r['cluster_b_nodes']} | {r['runs']} | {r['bound_p50_s']:.2f} s ({r['bound_max_s']:.2f} s) | "
+            f"{r['running_p50_s']:.2f} s ({r['running_max_s']:.2f} s) |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -42,8 +42,8 @@ sys.path[:0] = [str(REPO), str(REPO / "protos")]
 
 import aiohttp  # noqa: E402
 
-from broker.launcher.client import SubmitItem  # noqa: E402
 from broker.config import WebConfig  # noqa: E402
+from broker.launcher.client import SubmitItem  # noqa: E402
 from tests.broker.hub_builders import TOKENS, Broker, eventually, node, policy_doc, spec, start_broker  # noqa: E402
 from tests.browser.test_fleet_view import CHROMIUM_ARGS  # noqa: E402
 
@@ -59,8 +59,12 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _summary(xs: list[float], digits: int = 1) -> dict[str, float]:
-    return {"p50": round(statistics.median(xs), digits), "p95": round(_pct(xs, 0.95), digits),
-            "max": round(max(xs), digits), "n": len(xs)}
+    return {
+        "p50": round(statistics.median(xs), digits),
+        "p95": round(_pct(xs, 0.95), digits),
+        "max": round(max(xs), digits),
+        "n": len(xs),
+    }
 
 
 async def build_fleet(tmp: Path, clusters: int, nodes: int, jobs: int, seed: int) -> tuple[Broker, list[str]]:
@@ -68,8 +72,13 @@ async def build_fleet(tmp: Path, clusters: int, nodes: int, jobs: int, seed: int
     for name in ("delta", "epsilon"):
         TOKENS.setdefault(name, f"token-{name}")
     broker = await start_broker(
-        tmp, policy=policy_doc(names=TENANTS), web=WebConfig(address="127.0.0.1:0"),
-        cluster_stale_after_s=3600.0, lost_after_s=7200.0, dispatch_ack_timeout_s=3600.0)
+        tmp,
+        policy=policy_doc(names=TENANTS),
+        web=WebConfig(address="127.0.0.1:0"),
+        cluster_stale_after_s=3600.0,
+        lost_after_s=7200.0,
+        dispatch_ack_timeout_s=3600.0,
+    )
     for c in range(clusters):
         model = MODELS[c % len(MODELS)]
         inventory = []
@@ -79,15 +88,21 @@ async def build_fleet(tmp: Path, clusters: int, nodes: int, jobs: int, seed: int
                 busy[rng.randrange(RACK)] = 4
             for k, b in enumerate(busy):
                 i = rack * RACK + k
-                inventory.append(node(f"c{c}-n{i}", model=model, free=8 - b, rack=f"r{rack:03d}",
-                                      zone=f"z{rack * 2 // (nodes // RACK)}"))
+                inventory.append(
+                    node(
+                        f"c{c}-n{i}",
+                        model=model,
+                        free=8 - b,
+                        rack=f"r{rack:03d}",
+                        zone=f"z{rack * 2 // (nodes // RACK)}",
+                    )
+                )
         agent = broker.agent(f"c{c:03d}")
         await agent.connect(inventory, region=("eu", "us", "ap")[c % 3])
-    await eventually(lambda: sum(1 for e in broker.hub.catalog.clusters.values() if e.arrays) == clusters,
-                     timeout=600)
+    await eventually(lambda: sum(1 for e in broker.hub.catalog.clusters.values() if e.arrays) == clusters, timeout=600)
     ids: list[str] = []
     per_call = 500
-    for t_index, tenant in enumerate(TENANTS):
+    for tenant in TENANTS:
         client = broker.client(tenant)
         share = jobs // len(TENANTS)
         for start in range(0, share, per_call):
@@ -120,9 +135,12 @@ async def server_documents(broker: Broker, runs: int, waiting: str) -> dict[str,
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
         async with http.post(f"{base}/api/login", json={"token": TOKENS["admin"]}) as r:
             assert r.status == 200
-        for name, path in (("fleet", "/api/fleet"), ("queues", "/api/queues"),
-                           ("jobs page (100)", "/api/jobs?page_size=100"),
-                           (f"waiting job (full view)", f"/api/jobs/{waiting}")):
+        for name, path in (
+            ("fleet", "/api/fleet"),
+            ("queues", "/api/queues"),
+            ("jobs page (100)", "/api/jobs?page_size=100"),
+            ("waiting job (full view)", f"/api/jobs/{waiting}"),
+        ):
             times, size = [], 0
             for _ in range(runs):
                 t0 = time.perf_counter()
@@ -145,8 +163,9 @@ async def _logged_in(context: Any, base: str) -> Any:
     return page
 
 
-async def browser_pages(broker: Broker, runs: int, clusters: int, waiting: str, cancellable: list[str],
-                        chromium: str) -> dict[str, Any]:
+async def browser_pages(
+    broker: Broker, runs: int, clusters: int, waiting: str, cancellable: list[str], chromium: str
+) -> dict[str, Any]:
     from playwright.async_api import async_playwright
 
     base = f"http://127.0.0.1:{broker.servers.web_port}"
@@ -159,8 +178,10 @@ async def browser_pages(broker: Broker, runs: int, clusters: int, waiting: str, 
     pages = {
         "fleet": ("#/fleet", f"document.querySelectorAll('[data-testid=\"domain\"]').length >= {domains}"),
         "jobs": ("#/jobs", "document.querySelectorAll('[data-testid^=\"job-row-\"]').length >= 100"),
-        "waiting job": (f"#/jobs/{waiting}",
-                        f"document.querySelectorAll('[data-testid^=\"verdict-\"]').length >= {clusters + 0}"),
+        "waiting job": (
+            f"#/jobs/{waiting}",
+            f"document.querySelectorAll('[data-testid^=\"verdict-\"]').length >= {clusters + 0}",
+        ),
         "queues": ("#/queues", f"document.querySelectorAll('[data-testid^=\"tenant-\"]').length >= {len(TENANTS)}"),
     }
     out: dict[str, Any] = {"first_render_ms": {}, "domain_cells": domains}
@@ -174,8 +195,9 @@ async def browser_pages(broker: Broker, runs: int, clusters: int, waiting: str, 
                 await page.goto("about:blank")  # a new document: its clock starts at this navigation
                 await page.goto(f"{base}/{route}")
                 try:
-                    handle = await page.wait_for_function(f"() => ({ready}) ? performance.now() : false",
-                                                          timeout=120_000)
+                    handle = await page.wait_for_function(
+                        f"() => ({ready}) ? performance.now() : false", timeout=120_000
+                    )
                 except Exception:
                     await page.screenshot(path=f"/tmp/fv-timeout-{name}.png", full_page=True)
                     raise RuntimeError(f"page {name} never showed its data ({ready})") from None
@@ -204,34 +226,59 @@ async def browser_pages(broker: Broker, runs: int, clusters: int, waiting: str, 
 def _markdown(res: dict[str, Any]) -> str:
     s = res["setup"]
     lines = [
-        "# Fleet view at fleet scale", "",
-        f"Machine: {res['machine']}. Chromium {res['chromium']}. Generated by `python -m bench.bench_fleetview`.", "",
-        (f"{s['clusters']} clusters x {s['nodes']} nodes ({s['clusters'] * s['nodes']:,} nodes, "
-         f"{res['browser']['domain_cells']:,} rack cells), {s['jobs']:,} jobs from {len(TENANTS)} tenants "
-         f"({s['queued']:,} queued, {s['reserved']:,} dispatched and reserved when measured). "
-         f"Setup took {s['setup_s']} s. The broker keeps placing while it is measured; the admin's view "
-         f"(everything) is measured."), "",
-        (f"The broker's event loop, busy placing, wakes a 5 ms sleep late by p50 {res['loop_lag_ms']['p50']} ms, "
-         f"p95 {res['loop_lag_ms']['p95']} ms, max {res['loop_lag_ms']['max']} ms (10 s sampled before the "
-         f"measurements): every request below waits for that too."), "",
-        "## API documents (time to the last byte, sequential requests)", "",
-        "| document | p50 | p95 | max | size |", "|---|---|---|---|---|",
+        "# Fleet view at fleet scale",
+        "",
+        f"Machine: {res['machine']}. Chromium {res['chromium']}. Generated by `python -m bench.bench_fleetview`.",
+        "",
+        (
+            f"{s['clusters']} clusters x {s['nodes']} nodes ({s['clusters'] * s['nodes']:,} nodes, "
+            f"{res['browser']['domain_cells']:,} rack cells), {s['jobs']:,} jobs from {len(TENANTS)} tenants "
+            f"({s['queued']:,} queued, {s['reserved']:,} dispatched and reserved when measured). "
+            f"Setup took {s['setup_s']} s. The broker keeps placing while it is measured; the admin's view "
+            f"(everything) is measured."
+        ),
+        "",
+        (
+            f"The broker's event loop, busy placing, wakes a 5 ms sleep late by p50 {res['loop_lag_ms']['p50']} ms, "
+            f"p95 {res['loop_lag_ms']['p95']} ms, max {res['loop_lag_ms']['max']} ms (10 s sampled before the "
+            f"measurements): every request below waits for that too."
+        ),
+        "",
+        "## API documents (time to the last byte, sequential requests)",
+        "",
+        "| document | p50 | p95 | max | size |",
+        "|---|---|---|---|---|",
     ]
     for name, d in res["server"].items():
         ms = d["ms"]
         lines.append(f"| {name} | {ms['p50']} ms | {ms['p95']} ms | {ms['max']} ms | {d['bytes'] / 1024:.0f} KiB |")
-    lines += ["", "## Browser: first render (navigation start → the page shows its data)", "",
-              "| page | shows | p50 | p95 | max | runs |", "|---|---|---|---|---|---|"]
-    shows = {"fleet": f"all {res['browser']['domain_cells']:,} domain cells of {s['clusters']} clusters",
-             "jobs": "the first 100 job rows", "waiting job": f"its {s['clusters']} per-cluster verdicts",
-             "queues": f"the {len(TENANTS)} tenants' rows"}
+    lines += [
+        "",
+        "## Browser: first render (navigation start → the page shows its data)",
+        "",
+        "| page | shows | p50 | p95 | max | runs |",
+        "|---|---|---|---|---|---|",
+    ]
+    shows = {
+        "fleet": f"all {res['browser']['domain_cells']:,} domain cells of {s['clusters']} clusters",
+        "jobs": "the first 100 job rows",
+        "waiting job": f"its {s['clusters']} per-cluster verdicts",
+        "queues": f"the {len(TENANTS)} tenants' rows",
+    }
     for name, d in res["browser"]["first_render_ms"].items():
-        lines.append(f"| {name} | {shows[name]} | {d['p50']:.0f} ms | {d['p95']:.0f} ms | {d['max']:.0f} ms | {d['n']} |")
+        lines.append(
+            f"| {name} | {shows[name]} | {d['p50']:.0f} ms | {d['p95']:.0f} ms | {d['max']:.0f} ms | {d['n']} |"
+        )
     lv = res["browser"]["live_update_ms"]
-    lines += ["", "## Live update", "",
-              f"A queued job on the open jobs page is cancelled through gRPC: its row says CANCELLED "
-              f"p50 {lv['p50']:.0f} ms, p95 {lv['p95']:.0f} ms, max {lv['max']:.0f} ms after the call "
-              f"returned ({lv['n']} jobs; no reload).", ""]
+    lines += [
+        "",
+        "## Live update",
+        "",
+        f"A queued job on the open jobs page is cancelled through gRPC: its row says CANCELLED "
+        f"p50 {lv['p50']:.0f} ms, p95 {lv['p95']:.0f} ms, max {lv['max']:.0f} ms after the call "
+        f"returned ({lv['n']} jobs; no reload).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -249,7 +296,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             entries = broker.hub.placer.snapshot().entries
             waiting = next(j for j in ids if j in set(queued) and entries[j].gpus == 64)
             # queued gangs among the first page's jobs (the list is in submission order)
-            cancellable = [j for j in ids[:100] if j in set(queued) and j != waiting][:args.runs]
+            cancellable = [j for j in ids[:100] if j in set(queued) and j != waiting][: args.runs]
             lag = await loop_lag(10.0)
             server = await server_documents(broker, args.runs * 2, waiting)
             browser = await browser_pages(broker, args.runs, args.clusters, waiting, cancellable, chromium)
@@ -262,11 +309,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 await b.close()
         finally:
             await broker.close()
-    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-            "chromium": version,
-            "setup": {"clusters": args.clusters, "nodes": args.nodes, "jobs": args.jobs, "queued": len(queued),
-                      "reserved": reserved, "setup_s": round(setup_s, 1)},
-            "loop_lag_ms": lag, "server": server, "browser": browser}
+    return {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "chromium": version,
+        "setup": {
+            "clusters": args.clusters,
+            "nodes": args.nodes,
+            "jobs": args.jobs,
+            "queued": len(queued),
+            "reserved": reserved,
+            "setup_s": round(setup_s, 1),
+        },
+        "loop_lag_ms": lag,
+        "server": server,
+        "browser": browser,
+    }
 
 
 def main() -> None:

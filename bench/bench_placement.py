@@ -55,17 +55,36 @@ def make_node(i: int) -> Node:
     dra: tuple[DraDevice, ...] = ()
     if i % 25 == 0:
         dra = tuple(
-            DraDevice("gpu.nvidia.com", f"n{i}", f"gpu-{k}", {"type": "gpu", "uuid": f"U{i}-{k}", "productName": "NVIDIA H200"}, {"memory": 141 * GIB}, k < 2)
+            DraDevice(
+                "gpu.nvidia.com",
+                f"n{i}",
+                f"gpu-{k}",
+                {"type": "gpu", "uuid": f"U{i}-{k}", "productName": "NVIDIA H200"},
+                {"memory": 141 * GIB},
+                k < 2,
+            )
             for k in range(8)
         )
     elif i % 10 == 0:
         gpus = tuple(
-            Gpu(k, "NVIDIA-A100-SXM4-80GB", 81920, mig=(MigInstance("3g.40gb", 9, 0, 4, k % 2 == 0), MigInstance("2g.20gb", 14, 4, 2), MigInstance("1g.10gb", 19, 6, 1)))
+            Gpu(
+                k,
+                "NVIDIA-A100-SXM4-80GB",
+                81920,
+                mig=(
+                    MigInstance("3g.40gb", 9, 0, 4, k % 2 == 0),
+                    MigInstance("2g.20gb", 14, 4, 2),
+                    MigInstance("1g.10gb", 19, 6, 1),
+                ),
+            )
             for k in range(4)
         )
     else:
         used = i % 9
-        gpus = tuple(Gpu(k, "NVIDIA-H100-80GB-HBM3", 81559, 1000 if k < used else (250 if k == used == 4 else 0)) for k in range(8))
+        gpus = tuple(
+            Gpu(k, "NVIDIA-H100-80GB-HBM3", 81559, 1000 if k < used else (250 if k == used == 4 else 0))
+            for k in range(8)
+        )
     labels["nvidia.com/gpu.product"] = gpus[0].model if gpus else "none"
     return Node(
         name=f"n{i}",
@@ -83,7 +102,9 @@ def make_node(i: int) -> Node:
 
 
 SHAPES = {
-    "whole 4 x H100": PodShape(gpus=4, gpu_models=frozenset({"NVIDIA-H100-80GB-HBM3"}), cpu_milli=8000, memory=64 * GIB, tolerations=TOL),
+    "whole 4 x H100": PodShape(
+        gpus=4, gpu_models=frozenset({"NVIDIA-H100-80GB-HBM3"}), cpu_milli=8000, memory=64 * GIB, tolerations=TOL
+    ),
     "share 250/1000": PodShape(gpus=1, gpu_milli=250, cpu_milli=1000, memory=8 * GIB, tolerations=TOL),
     "MIG 1 x 2g.20gb": PodShape(mig_profile="2g.20gb", mig_count=1, cpu_milli=1000, tolerations=TOL),
     "DRA 4 x H200 (CEL)": PodShape(
@@ -116,18 +137,34 @@ def main() -> None:
     for name, shape in SHAPES.items():
         fits = sum(1 for n in nodes if capacity(n, shape, dra=ev).count > 0)  # also warms the CEL caches
         t = timed(lambda: [capacity(n, shape, dra=ev) for n in nodes], repeat)
-        rows.append({"case": f"capacity() x {n_nodes} nodes: {name}", "nodes_fitting": fits, **t, "us_per_node": t["p50_ms"] * 1e3 / n_nodes})
+        rows.append(
+            {
+                "case": f"capacity() x {n_nodes} nodes: {name}",
+                "nodes_fitting": fits,
+                **t,
+                "us_per_node": t["p50_ms"] * 1e3 / n_nodes,
+            }
+        )
 
     worker8 = PodShape(gpus=8, cpu_milli=8000, memory=64 * GIB, tolerations=TOL)
     worker4 = PodShape(gpus=4, cpu_milli=8000, memory=64 * GIB, tolerations=TOL)
     head = PodShape(cpu_milli=4000, memory=16 * GIB, tolerations=TOL)
     jobs = {
-        "8 x 8 GPUs, required rack": JobRequest("g1", (PodSet("w", 8, worker8),), required_level="network.example.com/rack"),
-        "head + 40 x 4 GPUs, required block, preferred rack": JobRequest(
-            "g2", (PodSet("head", 1, head), PodSet("w", 40, worker4)), required_level="network.example.com/block", preferred_level="network.example.com/rack"
+        "8 x 8 GPUs, required rack": JobRequest(
+            "g1", (PodSet("w", 8, worker8),), required_level="network.example.com/rack"
         ),
-        "64 x 8 GPUs, required rack (refused)": JobRequest("g3", (PodSet("w", 64, worker8),), required_level="network.example.com/rack"),
-        "64 x 8 GPUs elastic >= 4, required rack": JobRequest("g4", (PodSet("w", 64, worker8),), required_level="network.example.com/rack", min_available=4),
+        "head + 40 x 4 GPUs, required block, preferred rack": JobRequest(
+            "g2",
+            (PodSet("head", 1, head), PodSet("w", 40, worker4)),
+            required_level="network.example.com/block",
+            preferred_level="network.example.com/rack",
+        ),
+        "64 x 8 GPUs, required rack (refused)": JobRequest(
+            "g3", (PodSet("w", 64, worker8),), required_level="network.example.com/rack"
+        ),
+        "64 x 8 GPUs elastic >= 4, required rack": JobRequest(
+            "g4", (PodSet("w", 64, worker8),), required_level="network.example.com/rack", min_available=4
+        ),
     }
     for name, job in jobs.items():
         result = fit_gang(nodes, job, LEVELS)
@@ -141,7 +178,11 @@ def main() -> None:
     t = timed(lambda: effective_nodes(report, reservations), repeat)
     rows.append({"case": f"effective_nodes(): {n_nodes} nodes, 200 reservations", **t})
 
-    meta = {"python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor() or "unknown"}
+    meta = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or "unknown",
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "placement.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [
@@ -154,7 +195,9 @@ def main() -> None:
         "|---|---:|---:|---:|---|",
     ]
     for r in rows:
-        note = r.get("outcome") or (f"{r['nodes_fitting']} nodes fit; {r['us_per_node']:.2f} us/node" if "us_per_node" in r else "")
+        note = r.get("outcome") or (
+            f"{r['nodes_fitting']} nodes fit; {r['us_per_node']:.2f} us/node" if "us_per_node" in r else ""
+        )
         lines.append(f"| {r['case']} | {r['min_ms']:.1f} | {r['p50_ms']:.1f} | {r['max_ms']:.1f} | {note} |")
     (RESULTS / "placement.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

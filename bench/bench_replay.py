@@ -40,16 +40,17 @@ def run() -> dict[str, Any]:
         start = time.perf_counter()
         runs.extend(replay_many(nodes, load_pods(path), policies, SEEDS))
         wall[trace] = time.perf_counter() - start
-        print(f"{trace}: {len(policies)} policies x {len(SEEDS)} seeds in {wall[trace]:.0f} s",
-              file=sys.stderr)
+        print(f"{trace}: {len(policies)} policies x {len(SEEDS)} seeds in {wall[trace]:.0f} s", file=sys.stderr)
     summary = summarise(runs, expected, wall)
     for policies in summary.values():
         for pol in policies.values():
             pol["serial_seconds_all_seeds"] = round(sum(pol["seconds"]), 1)
     return {
         "protocol": "FGD artifact (USENIX ATC'23): tune to 130 % of GPU capacity, shuffle, "
-                    "arrivals only, failed pods dropped; discrete-column allocation",
-        "seeds": list(SEEDS), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "arrivals only, failed pods dropped; discrete-column allocation",
+        "seeds": list(SEEDS),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
         "wall_seconds_per_trace": {k: round(v, 1) for k, v in wall.items()},
         "results": summary,
     }
@@ -57,21 +58,27 @@ def run() -> dict[str, Any]:
 
 def markdown(doc: dict[str, Any]) -> str:
     lines = [
-        "# Replay of the Alibaba GPU trace (FGD protocol)", "",
+        "# Replay of the Alibaba GPU trace (FGD protocol)",
+        "",
         f"Seeds {doc['seeds'][0]}–{doc['seeds'][-1]}, {doc['cpus']} CPUs, Python {doc['python']}. "
         "`ours@x` / `paper@x`: GPU allocation ratio (%) when the arrived GPU request reaches "
         "x % of the 6,212 GPUs (mean over seeds); `paper` = the FGD artifact's "
         "`analysis_allo_discrete.csv`. `unalloc GPUs` at 130 %. `decisions/s`: pods placed or "
-        "rejected per second of one replay process.", "",
-        table(doc["results"], markdown=True), "",
+        "rejected per second of one replay process.",
+        "",
+        table(doc["results"], markdown=True),
+        "",
         "Wall time per trace (all listed policies × 10 seeds, 2 processes): "
-        + ", ".join(f"{k} {v:.0f} s" for k, v in doc["wall_seconds_per_trace"].items()) + ".",
+        + ", ".join(f"{k} {v:.0f} s" for k, v in doc["wall_seconds_per_trace"].items())
+        + ".",
         "",
         "Serial seconds for 10 seeds per policy: "
         + "; ".join(
             f"{w}/{p} {v['serial_seconds_all_seeds']:.0f} s"
-            for w, pols in doc["results"].items() for p, v in pols.items()
-        ) + ".",
+            for w, pols in doc["results"].items()
+            for p, v in pols.items()
+        )
+        + ".",
         "",
     ]
     return "\n".join(lines)

@@ -11,12 +11,12 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import sqlite3
 import statistics
+import subprocess
 import tempfile
 import time
-import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,11 +64,18 @@ async def _one(path: str, submitters: int, total: int, max_batch: int) -> dict[s
     n = per * submitters
     return {
         "mode": "group commit" if max_batch > 1 else "one txn per submission",
-        "max_batch": max_batch, "submitters": submitters, "submissions": n,
-        "seconds": round(elapsed, 3), "per_s": round(n / elapsed, 1), "transactions": stats.batches,
-        "batch_mean": round(statistics.mean(sizes), 2), "batch_p50": _pct([float(s) for s in sizes], 50),
-        "batch_p90": _pct([float(s) for s in sizes], 90), "batch_max": max(sizes),
-        "ack_p50_ms": round(_pct(lat, 50) * 1000, 2), "ack_p99_ms": round(_pct(lat, 99) * 1000, 2),
+        "max_batch": max_batch,
+        "submitters": submitters,
+        "submissions": n,
+        "seconds": round(elapsed, 3),
+        "per_s": round(n / elapsed, 1),
+        "transactions": stats.batches,
+        "batch_mean": round(statistics.mean(sizes), 2),
+        "batch_p50": _pct([float(s) for s in sizes], 50),
+        "batch_p90": _pct([float(s) for s in sizes], 90),
+        "batch_max": max(sizes),
+        "ack_p50_ms": round(_pct(lat, 50) * 1000, 2),
+        "ack_p99_ms": round(_pct(lat, 99) * 1000, 2),
     }
 
 
@@ -86,11 +93,25 @@ def _postgres() -> Iterator[str | None]:
         run_as = ["runuser", "-u", "postgres", "--"]
     data, port = base / "data", 56000 + os.getpid() % 4000
     try:
-        subprocess.run([*run_as, initdb, "-D", str(data), "-A", "trust", "-U", "tandem"], check=True,
-                       capture_output=True)
-        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-o",
-                        f"-k {base} -p {port} -c listen_addresses='' -c fsync=on -c synchronous_commit=on",
-                        "start"], check=True, capture_output=True)
+        subprocess.run(
+            [*run_as, initdb, "-D", str(data), "-A", "trust", "-U", "tandem"], check=True, capture_output=True
+        )
+        subprocess.run(
+            [
+                *run_as,
+                pg_ctl,
+                "-D",
+                str(data),
+                "-l",
+                str(base / "log"),
+                "-w",
+                "-o",
+                f"-k {base} -p {port} -c listen_addresses='' -c fsync=on -c synchronous_commit=on",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+        )
         yield f"postgresql://tandem@/postgres?host={base}&port={port}"
     finally:
         subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
@@ -129,8 +150,12 @@ def _raw_baseline(path: str, n: int) -> dict[str, object]:
         conn.execute("COMMIT")
     elapsed = time.perf_counter() - t0
     conn.close()
-    return {"mode": "raw sqlite3, 1 insert/txn", "submissions": n, "seconds": round(elapsed, 3),
-            "per_s": round(n / elapsed, 1)}
+    return {
+        "mode": "raw sqlite3, 1 insert/txn",
+        "submissions": n,
+        "seconds": round(elapsed, 3),
+        "per_s": round(n / elapsed, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -162,8 +187,9 @@ def main(argv: list[str] | None = None) -> None:
             if pg is not None:
                 for submitters, max_batch in ((64, 1), (64, 512), (256, 512)):
                     n = total if max_batch > 1 else min(total, 1000)
-                    res = _median([asyncio.run(_one(asyncio.run(_pg_reset(pg)), submitters, n, max_batch))
-                                   for _ in range(repeat)])
+                    res = _median(
+                        [asyncio.run(_one(asyncio.run(_pg_reset(pg)), submitters, n, max_batch)) for _ in range(repeat)]
+                    )
                     res["mode"] = f"PostgreSQL {res['mode']}"
                     runs.append(res)
                     print(json.dumps(res))
@@ -172,8 +198,13 @@ def main(argv: list[str] | None = None) -> None:
         ceiling["mode"] = "group commit, :memory: (CPU ceiling, not durable)"
         runs.append(ceiling)
         print(json.dumps(ceiling))
-    meta = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "cpus": os.cpu_count(),
-            "load_avg_1m": round(os.getloadavg()[0], 2), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = {
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "store.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
     lines = [
@@ -200,8 +231,12 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['ack_p99_ms']} |"
         )
     base = runs[0]
-    lines += ["", f"Baseline: {base['mode']}: {base['per_s']}/s (min–max {base['per_s_min']}–{base['per_s_max']}) "
-              f"over {base['submissions']} inserts, same pragmas, same disk.", ""]
+    lines += [
+        "",
+        f"Baseline: {base['mode']}: {base['per_s']}/s (min–max {base['per_s_min']}–{base['per_s_max']}) "
+        f"over {base['submissions']} inserts, same pragmas, same disk.",
+        "",
+    ]
     (RESULTS / "store.md").write_text("\n".join(lines))
     print("\n".join(lines))
 

@@ -57,9 +57,11 @@ class TlsConfig(_Strict):
         if bool(self.cert_file) != bool(self.key_file):
             raise ValueError("tls: cert_file and key_file go together")
         if self.client_ca_file and not self.require_client_cert:
-            raise ValueError("tls: client_ca_file needs require_client_cert: true — a gRPC server cannot ask for an "
-                             "optional client certificate, so it would never see one; serve certificate tenants "
-                             "on tenant_mtls_listener and token tenants on tenant_listener")
+            raise ValueError(
+                "tls: client_ca_file needs require_client_cert: true — a gRPC server cannot ask for an "
+                "optional client certificate, so it would never see one; serve certificate tenants "
+                "on tenant_mtls_listener and token tenants on tenant_listener"
+            )
         if self.require_client_cert and not (self.client_ca_file and self.enabled):
             raise ValueError("tls: require_client_cert needs cert_file, key_file and client_ca_file")
         return self
@@ -114,7 +116,9 @@ class WebConfig(_Strict):
     @model_validator(mode="after")
     def _no_client_certs(self) -> WebConfig:
         if self.tls.client_ca_file or self.tls.require_client_cert:
-            raise ValueError("web.tls: client certificates are not used by the fleet view (browsers log in with a token)")
+            raise ValueError(
+                "web.tls: client certificates are not used by the fleet view (browsers log in with a token)"
+            )
         return self
 
 
@@ -247,8 +251,11 @@ def build_arg_parser(prog: str = "tandem-broker") -> argparse.ArgumentParser:
     p.add_argument("--mtls-key", help="key of the --mtls-listen port (PEM)")
     p.add_argument("--mtls-ca", help="CA that launchers' client certificates chain to (PEM)")
     p.add_argument("--web-listen", help="fleet view HOST:PORT (the web page; off unless given here or in the config)")
-    p.add_argument("--cluster-choice", choices=("tandem", "aggregate", "round-robin"),
-                   help="how a job's cluster is chosen: tandem (default), or a baseline (aggregate, round-robin)")
+    p.add_argument(
+        "--cluster-choice",
+        choices=("tandem", "aggregate", "round-robin"),
+        help="how a job's cluster is chosen: tandem (default), or a baseline (aggregate, round-robin)",
+    )
     return p
 
 

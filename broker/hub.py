@@ -8,18 +8,18 @@ import logging
 import time
 from collections.abc import Callable
 
-from broker.tenancy import auth
-from fleetplan.catalog import Catalog
-from fleetplan.choice import make_choice
-from broker.config import BrokerConfig
 from broker.clusters.dispatcher import Dispatcher
-from broker.domain.specs import SpecReader
+from broker.config import BrokerConfig
 from broker.domain.events import ToDispatcher, ToPlacer
+from broker.domain.specs import SpecReader
 from broker.metrics import Metrics
 from broker.scheduling.placer import Placer
 from broker.scheduling.preemptor import Preemptor
-from broker.tenancy.policy import PolicyFile
 from broker.store.base import Store, StoreOptions
+from broker.tenancy import auth
+from broker.tenancy.policy import PolicyFile
+from fleetplan.catalog import Catalog
+from fleetplan.choice import make_choice
 
 _log = logging.getLogger("tandem.broker.hub")
 
@@ -29,8 +29,15 @@ __all__ = ["Hub"]
 class Hub:
     """Everything a handler needs, passed explicitly; created by `open()`, ended by `close()`."""
 
-    def __init__(self, cfg: BrokerConfig, store: Store, *, specs: SpecReader, clock: Callable[[], float] = time.time,
-                 metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        store: Store,
+        *,
+        specs: SpecReader,
+        clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.cfg = cfg
         self.store = store
         self.clock = clock
@@ -44,16 +51,34 @@ class Hub:
         self.cordon_reasons: dict[str, str] = {}
         # The placer and the dispatcher hold no reference to each other: each sends the other events.
         self.placer = Placer(
-            store, self.catalog, self.policy, specs=specs, send=self._to_dispatcher, clock=clock, batch=cfg.placement_batch,
-            candidate_domains=cfg.candidate_domains, reservation_ttl_s=cfg.dispatch_ack_timeout_s * 2,
-            metrics=self.metrics, choice=make_choice(cfg.cluster_choice, cfg.candidate_domains),
-            model_weights=cfg.fairness.gpu_model_weights, usage_half_life_s=cfg.fairness.usage_half_life_s,
+            store,
+            self.catalog,
+            self.policy,
+            specs=specs,
+            send=self._to_dispatcher,
+            clock=clock,
+            batch=cfg.placement_batch,
+            candidate_domains=cfg.candidate_domains,
+            reservation_ttl_s=cfg.dispatch_ack_timeout_s * 2,
+            metrics=self.metrics,
+            choice=make_choice(cfg.cluster_choice, cfg.candidate_domains),
+            model_weights=cfg.fairness.gpu_model_weights,
+            usage_half_life_s=cfg.fairness.usage_half_life_s,
             start_timeout_s=cfg.gang_start_deadline_s,
         )
-        self.dispatcher = Dispatcher(store, self.catalog, cfg, specs=specs, send=self._to_placer, clock=clock,
-                                     metrics=self.metrics)
-        self.preemptor = Preemptor(store, self.placer, self.policy, cfg.fairness, apply=self.dispatcher.apply,
-                                   grace_s=cfg.grace_period_s, clock=clock, metrics=self.metrics)
+        self.dispatcher = Dispatcher(
+            store, self.catalog, cfg, specs=specs, send=self._to_placer, clock=clock, metrics=self.metrics
+        )
+        self.preemptor = Preemptor(
+            store,
+            self.placer,
+            self.policy,
+            cfg.fairness,
+            apply=self.dispatcher.apply,
+            grace_s=cfg.grace_period_s,
+            clock=clock,
+            metrics=self.metrics,
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -77,8 +102,11 @@ class Hub:
         await self.placer.load()
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self.placer.run(idle_s=max(self.cfg.placement_interval_s, 0.01) * 20,
-                                             coalesce_s=self.cfg.placement_interval_s)),
+            loop.create_task(
+                self.placer.run(
+                    idle_s=max(self.cfg.placement_interval_s, 0.01) * 20, coalesce_s=self.cfg.placement_interval_s
+                )
+            ),
             loop.create_task(self.dispatcher.run_sweeps(min(1.0, self.cfg.cluster_stale_after_s / 4))),
             loop.create_task(self._retention()),
             loop.create_task(self._gauges()),

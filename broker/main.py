@@ -8,9 +8,9 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from jsonlogs import configure_json_logging
 from broker.config import BrokerConfig, load_config
 from broker.server import serve
+from jsonlogs import configure_json_logging
 
 __all__ = ["main", "run"]
 
@@ -20,9 +20,18 @@ _log = logging.getLogger("tandem.broker")
 async def run(cfg: BrokerConfig) -> None:
     servers = await serve(cfg)
     # One line on stdout with the bound ports, so wrappers and tests can find a port-0 listener.
-    print(json.dumps({"event": "listening", "tenant_port": servers.tenant_port, "agent_port": servers.agent_port,
-                      "tenant_mtls_port": servers.tenant_mtls_port, "web_port": servers.web_port}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "listening",
+                "tenant_port": servers.tenant_port,
+                "agent_port": servers.agent_port,
+                "tenant_mtls_port": servers.tenant_mtls_port,
+                "web_port": servers.web_port,
+            }
+        ),
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

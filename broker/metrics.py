@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.scheduling.fairness import tenant_usage
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from broker.scheduling.fairness import tenant_usage
 
 __all__ = ["Metrics"]
 
@@ -18,52 +19,88 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.queue_length = Gauge("tandem_broker_queue_length", "Queued jobs", ["tenant"], registry=r)
-        self.oldest_wait = Gauge("tandem_queue_oldest_wait_seconds",
-                                 "Age (now - submission) of the tenant's oldest queued job", ["tenant"], registry=r)
-        self.pending_gpus = Gauge("tandem_broker_pending_gpu_demand", "GPUs wanted by queued jobs",
-                                  ["tenant", "gpu_model"], registry=r)
-        self.reserved_gpus = Gauge("tandem_broker_reserved_gpus", "GPUs held by placed jobs per cluster",
-                                   ["cluster"], registry=r)
-        self.time_to_placement = Histogram("tandem_broker_time_to_placement_seconds",
-                                           "Submission (or re-queue) to reservation", buckets=_LATENCY, registry=r)
-        self.time_to_start = Histogram("tandem_broker_time_to_start_seconds", "Submission to RUNNING",
-                                       buckets=_LATENCY, registry=r)
-        self.decision_seconds = Histogram("tandem_broker_decision_seconds", "One placement decision",
-                                          buckets=_LATENCY, registry=r)
-        self.dispatch_rejections = Counter("tandem_broker_dispatch_rejections_total", "Rejected dispatches",
-                                           ["cluster"], registry=r)
+        self.oldest_wait = Gauge(
+            "tandem_queue_oldest_wait_seconds",
+            "Age (now - submission) of the tenant's oldest queued job",
+            ["tenant"],
+            registry=r,
+        )
+        self.pending_gpus = Gauge(
+            "tandem_broker_pending_gpu_demand", "GPUs wanted by queued jobs", ["tenant", "gpu_model"], registry=r
+        )
+        self.reserved_gpus = Gauge(
+            "tandem_broker_reserved_gpus", "GPUs held by placed jobs per cluster", ["cluster"], registry=r
+        )
+        self.time_to_placement = Histogram(
+            "tandem_broker_time_to_placement_seconds",
+            "Submission (or re-queue) to reservation",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.time_to_start = Histogram(
+            "tandem_broker_time_to_start_seconds", "Submission to RUNNING", buckets=_LATENCY, registry=r
+        )
+        self.decision_seconds = Histogram(
+            "tandem_broker_decision_seconds", "One placement decision", buckets=_LATENCY, registry=r
+        )
+        self.dispatch_rejections = Counter(
+            "tandem_broker_dispatch_rejections_total", "Rejected dispatches", ["cluster"], registry=r
+        )
         self.retries = Counter("tandem_broker_attempt_retries_total", "Attempts after the first", registry=r)
-        self.foreign_messages = Counter("tandem_broker_agent_foreign_messages_total",
-                                        "Agent messages about an attempt not dispatched to that cluster (ignored)",
-                                        ["cluster"], registry=r)
-        self.staleness_seconds = Gauge("tandem_broker_catalog_staleness_seconds", "Age of the last report",
-                                       ["cluster"], registry=r)
-        self.commit_batch = Histogram("tandem_broker_commit_batch_size", "Requests per group commit",
-                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
-        self.fair_share = Gauge("tandem_broker_fair_share_cost", "Water-filled fair share (GPUs x model weight)",
-                                ["tenant"], registry=r)
-        self.actual_share = Gauge("tandem_broker_usage_cost", "Cost held now (GPUs x model weight)", ["tenant"],
-                                  registry=r)
-        self.demand = Gauge("tandem_broker_demand_cost", "Cost held plus cost queued (GPUs x model weight)",
-                            ["tenant"], registry=r)
-        self.borrowed_gpus = Gauge("tandem_broker_borrowed_gpus", "GPUs held above quota", ["tenant", "gpu_model"],
-                                   registry=r)
-        self.preemptions = Counter("tandem_broker_preemptions_total", "Jobs preempted by the broker, by rule",
-                                   ["reason"], registry=r)
-        self.preemption_lost = Counter("tandem_broker_preemption_lost_gpu_hours_total",
-                                       "GPU-hours of work lost to preemption (since start or last checkpoint)",
-                                       ["tenant"], registry=r)
-        self.preemption_holds = Gauge("tandem_broker_preemption_holds", "Waiting jobs holding nodes while their "
-                                      "victims leave", registry=r)
-        self.domain_holds = Counter("tandem_broker_domain_holds_total", "Domains held for long-waiting gangs",
-                                    registry=r)
+        self.foreign_messages = Counter(
+            "tandem_broker_agent_foreign_messages_total",
+            "Agent messages about an attempt not dispatched to that cluster (ignored)",
+            ["cluster"],
+            registry=r,
+        )
+        self.staleness_seconds = Gauge(
+            "tandem_broker_catalog_staleness_seconds", "Age of the last report", ["cluster"], registry=r
+        )
+        self.commit_batch = Histogram(
+            "tandem_broker_commit_batch_size",
+            "Requests per group commit",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
+        self.fair_share = Gauge(
+            "tandem_broker_fair_share_cost", "Water-filled fair share (GPUs x model weight)", ["tenant"], registry=r
+        )
+        self.actual_share = Gauge(
+            "tandem_broker_usage_cost", "Cost held now (GPUs x model weight)", ["tenant"], registry=r
+        )
+        self.demand = Gauge(
+            "tandem_broker_demand_cost", "Cost held plus cost queued (GPUs x model weight)", ["tenant"], registry=r
+        )
+        self.borrowed_gpus = Gauge(
+            "tandem_broker_borrowed_gpus", "GPUs held above quota", ["tenant", "gpu_model"], registry=r
+        )
+        self.preemptions = Counter(
+            "tandem_broker_preemptions_total", "Jobs preempted by the broker, by rule", ["reason"], registry=r
+        )
+        self.preemption_lost = Counter(
+            "tandem_broker_preemption_lost_gpu_hours_total",
+            "GPU-hours of work lost to preemption (since start or last checkpoint)",
+            ["tenant"],
+            registry=r,
+        )
+        self.preemption_holds = Gauge(
+            "tandem_broker_preemption_holds", "Waiting jobs holding nodes while their victims leave", registry=r
+        )
+        self.domain_holds = Counter(
+            "tandem_broker_domain_holds_total", "Domains held for long-waiting gangs", registry=r
+        )
         self.held_domains = Gauge("tandem_broker_held_domains", "Domains held now for draining gangs", registry=r)
-        self.held_idle_gpus = Gauge("tandem_broker_held_idle_gpus", "Idle GPUs kept by held domains (charged to "
-                                    "their gangs)", registry=r)
-        self.preemption_timeouts = Counter("tandem_broker_preemption_timeouts_total",
-                                           "Preemptions whose victims did not free the nodes in time", registry=r)
-        self.submissions = Counter("tandem_broker_submissions_total", "Submitted items by outcome",
-                                   ["outcome"], registry=r)
+        self.held_idle_gpus = Gauge(
+            "tandem_broker_held_idle_gpus", "Idle GPUs kept by held domains (charged to their gangs)", registry=r
+        )
+        self.preemption_timeouts = Counter(
+            "tandem_broker_preemption_timeouts_total",
+            "Preemptions whose victims did not free the nodes in time",
+            registry=r,
+        )
+        self.submissions = Counter(
+            "tandem_broker_submissions_total", "Submitted items by outcome", ["outcome"], registry=r
+        )
 
     def placed(self, job: Any, now: float) -> None:
         self.time_to_placement.observe(max(0.0, now - job.update_time))

@@ -5,22 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tandem.v1 import cluster_service_pb2, cluster_service_pb2_grpc, job_service_pb2, job_service_pb2_grpc
-
-from broker.config import BrokerConfig, ListenerConfig, TlsConfig
 from broker.api import serde
-from broker.hub import Hub
 from broker.api.services.clusters import AgentServicer, ClusterAdminServicer
 from broker.api.services.edge import register
 from broker.api.services.jobs import JobServicer
+from broker.config import BrokerConfig, ListenerConfig, TlsConfig
+from broker.hub import Hub
 from broker.web.app import WebServer
+from tandem.v1 import cluster_service_pb2, cluster_service_pb2_grpc, job_service_pb2, job_service_pb2_grpc
 
 __all__ = ["Servers", "serve"]
 
@@ -77,7 +76,7 @@ class Servers:
 
     async def stop(self, grace_s: float) -> None:
         """Graceful: report NOT_SERVING, close agent streams, let in-flight calls finish, then close the store."""
-        for h in (self._healths()):
+        for h in self._healths():
             await h.enter_graceful_shutdown()
         if self.web is not None:  # its live streams end first: they read the store until cancelled
             await self.web.stop()
@@ -101,14 +100,25 @@ async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
     # Every method decodes its request without raising and refuses a bad one as INVALID_ARGUMENT naming the
     # field (broker.api.services.edge.register), never grpcio's UNKNOWN.
     jobs = JobServicer(hub)
-    register(job_service_pb2_grpc.add_JobServiceServicer_to_server, jobs, job_service_pb2_grpc.JobServiceServicer,
-             jobs.edge, tenant, checked_per_item=JobServicer.CHECKED_PER_ITEM)
+    register(
+        job_service_pb2_grpc.add_JobServiceServicer_to_server,
+        jobs,
+        job_service_pb2_grpc.JobServiceServicer,
+        jobs.edge,
+        tenant,
+        checked_per_item=JobServicer.CHECKED_PER_ITEM,
+    )
     # One service, two listeners: admin RPCs on the tenant side, Connect on the agents' mTLS side; the
     # other half of each answers UNIMPLEMENTED.
     admin, agents = ClusterAdminServicer(hub), AgentServicer(hub)  # type: ignore[abstract]
     for servicer, server in ((admin, tenant), (agents, agent)):
-        register(cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server, servicer,
-                 cluster_service_pb2_grpc.ClusterServiceServicer, servicer.edge, server)
+        register(
+            cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server,
+            servicer,
+            cluster_service_pb2_grpc.ClusterServiceServicer,
+            servicer.edge,
+            server,
+        )
     healths = []
     for server, services in ((tenant, (JOB_SERVICE, CLUSTER_SERVICE)), (agent, (CLUSTER_SERVICE,))):
         h = health.aio.HealthServicer()

@@ -31,7 +31,7 @@ FIXED_KEYS = ("time", "level", "logger", "message")
 
 def rfc3339(created: float) -> str:
     """A record's ``created`` time as RFC 3339 UTC with milliseconds (``...T12:00:00.123Z``)."""
-    moment = datetime.datetime.fromtimestamp(created, tz=datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(created, tz=datetime.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -40,8 +40,12 @@ class JsonLineFormatter(JsonFormatter):
 
     def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
         # format() has set record.message (empty when the message is a dict of fields, which the library merges).
-        fixed = {"time": rfc3339(record.created), "level": record.levelname, "logger": record.name,
-                 "message": record.message}
+        fixed = {
+            "time": rfc3339(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.message,
+        }
         log_data.update(fixed)  # first, so they lead the line
         super().add_fields(log_data, record, message_dict)
         log_data.update(fixed)  # and last, so no extra replaces them

@@ -167,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed code is stale")
     parser.add_argument(
-        "--proto-root", type=Path, default=PROTO_ROOT, help="include root holding tandem/v1 (default: the repo's protos/)"
+        "--proto-root",
+        type=Path,
+        default=PROTO_ROOT,
+        help="include root holding tandem/v1 (default: the repo's protos/)",
     )
     opts = parser.parse_args(argv)
     root: Path = opts.proto_root.resolve()

@@ -17,8 +17,12 @@ from extender.inventory import Inventory
 
 __all__ = ["SUFFIXES", "exported", "exported_names", "label_names", "registries"]
 
-SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
-            "summary": ("_sum", "_count", "")}
+SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "gauge": ("",),
+    "summary": ("_sum", "_count", ""),
+}
 _SERIES_LABELS = {"le", "quantile"}
 """Labels prometheus_client adds to a histogram's / summary's series (not ours)."""
 
@@ -28,8 +32,11 @@ def registries() -> dict[str, CollectorRegistry]:
     its custom collector yields a labelled sample)."""
     agent = AgentMetrics()
     agent.watch_api_errors(lambda: {500: 1})
-    return {"broker": BrokerMetrics().registry, "agent": agent.registry,
-            "extender": ExtenderMetrics(Inventory(ExtenderConfig()), clock=lambda: 0.0).registry}
+    return {
+        "broker": BrokerMetrics().registry,
+        "agent": agent.registry,
+        "extender": ExtenderMetrics(Inventory(ExtenderConfig()), clock=lambda: 0.0).registry,
+    }
 
 
 def exported(registry: CollectorRegistry) -> set[str]:

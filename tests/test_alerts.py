@@ -23,22 +23,50 @@ from tests.metric_names import exported, exported_names, label_names, registries
 
 ALERTS = Path(__file__).resolve().parents[1] / "dashboards" / "tandem-alerts.yaml"
 EXPECTED = {
-    "tandem-broker": {"TandemBrokerDown", "TandemClusterReportStale", "TandemDispatchRejections",
-                      "TandemOldestQueuedJob", "TandemPreemptionRate"},
+    "tandem-broker": {
+        "TandemBrokerDown",
+        "TandemClusterReportStale",
+        "TandemDispatchRejections",
+        "TandemOldestQueuedJob",
+        "TandemPreemptionRate",
+    },
     "tandem-extender": {"TandemExtenderFilterSlow"},
 }
 GROUP_PROCESS = {"tandem-broker": "broker", "tandem-extender": "extender"}
 SCRAPER_METRICS = {"up"}
 """Series Prometheus itself writes per scrape target (not exported by our code)."""
 
-FORBIDDEN_LABELS = {"job_id", "job", "job_name", "job_set", "pod", "pod_name", "node", "node_name", "attempt",
-                    "replica", "namespace", "uid"}
+FORBIDDEN_LABELS = {
+    "job_id",
+    "job",
+    "job_name",
+    "job_set",
+    "pod",
+    "pod_name",
+    "node",
+    "node_name",
+    "attempt",
+    "replica",
+    "namespace",
+    "uid",
+}
 _IDENTITY = re.compile(r"(^|_)(job|pod)s?(_|$)")
 """Also any label that is a job or pod name by another spelling (victim_job, pod_uid, ...)."""
 
 _DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$")
-_PROMQL_OPERATORS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left",
-                     "group_right"}
+_PROMQL_OPERATORS = {
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+}
 
 
 def metric_names_in(expr: str) -> set[str]:
@@ -73,8 +101,10 @@ def _rules() -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_metric_name_extraction_sees_through_promql_syntax() -> None:
-    expr = ('histogram_quantile(0.99, sum by (le, verb) (rate(tandem_x_bucket{verb="filter",le!="+Inf"}[5m]))) '
-            '> 0.005 or absent(up{job="tandem-broker"}) and on (cluster) tandem_y_total offset 1h')
+    expr = (
+        'histogram_quantile(0.99, sum by (le, verb) (rate(tandem_x_bucket{verb="filter",le!="+Inf"}[5m]))) '
+        '> 0.005 or absent(up{job="tandem-broker"}) and on (cluster) tandem_y_total offset 1h'
+    )
     assert metric_names_in(expr) == {"tandem_x_bucket", "up", "tandem_y_total"}
     assert _labels_in(expr) == {"le", "verb", "job", "cluster"}
 
@@ -123,8 +153,11 @@ def test_every_expression_names_only_exported_metrics(group: str, rule: dict[str
 
 
 def offenders(registry: CollectorRegistry) -> dict[str, set[str]]:
-    return {name: bad for name, labels in label_names(registry).items()
-            if (bad := {lab for lab in labels if lab in FORBIDDEN_LABELS or _IDENTITY.search(lab)})}
+    return {
+        name: bad
+        for name, labels in label_names(registry).items()
+        if (bad := {lab for lab in labels if lab in FORBIDDEN_LABELS or _IDENTITY.search(lab)})
+    }
 
 
 @pytest.mark.parametrize("process", sorted(registries()))
@@ -159,5 +192,8 @@ def test_the_cardinality_check_catches_a_job_or_pod_label() -> None:
     Gauge("tandem_x_gauge", "x", ["cluster", "victim_job"], registry=r)
     Gauge("tandem_x_ok", "x", ["tenant", "cluster"], registry=r)
     r.register(_PodCollector())
-    assert offenders(r) == {"tandem_x": {"job_id"}, "tandem_x_gauge": {"victim_job"},
-                            "tandem_x_pod_age_seconds": {"pod_uid"}}
+    assert offenders(r) == {
+        "tandem_x": {"job_id"},
+        "tandem_x_gauge": {"victim_job"},
+        "tandem_x_pod_age_seconds": {"pod_uid"},
+    }

@@ -77,8 +77,13 @@ def test_the_launcher_runs_without_the_server_extra() -> None:
     blocked = _blocked_modules()
     assert {"asyncpg", "kubernetes", "numpy", "aiohttp"} <= set(blocked)  # the block list is really in force
     example = REPO / "examples" / "job-torchrun-rack.yaml"
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(blocked), str(example)],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(blocked), str(example)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert not loaded & set(blocked)
@@ -87,9 +92,19 @@ def test_the_launcher_runs_without_the_server_extra() -> None:
 def test_the_base_dependencies_are_what_the_launcher_imports() -> None:
     """Every base dependency is imported by the launcher, and nothing it imports comes from elsewhere
     (the standard library, the project itself and the base dependencies' own dependencies aside)."""
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(_blocked_modules()),
-                          str(REPO / "examples" / "job-torchrun-rack.yaml")],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            json.dumps(_blocked_modules()),
+            str(REPO / "examples" / "job-torchrun-rack.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     by_module = md.packages_distributions()

@@ -55,10 +55,21 @@ def test_worst_and_best_pick_the_extremes() -> None:
         figures.worst([], "p99")
 
 
-def _extender_row(nodes: int, cluster: str, mode: str, cached: bool, p50: float, p99: float,
-                  passed: int, per_s: float) -> dict[str, Any]:
-    return {"nodes": nodes, "cluster": cluster, "mode": mode, "cached": cached, "candidates": nodes,
-            "passed": passed, "pair_p50_ms": p50, "pair_p99_ms": p99, "pairs_per_s": per_s, "load_1m": 0.5}
+def _extender_row(
+    nodes: int, cluster: str, mode: str, cached: bool, p50: float, p99: float, passed: int, per_s: float
+) -> dict[str, Any]:
+    return {
+        "nodes": nodes,
+        "cluster": cluster,
+        "mode": mode,
+        "cached": cached,
+        "candidates": nodes,
+        "passed": passed,
+        "pair_p50_ms": p50,
+        "pair_p99_ms": p99,
+        "pairs_per_s": per_s,
+        "load_1m": 0.5,
+    }
 
 
 def test_extender_row_names_the_worst_scenario() -> None:
@@ -74,8 +85,9 @@ def test_extender_row_names_the_worst_scenario() -> None:
         "decide_in_process": [{"nodes": 5000, "pair_p50_ms": 1.9, "pair_p99_ms": 2.3}],
         "churn_in_process": [{"nodes": 5000, "pair_after_bind_p50_ms": 3.5, "pair_after_bind_p99_ms": 6.6}],
     }
-    results = figures.Results(json={"extender": extender},
-                              md={"extender": "Goal: pair p99 <= 5 ms at 5,000 nodes in names mode."})
+    results = figures.Results(
+        json={"extender": extender}, md={"extender": "Goal: pair p99 <= 5 ms at 5,000 nodes in names mode."}
+    )
     label, text = figures.extender_row(results)
     assert "5,000 candidate nodes" in label
     assert "mixed cluster, a new pod shape per request (worst p99): p50 13.4 ms, p99 14.6 ms, 74 pairs/s" in text

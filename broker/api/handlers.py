@@ -7,19 +7,19 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from broker.domain import errors, lifecycle
-from broker.scheduling import fairness
 from broker.api import serde, validation
+from broker.api.serde import ParsedItem
+from broker.domain import errors, lifecycle
+from broker.domain.errors import ErrorDetails, PolicyViolation, QuotaViolation
+from broker.domain.jobstatus import QueueView
+from broker.domain.records import AttemptRecord, GpuHours, JobFilter, JobPage, JobRecord, WatchEvent
+from broker.domain.states import JobState
+from broker.hub import Hub
+from broker.scheduling import fairness
 from broker.tenancy.auth import Caller, CallerKind
 from fleetplan.catalog import ClusterEntry, Usability
 from fleetplan.decide import ClusterVerdict, could_ever_fit, within_policy
 from fleetplan.view import ClusterState, FleetView
-from broker.domain.errors import ErrorDetails, PolicyViolation, QuotaViolation
-from broker.hub import Hub
-from broker.domain.jobstatus import QueueView
-from broker.domain.records import AttemptRecord, GpuHours, JobFilter, JobPage, JobRecord, WatchEvent
-from broker.api.serde import ParsedItem
-from broker.domain.states import JobState
 
 _log = logging.getLogger("tandem.broker.handlers")
 
@@ -83,27 +83,46 @@ def _policy_check(hub: Hub, item: ParsedItem, tenant: str) -> None:
     if pol.band_priority(band) is None or not tp.allows_band(band):
         raise errors.PolicyDenied(
             f"tenant {tenant} may not use priority band {band}",
-            details=ErrorDetails(reason="BAND_NOT_ALLOWED",
-                                 policy_violations=(PolicyViolation("PRIORITY_BAND", f"tenant/{tenant}/band/{band}",
-                                                                    f"{path}.priority_band not allowed"),)))
-    for kind, names, allows_name in (("cluster", item.request.allowed_clusters, tp.allows_cluster),
-                                     ("region", item.request.allowed_regions, tp.allows_region),
-                                     ("role", item.request.allowed_roles, tp.allows_role)):
+            details=ErrorDetails(
+                reason="BAND_NOT_ALLOWED",
+                policy_violations=(
+                    PolicyViolation(
+                        "PRIORITY_BAND", f"tenant/{tenant}/band/{band}", f"{path}.priority_band not allowed"
+                    ),
+                ),
+            ),
+        )
+    for kind, names, allows_name in (
+        ("cluster", item.request.allowed_clusters, tp.allows_cluster),
+        ("region", item.request.allowed_regions, tp.allows_region),
+        ("role", item.request.allowed_roles, tp.allows_role),
+    ):
         for name in names:
             if not allows_name(name):
                 raise errors.PolicyDenied(
                     f"tenant {tenant} may not use {kind} {name}",
-                    details=ErrorDetails(reason=f"{kind.upper()}_NOT_ALLOWED", policy_violations=(
-                        PolicyViolation(kind.upper(), f"tenant/{tenant}/{kind}/{name}",
-                                        f"{path}.cluster_selector.{kind}s"),)))
+                    details=ErrorDetails(
+                        reason=f"{kind.upper()}_NOT_ALLOWED",
+                        policy_violations=(
+                            PolicyViolation(
+                                kind.upper(), f"tenant/{tenant}/{kind}/{name}", f"{path}.cluster_selector.{kind}s"
+                            ),
+                        ),
+                    ),
+                )
     models: set[str] = set()
     for ps in item.request.pod_sets:
         for model in ps.shape.gpu_models:
             if not tp.allows_model(model):
                 raise errors.PolicyDenied(
                     f"tenant {tenant} may not use GPU model {model}",
-                    details=ErrorDetails(reason="GPU_MODEL_NOT_ALLOWED", policy_violations=(
-                        PolicyViolation("GPU_MODEL", f"tenant/{tenant}/gpu/{model}", f"{path}.pod_sets"),)))
+                    details=ErrorDetails(
+                        reason="GPU_MODEL_NOT_ALLOWED",
+                        policy_violations=(
+                            PolicyViolation("GPU_MODEL", f"tenant/{tenant}/gpu/{model}", f"{path}.pod_sets"),
+                        ),
+                    ),
+                )
             models.add(model)
     gpus = item.new_job.gpus
     if gpus > 0 and not item.new_job.preemptible:
@@ -114,16 +133,20 @@ def _policy_check(hub: Hub, item: ParsedItem, tenant: str) -> None:
                 m, lim = limits[0]
                 raise errors.QuotaExceeded(
                     f"job needs {gpus:g} GPUs, more than tenant {tenant}'s quota of {lim:g} for {m}",
-                    details=ErrorDetails(quota_violations=(
-                        QuotaViolation(f"tenant/{tenant}", f"gpu/{m}", 0.0, float(lim or 0), gpus),)))
+                    details=ErrorDetails(
+                        quota_violations=(QuotaViolation(f"tenant/{tenant}", f"gpu/{m}", 0.0, float(lim or 0), gpus),)
+                    ),
+                )
+
     def allows(entry: ClusterState) -> bool:
         return tp.allows_place(entry.name, entry.meta.region, entry.meta.role)
 
     placeable = within_policy(item.request, None if "*" in tp.gpu_models else tp.gpu_models)
     fits, why = could_ever_fit(FleetView(hub.catalog, hub.clock()), placeable, allows)
     if fits is False:
-        raise errors.Unschedulable(f"job could not fit in any allowed cluster even if empty: {why}",
-                                   details=ErrorDetails(reason="UNFITTABLE"))
+        raise errors.Unschedulable(
+            f"job could not fit in any allowed cluster even if empty: {why}", details=ErrorDetails(reason="UNFITTABLE")
+        )
 
 
 async def submit_jobs(hub: Hub, caller: Caller, items: Sequence[ParsedItem], validate_only: bool) -> list[ItemOutcome]:
@@ -156,8 +179,15 @@ async def submit_jobs(hub: Hub, caller: Caller, items: Sequence[ParsedItem], val
                 hub.placer.remember(res.job, item.request)
             hub.placer.observe(res.job)
             if res.created:
-                _log.info("job submitted", extra={"job": res.job.job_id, "tenant": res.job.tenant,
-                                                  "job_set": res.job.job_set, "gpus": res.job.gpus})
+                _log.info(
+                    "job submitted",
+                    extra={
+                        "job": res.job.job_id,
+                        "tenant": res.job.tenant,
+                        "job_set": res.job.job_set,
+                        "gpus": res.job.gpus,
+                    },
+                )
             out[item.index] = ItemOutcome(item.index, item.key, job_id=res.job.job_id, duplicate=not res.created)
     for o in out:
         assert o is not None
@@ -183,8 +213,11 @@ async def get_job(hub: Hub, caller: Caller, job_id: str, full: bool = True) -> J
     job = await hub.store.get_job(job_id, tenant=_scope(caller))
     attempts = tuple(await hub.store.list_attempts(job_id)) if full else ()
     history = tuple(await hub.store.job_history(job_id)) if full else ()
-    templates = {a.cluster: e.meta.log_templates for a in attempts
-                 if (e := hub.catalog.clusters.get(a.cluster)) is not None and e.meta.log_templates}
+    templates = {
+        a.cluster: e.meta.log_templates
+        for a in attempts
+        if (e := hub.catalog.clusters.get(a.cluster)) is not None and e.meta.log_templates
+    }
     verdicts = await hub.placer.cluster_verdicts(job) if full and job.state is JobState.QUEUED else ()
     return JobView(job, attempts, history, queue_info(hub, job, clusters=verdicts), templates)
 
@@ -202,14 +235,29 @@ def queue_info(hub: Hub, job: JobRecord, *, clusters: Sequence[ClusterVerdict] =
     return QueueView(info.position, info.reason.value, info.message, tuple(clusters))
 
 
-async def list_jobs(hub: Hub, caller: Caller, flt: JobFilter, page_size: int, page_token: str, *,
-                    size_of: Callable[[JobRecord], int] | None = None, max_bytes: int = 0) -> tuple[JobPage, int]:
+async def list_jobs(
+    hub: Hub,
+    caller: Caller,
+    flt: JobFilter,
+    page_size: int,
+    page_token: str,
+    *,
+    size_of: Callable[[JobRecord], int] | None = None,
+    max_bytes: int = 0,
+) -> tuple[JobPage, int]:
     """One page of the caller's jobs. With `size_of` and `max_bytes`, the page is cut to the jobs whose encoded
     sizes fit in `max_bytes` (at least one: validation bounds a job's size), with the token that resumes
     after the last one kept, so a page of large jobs never exceeds what the server may send."""
     tenant = _tenant_of(caller, flt.tenant or "") or None
-    flt = JobFilter(tenant=tenant, states=flt.states, queue=flt.queue, job_set=flt.job_set, labels=flt.labels,
-                    cluster=flt.cluster, gpu_model=flt.gpu_model)
+    flt = JobFilter(
+        tenant=tenant,
+        states=flt.states,
+        queue=flt.queue,
+        job_set=flt.job_set,
+        labels=flt.labels,
+        cluster=flt.cluster,
+        gpu_model=flt.gpu_model,
+    )
     revision = await hub.store.current_revision()
     page = await hub.store.list_jobs(flt, page_size=page_size, page_token=page_token)
     if size_of is not None and max_bytes > 0:
@@ -227,7 +275,13 @@ async def list_jobs(hub: Hub, caller: Caller, flt: JobFilter, page_size: int, pa
 
 
 async def watch_jobs(
-    hub: Hub, caller: Caller, from_revision: int, tenant: str, queue: str, job_set: str, job_ids: frozenset[str],
+    hub: Hub,
+    caller: Caller,
+    from_revision: int,
+    tenant: str,
+    queue: str,
+    job_set: str,
+    job_ids: frozenset[str],
     bookmark_s: float,
 ) -> AsyncIterator[tuple[int, WatchEvent | None, JobRecord | None]]:
     """Events after `from_revision` matching the filters, then live ones; (revision, None, None) is a bookmark."""
@@ -258,10 +312,19 @@ async def cancel_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tupl
     if before.state.terminal:
         return before.state, True
     actor = f"{caller.kind.value}/{caller.name}"
-    job = await hub.store.cancel_job(job_id, tenant=_scope(caller), actor=actor, message=reason or "cancelled",
-                                     grace_s=hub.cfg.grace_period_s)
-    _log.info("job cancel requested", extra={"job": job.job_id, "attempt": job.attempt, "tenant": job.tenant,
-                                             "state": job.state.value, "actor": actor})
+    job = await hub.store.cancel_job(
+        job_id, tenant=_scope(caller), actor=actor, message=reason or "cancelled", grace_s=hub.cfg.grace_period_s
+    )
+    _log.info(
+        "job cancel requested",
+        extra={
+            "job": job.job_id,
+            "attempt": job.attempt,
+            "tenant": job.tenant,
+            "state": job.state.value,
+            "actor": actor,
+        },
+    )
     hub.placer.observe(job)
     await hub.dispatcher.deliver_for(job)
     return job.state, False
@@ -274,11 +337,21 @@ async def cancel_job_set(hub: Hub, caller: Caller, tenant: str, job_set: str, re
     page = await hub.store.list_jobs(JobFilter(tenant=who, job_set=job_set), page_size=1000)
     terminal = sum(1 for j in page.jobs if j.state.terminal)
     actor = f"{caller.kind.value}/{caller.name}"
-    changed = await hub.store.cancel_job_set(who, job_set, actor=actor,
-                                             message=reason or "cancelled", grace_s=hub.cfg.grace_period_s)
+    changed = await hub.store.cancel_job_set(
+        who, job_set, actor=actor, message=reason or "cancelled", grace_s=hub.cfg.grace_period_s
+    )
     for job in changed:
-        _log.info("job cancel requested", extra={"job": job.job_id, "attempt": job.attempt, "tenant": job.tenant,
-                                                 "state": job.state.value, "actor": actor, "job_set": job_set})
+        _log.info(
+            "job cancel requested",
+            extra={
+                "job": job.job_id,
+                "attempt": job.attempt,
+                "tenant": job.tenant,
+                "state": job.state.value,
+                "actor": actor,
+                "job_set": job_set,
+            },
+        )
         hub.placer.observe(job)
     for cluster in {c for c in hub.dispatcher.sessions}:
         await hub.dispatcher.deliver(cluster)
@@ -344,8 +417,9 @@ def queue_counts(hub: Hub, caller: Caller) -> tuple[dict[str, QueueCounts], Queu
     return tenants, fleet
 
 
-async def export_usage(hub: Hub, caller: Caller, tenant: str, since: float | None,
-                       until: float | None) -> tuple[list[GpuHours], float, float]:
+async def export_usage(
+    hub: Hub, caller: Caller, tenant: str, since: float | None, until: float | None
+) -> tuple[list[GpuHours], float, float]:
     """GPU-hours per (tenant, model, cluster) in [since, until] (defaults: 0, now), scoped to the caller."""
     who = _tenant_of(caller, tenant) or None
     now = hub.clock()
@@ -354,8 +428,9 @@ async def export_usage(hub: Hub, caller: Caller, tenant: str, since: float | Non
     return await hub.store.gpu_hours(since=lo, until=hi, now=now, tenant=who), lo, hi
 
 
-REQUEUEABLE = frozenset({JobState.RESERVED, JobState.DISPATCHED, JobState.ACCEPTED, JobState.STARTING,
-                         JobState.RUNNING})
+REQUEUEABLE = frozenset(
+    {JobState.RESERVED, JobState.DISPATCHED, JobState.ACCEPTED, JobState.STARTING, JobState.RUNNING}
+)
 """States RequeueJob acts on: the job's current attempt holds capacity and is not already ending."""
 
 
@@ -368,23 +443,31 @@ async def requeue_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> Job
         raise errors.FailedPrecondition(
             f"job {job_id} is {job.state.value}: only a job holding capacity "
             f"({', '.join(s.value for s in sorted(REQUEUEABLE))}) can be requeued",
-            details=errors.ErrorDetails(reason="NOT_REQUEUEABLE"), job_id=job_id, state=job.state.value)
+            details=errors.ErrorDetails(reason="NOT_REQUEUEABLE"),
+            job_id=job_id,
+            state=job.state.value,
+        )
     actor = _actor(caller)
-    event = lifecycle.RequeueRequested(job_id, job.attempt, actor=actor, grace_s=hub.cfg.grace_period_s,
-                                       message=reason or f"requeued by {actor}")
+    event = lifecycle.RequeueRequested(
+        job_id, job.attempt, actor=actor, grace_s=hub.cfg.grace_period_s, message=reason or f"requeued by {actor}"
+    )
     after, reaction = await hub.store.apply_event(event)
     if reaction.transition is None:  # it moved on between the read and the write
         raise errors.FailedPrecondition(
             f"job {job_id} changed meanwhile (now {after.state.value}, attempt {after.attempt}); read it again",
-            details=errors.ErrorDetails(reason="NOT_REQUEUEABLE"), job_id=job_id, state=after.state.value)
+            details=errors.ErrorDetails(reason="NOT_REQUEUEABLE"),
+            job_id=job_id,
+            state=after.state.value,
+        )
     _log.info("job state changed", extra=lifecycle.log_fields(after, reaction.transition))
     hub.placer.observe(after)
     await hub.dispatcher.deliver_for(after)
     return after
 
 
-async def set_job_priority(hub: Hub, caller: Caller, job_id: str, priority: int | None, band: str,
-                           reason: str) -> JobRecord:
+async def set_job_priority(
+    hub: Hub, caller: Caller, job_id: str, priority: int | None, band: str, reason: str
+) -> JobRecord:
     """New priority and / or band for a job that is not terminal; the band must be one its tenant may use."""
     scope = _scope(caller)
     job = await hub.store.get_job(job_id, tenant=scope)
@@ -392,10 +475,18 @@ async def set_job_priority(hub: Hub, caller: Caller, job_id: str, priority: int 
         pol = hub.policy.current()
         tp = pol.tenants.get(job.tenant)
         if pol.band_priority(band) is None or tp is None or not tp.allows_band(band):
-            raise errors.InvalidArgument.fields(errors.FieldViolation(
-                "priority_band", f"tenant {job.tenant} may not use priority band {band}"))
-    after = await hub.store.set_priority(job_id, tenant=scope, actor=_actor(caller), priority=priority,
-                                         band=band or None, message=reason, respec=serde.respec_priority)
+            raise errors.InvalidArgument.fields(
+                errors.FieldViolation("priority_band", f"tenant {job.tenant} may not use priority band {band}")
+            )
+    after = await hub.store.set_priority(
+        job_id,
+        tenant=scope,
+        actor=_actor(caller),
+        priority=priority,
+        band=band or None,
+        message=reason,
+        respec=serde.respec_priority,
+    )
     if after.revision != job.revision:
         hub.placer.requests.pop(job_id, None)  # the cached request carries the old priority
         hub.placer.observe(after)
@@ -405,8 +496,9 @@ async def set_job_priority(hub: Hub, caller: Caller, job_id: str, priority: int 
 
 async def hold_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[JobRecord, bool]:
     """Hold a job (idempotent): (job, changed)."""
-    job, changed = await hub.store.set_hold(job_id, held=True, tenant=_scope(caller), actor=_actor(caller),
-                                            message=reason)
+    job, changed = await hub.store.set_hold(
+        job_id, held=True, tenant=_scope(caller), actor=_actor(caller), message=reason
+    )
     if changed:
         hub.placer.observe(job)
     return job, changed
@@ -414,8 +506,9 @@ async def hold_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[
 
 async def release_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[JobRecord, bool]:
     """Lift a hold (idempotent): (job, changed). Tenants may not lift an admin's hold."""
-    job, changed = await hub.store.set_hold(job_id, held=False, tenant=_scope(caller), actor=_actor(caller),
-                                            message=reason)
+    job, changed = await hub.store.set_hold(
+        job_id, held=False, tenant=_scope(caller), actor=_actor(caller), message=reason
+    )
     if changed:
         hub.placer.observe(job)
         hub.placer.capacity_changed()  # observe() only queues a look at jobs new to the queue
@@ -436,8 +529,9 @@ class ClusterView:
 def _view(hub: Hub, entry: ClusterEntry, now: float) -> ClusterView:
     use = entry.usability(now, hub.catalog.stale_after_s)
     active = hub.catalog.reservation_count(entry.name)
-    return ClusterView(entry, use in (Usability.STALE, Usability.DISCONNECTED), active,
-                       hub.cordon_reasons.get(entry.name, ""))
+    return ClusterView(
+        entry, use in (Usability.STALE, Usability.DISCONNECTED), active, hub.cordon_reasons.get(entry.name, "")
+    )
 
 
 def list_clusters(hub: Hub, caller: Caller, *, region: str = "", role: str = "") -> list[ClusterView]:

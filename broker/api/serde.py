@@ -8,16 +8,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from broker.api import validation
+from broker.domain import errors, jobstatus
+from broker.domain.errors import FieldViolation, TandemError
+from broker.domain.records import AttemptRecord, JobRecord, NewJob, WatchEvent, freeze_labels
+from broker.domain.states import JobState
 from placement.errors import PodSpecError
 from placement.model import GPU_PRODUCT_LABEL, WHOLE_GPU_MILLI, DraRequest, JobRequest, PodSet, PodShape
 from placement.podspec import GPU_MILLI_RESOURCE, GPU_RESOURCE, MIG_RESOURCE_PREFIX, shape_from_pod
 from tandem.v1 import common_pb2, job_pb2, job_service_pb2
-
-from broker.domain import errors, jobstatus
-from broker.api import validation
-from broker.domain.errors import FieldViolation, TandemError
-from broker.domain.records import AttemptRecord, JobRecord, NewJob, WatchEvent, freeze_labels
-from broker.domain.states import JobState
 
 __all__ = [
     "ts",
@@ -86,13 +85,15 @@ def _shape(shape: job_pb2.PodShape, template: dict[str, object], path: str) -> t
         # constraint of the job: the broker places (and the policy judges) by it too.
         templated = tpl_shape.gpu_models
         if declared and templated and not declared & templated:
-            out.append(FieldViolation(f"{path}.shape.allowed_gpu_models",
-                                      f"none of {sorted(declared)} is allowed by the pod template's "
-                                      f"{GPU_PRODUCT_LABEL} selector ({sorted(templated)})"))
+            out.append(
+                FieldViolation(
+                    f"{path}.shape.allowed_gpu_models",
+                    f"none of {sorted(declared)} is allowed by the pod template's "
+                    f"{GPU_PRODUCT_LABEL} selector ({sorted(templated)})",
+                )
+            )
         models = declared & templated if declared and templated else declared or templated
-    dra = tuple(
-        DraRequest(r.device_class_name, tuple(r.selectors), max(r.count, 1)) for r in shape.device_requests
-    )
+    dra = tuple(DraRequest(r.device_class_name, tuple(r.selectors), max(r.count, 1)) for r in shape.device_requests)
     core = PodShape(
         gpus=shape.gpu_count,
         gpu_milli=milli,
@@ -124,10 +125,15 @@ def _template_disagrees(shape: job_pb2.PodShape, tpl: PodShape, milli: int, path
         ("memory_bytes", shape.memory_bytes, tpl.memory, "memory (bytes)"),
         ("extended_resources", dict(shape.extended_resources), dict(tpl.extended), "other extended resources"),
     ]
-    return [FieldViolation(f"{path}.shape.{name}",
-                           f"declares {declared!r} but the pod template requests {templated!r} of {what} "
-                           "(set the template's container requests to the shape)")
-            for name, declared, templated, what in pairs if declared != templated]
+    return [
+        FieldViolation(
+            f"{path}.shape.{name}",
+            f"declares {declared!r} but the pod template requests {templated!r} of {what} "
+            "(set the template's container requests to the shape)",
+        )
+        for name, declared, templated, what in pairs
+        if declared != templated
+    ]
 
 
 def request_from_spec(job_id: str, spec: job_pb2.JobSpec, tenant: str, base_priority: int = 0) -> JobRequest:
@@ -148,11 +154,14 @@ def request_from_spec(job_id: str, spec: job_pb2.JobSpec, tenant: str, base_prio
             pass
         try:
             shape, bad = _shape(ps.shape, template if isinstance(template, dict) else {}, path)
-        except Exception as exc:  # noqa: BLE001 - the template is untrusted: whatever it breaks is its fault
+        except Exception as exc:
             _log.warning("pod template could not be compared with its shape", extra={"error": repr(exc)[:200]})
-            violations.append(FieldViolation(f"{path}.pod_template_json",
-                                             "its requests cannot be compared with the shape (a quantity out of "
-                                             "range?)"))
+            violations.append(
+                FieldViolation(
+                    f"{path}.pod_template_json",
+                    "its requests cannot be compared with the shape (a quantity out of range?)",
+                )
+            )
             continue
         violations.extend(bad)
         pod_sets.append(PodSet(ps.name, ps.count, shape))
@@ -218,7 +227,9 @@ def _gpu_demand(req: JobRequest) -> float:
     return total
 
 
-def parse_items(request: job_service_pb2.SubmitJobsRequest, caller_tenant: str, admin: bool = False) -> list[ParsedItem]:
+def parse_items(
+    request: job_service_pb2.SubmitJobsRequest, caller_tenant: str, admin: bool = False
+) -> list[ParsedItem]:
     """Validate every item independently; each gets either a NewJob + JobRequest or an error.
 
     Tenants submit for themselves (spec.tenant empty or their own); admins name the tenant in each spec."""
@@ -237,7 +248,9 @@ def parse_items(request: job_service_pb2.SubmitJobsRequest, caller_tenant: str, 
         if not bad and admin and not item.spec.tenant:
             bad.append(FieldViolation(f"{path}.spec.tenant", "admins must name the tenant"))
         if not bad and not admin and item.spec.tenant and item.spec.tenant != caller_tenant:
-            parsed.error = errors.PermissionDenied(f"tenant {caller_tenant} may not submit for tenant {item.spec.tenant}")
+            parsed.error = errors.PermissionDenied(
+                f"tenant {caller_tenant} may not submit for tenant {item.spec.tenant}"
+            )
             out.append(parsed)
             continue
         if bad:
@@ -254,9 +267,7 @@ def parse_items(request: job_service_pb2.SubmitJobsRequest, caller_tenant: str, 
         try:
             req = request_from_spec("pending", spec, tenant)
         except errors.InvalidArgument as exc:
-            rebased = tuple(
-                FieldViolation(f"{path}.{v.field}", v.description) for v in exc.details.field_violations
-            )
+            rebased = tuple(FieldViolation(f"{path}.{v.field}", v.description) for v in exc.details.field_violations)
             parsed.error = errors.InvalidArgument.fields(*rebased)
             out.append(parsed)
             continue
@@ -290,23 +301,47 @@ def _rendezvous(job_id: str, a: AttemptRecord, spec: job_pb2.JobSpec) -> str:
         return a.rendezvous  # as the agent wired it
     if not a.namespace or not spec.pod_sets:
         return ""  # before accept the namespace is not known
-    framework = job_pb2.Framework.Name(spec.framework).removeprefix("FRAMEWORK_") \
-        if spec.framework in job_pb2.Framework.values() else ""
-    return jobstatus.rendezvous_address(job_id, a.number, spec.pod_sets[0].name, a.namespace, framework,
-                                       spec.rendezvous_port)
+    framework = (
+        job_pb2.Framework.Name(spec.framework).removeprefix("FRAMEWORK_")
+        if spec.framework in job_pb2.Framework.values()
+        else ""
+    )
+    return jobstatus.rendezvous_address(
+        job_id, a.number, spec.pod_sets[0].name, a.namespace, framework, spec.rendezvous_port
+    )
 
 
-def _attempt_to_proto(a: AttemptRecord, level: str = "", job_id: str = "", spec: job_pb2.JobSpec | None = None,
-                      templates: Sequence[tuple[str, str]] = ()) -> job_pb2.Attempt:
-    out = job_pb2.Attempt(number=a.number, cluster=a.cluster, gpu_model=a.gpu_model,
-                          namespace=a.namespace, outcome_message=a.message, spent_retry=a.spent_retry,
-                          domain_level=level if a.domain else "")
+def _attempt_to_proto(
+    a: AttemptRecord,
+    level: str = "",
+    job_id: str = "",
+    spec: job_pb2.JobSpec | None = None,
+    templates: Sequence[tuple[str, str]] = (),
+) -> job_pb2.Attempt:
+    out = job_pb2.Attempt(
+        number=a.number,
+        cluster=a.cluster,
+        gpu_model=a.gpu_model,
+        namespace=a.namespace,
+        outcome_message=a.message,
+        spent_retry=a.spent_retry,
+        domain_level=level if a.domain else "",
+    )
     for rep in a.replicas:
-        status = out.replicas.add(pod_set=rep.pod_set, index=rep.index, pod_name=rep.pod, node=rep.node,
-                                  reason=rep.reason, message=rep.message)
+        status = out.replicas.add(
+            pod_set=rep.pod_set,
+            index=rep.index,
+            pod_name=rep.pod,
+            node=rep.node,
+            reason=rep.reason,
+            message=rep.message,
+        )
         phase = f"REPLICA_PHASE_{rep.phase}"
-        status.phase = common_pb2.ReplicaPhase.Value(phase) if phase in common_pb2.ReplicaPhase.keys() \
+        status.phase = (
+            common_pb2.ReplicaPhase.Value(phase)
+            if phase in common_pb2.ReplicaPhase.keys()
             else common_pb2.REPLICA_PHASE_UNSPECIFIED
+        )
         if rep.exit_code is not None:
             status.exit_code = rep.exit_code
     if spec is not None:
@@ -328,8 +363,15 @@ def _attempt_to_proto(a: AttemptRecord, level: str = "", job_id: str = "", spec:
     if a.exit_code is not None:
         out.exit_code = a.exit_code
     if a.rejection_reason or a.rejection_nodes:
-        name = a.rejection_reason if a.rejection_reason.startswith("DISPATCH_REJECT_REASON_") else (
-            f"DISPATCH_REJECT_REASON_{a.rejection_reason}" if a.rejection_reason else "DISPATCH_REJECT_REASON_UNSPECIFIED")
+        name = (
+            a.rejection_reason
+            if a.rejection_reason.startswith("DISPATCH_REJECT_REASON_")
+            else (
+                f"DISPATCH_REJECT_REASON_{a.rejection_reason}"
+                if a.rejection_reason
+                else "DISPATCH_REJECT_REASON_UNSPECIFIED"
+            )
+        )
         try:
             out.rejection.reason = job_pb2.DispatchRejectReason.Value(name)
         except ValueError:
@@ -376,14 +418,19 @@ def job_to_proto(
         st.queue_info.message = queue_info.message
         for v in queue_info.clusters:
             out = st.queue_info.clusters.add(
-                cluster=v.cluster, message=v.message,
-                reason=job_pb2.ClusterVerdictReason.Value(f"CLUSTER_VERDICT_REASON_{v.verdict.value}"))
+                cluster=v.cluster,
+                message=v.message,
+                reason=job_pb2.ClusterVerdictReason.Value(f"CLUSTER_VERDICT_REASON_{v.verdict.value}"),
+            )
             if v.fit_reason is not None:
                 out.fit_reason = common_pb2.FitReason.Value(f"FIT_REASON_{v.fit_reason.name}")
     if full:
         for a in attempts:
-            st.attempts.append(_attempt_to_proto(a, job.spec.topology.required_level, rec.job_id, job.spec,
-                                                 (templates or {}).get(a.cluster, ())))
+            st.attempts.append(
+                _attempt_to_proto(
+                    a, job.spec.topology.required_level, rec.job_id, job.spec, (templates or {}).get(a.cluster, ())
+                )
+            )
         waiting = jobstatus.waiting_message(rec, attempts[-1] if attempts else None)
         if waiting is not None:
             st.message = waiting
@@ -395,7 +442,10 @@ def job_to_proto(
 def _transition(ev: WatchEvent) -> job_pb2.StateTransition:
     out = job_pb2.StateTransition(
         to_state=state_to_proto(ev.to_state),  # type: ignore[arg-type]
-        attempt=ev.attempt, reason=ev.reason, message=ev.message, actor=ev.actor,
+        attempt=ev.attempt,
+        reason=ev.reason,
+        message=ev.message,
+        actor=ev.actor,
     )
     if ev.from_state is not None:
         out.from_state = state_to_proto(ev.from_state)  # type: ignore[assignment]
@@ -405,7 +455,8 @@ def _transition(ev: WatchEvent) -> job_pb2.StateTransition:
 
 def event_to_proto(ev: WatchEvent, job: JobRecord | None) -> job_service_pb2.JobEvent:
     kind = {"SUBMITTED": svc.JOB_EVENT_TYPE_SUBMITTED, "UPDATED": svc.JOB_EVENT_TYPE_JOB_UPDATED}.get(
-        ev.kind.value, svc.JOB_EVENT_TYPE_STATE_CHANGED)
+        ev.kind.value, svc.JOB_EVENT_TYPE_STATE_CHANGED
+    )
     out = svc.JobEvent(revision=ev.revision, type=kind, job_id=ev.job_id)
     out.time.CopyFrom(ts(ev.time))
     out.transition.CopyFrom(_transition(ev))

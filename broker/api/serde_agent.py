@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import duration_pb2
 
-from tandem.v1 import cluster_service_pb2 as cs
-from tandem.v1 import common_pb2
-from tandem.v1 import inventory_pb2 as inv
-from tandem.v1 import job_pb2
-
-from broker.clusters import link
-from fleetplan.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level
-from fleetplan.catalog import ReplicaPlacement
-from broker.domain.records import ReplicaRecord
 from broker.api.serde import spec_from_bytes, ts
 from broker.api.serde_inventory import node_from_proto
+from broker.clusters import link
+from broker.domain.records import ReplicaRecord
 from broker.domain.states import AttemptOutcome
+from fleetplan.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level, ReplicaPlacement
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import common_pb2, job_pb2
+from tandem.v1 import inventory_pb2 as inv
 
 __all__ = [
     "node_from_proto",
     "hello_meta",
     "report_from_snapshot",
     "report_from_delta",
-    "WorkloadReport",
     "workload_from_proto",
     "dispatch_message",
     "start_message",
@@ -51,25 +46,29 @@ def hello_meta(h: cs.Hello) -> ClusterMeta:
 
 
 def _bound(progress: Sequence[inv.ReservationProgress]) -> dict[tuple[str, int], frozenset[tuple[str, int]]]:
-    return {
-        (p.attempt.job_id, p.attempt.attempt): frozenset((b.pod_set, b.index) for b in p.bound)
-        for p in progress
-    }
+    return {(p.attempt.job_id, p.attempt.attempt): frozenset((b.pod_set, b.index) for b in p.bound) for p in progress}
 
 
 def report_from_snapshot(cluster: str, s: inv.InventorySnapshot, now: float) -> InventoryReport:
     return InventoryReport(
-        cluster=cluster, sequence=s.sequence, full=True,
+        cluster=cluster,
+        sequence=s.sequence,
+        full=True,
         observed_at=s.observe_time.ToNanoseconds() / 1e9 if s.HasField("observe_time") else now,
-        nodes=tuple(node_from_proto(n) for n in s.nodes), bound=_bound(s.reservations),
+        nodes=tuple(node_from_proto(n) for n in s.nodes),
+        bound=_bound(s.reservations),
     )
 
 
 def report_from_delta(cluster: str, d: inv.InventoryDelta, now: float) -> InventoryReport:
     return InventoryReport(
-        cluster=cluster, sequence=d.sequence, full=False, base_sequence=d.base_sequence,
+        cluster=cluster,
+        sequence=d.sequence,
+        full=False,
+        base_sequence=d.base_sequence,
         observed_at=d.observe_time.ToNanoseconds() / 1e9 if d.HasField("observe_time") else now,
-        nodes=tuple(node_from_proto(n) for n in d.upserted_nodes), removed=tuple(d.removed_node_names),
+        nodes=tuple(node_from_proto(n) for n in d.upserted_nodes),
+        removed=tuple(d.removed_node_names),
         bound=_bound(d.reservations),
     )
 
@@ -79,14 +78,22 @@ _RUNNING = {common_pb2.REPLICA_PHASE_RUNNING, common_pb2.REPLICA_PHASE_SUCCEEDED
 
 def workload_from_proto(w: cs.WorkloadStatus) -> link.WorkloadReport:
     name = cs.WorkloadPhase.Name(w.phase) if w.phase in cs.WorkloadPhase.values() else "WORKLOAD_PHASE_UNSPECIFIED"
-    oname = (job_pb2.AttemptOutcome.Name(w.outcome) if w.outcome in job_pb2.AttemptOutcome.values()
-             else "ATTEMPT_OUTCOME_UNSPECIFIED").removeprefix("ATTEMPT_OUTCOME_")
+    oname = (
+        job_pb2.AttemptOutcome.Name(w.outcome)
+        if w.outcome in job_pb2.AttemptOutcome.values()
+        else "ATTEMPT_OUTCOME_UNSPECIFIED"
+    ).removeprefix("ATTEMPT_OUTCOME_")
     return link.WorkloadReport(
-        job_id=w.attempt.job_id, attempt=w.attempt.attempt, phase=name.removeprefix("WORKLOAD_PHASE_"),
+        job_id=w.attempt.job_id,
+        attempt=w.attempt.attempt,
+        phase=name.removeprefix("WORKLOAD_PHASE_"),
         outcome=None if oname == "UNSPECIFIED" else AttemptOutcome(oname),
-        exit_code=w.exit_code if w.HasField("exit_code") else None, message=w.message,
-        namespace=w.namespace, running_replicas=sum(1 for r in w.replicas if r.phase in _RUNNING),
-        total_replicas=len(w.replicas), replicas=tuple(_replica(r) for r in w.replicas),
+        exit_code=w.exit_code if w.HasField("exit_code") else None,
+        message=w.message,
+        namespace=w.namespace,
+        running_replicas=sum(1 for r in w.replicas if r.phase in _RUNNING),
+        total_replicas=len(w.replicas),
+        replicas=tuple(_replica(r) for r in w.replicas),
         rendezvous=w.rendezvous_address,
     )
 
@@ -94,10 +101,16 @@ def workload_from_proto(w: cs.WorkloadStatus) -> link.WorkloadReport:
 def _replica(r: common_pb2.ReplicaStatus) -> ReplicaRecord:
     known = r.phase in common_pb2.ReplicaPhase.values()
     phase = common_pb2.ReplicaPhase.Name(r.phase) if known else "REPLICA_PHASE_UNSPECIFIED"
-    return ReplicaRecord(pod_set=r.pod_set, index=r.index, pod=r.pod_name, node=r.node,
-                         phase=phase.removeprefix("REPLICA_PHASE_"),
-                         exit_code=r.exit_code if r.HasField("exit_code") else None,
-                         reason=r.reason, message=r.message[:1024])
+    return ReplicaRecord(
+        pod_set=r.pod_set,
+        index=r.index,
+        pod=r.pod_name,
+        node=r.node,
+        phase=phase.removeprefix("REPLICA_PHASE_"),
+        exit_code=r.exit_code if r.HasField("exit_code") else None,
+        reason=r.reason,
+        message=r.message[:1024],
+    )
 
 
 _FEEDBACK_NODES = 5
@@ -105,8 +118,12 @@ _FEEDBACK_NODES = 5
 
 
 def _reasons(n: common_pb2.NodeFitResult) -> str:
-    names = [common_pb2.FitReason.Name(r).removeprefix("FIT_REASON_") if r in common_pb2.FitReason.values()
-             else "UNSPECIFIED" for r in n.reasons]
+    names = [
+        common_pb2.FitReason.Name(r).removeprefix("FIT_REASON_")
+        if r in common_pb2.FitReason.values()
+        else "UNSPECIFIED"
+        for r in n.reasons
+    ]
     detail = f" ({n.message})" if n.message else ""
     return f"{n.node}: {'+'.join(names) or 'UNSPECIFIED'}{detail}"
 
@@ -124,8 +141,9 @@ def feedback_from_proto(f: cs.SchedulingFeedback, now: float) -> link.Feedback:
         if p.message:  # kube-scheduler's own aggregate (extender reasons and in-tree filters) says it best
             when = p.time.ToNanoseconds() / 1e9 if p.HasField("time") else now
             text = f"{head}: {p.reason + ': ' if p.reason else ''}{p.message}"
-            out.append(link.PodFeedback(p.attempt.job_id, p.attempt.attempt, p.pod_set, p.index, p.pod_name, when,
-                                        text[:2048]))
+            out.append(
+                link.PodFeedback(p.attempt.job_id, p.attempt.attempt, p.pod_set, p.index, p.pod_name, when, text[:2048])
+            )
             continue
         verdict = "; ".join(parts) if parts else "no node refused"
         text = f"{head}: {verdict}" + (f"; {fits} nodes fit" if fits else "")
@@ -143,16 +161,19 @@ def _dur(seconds: float) -> duration_pb2.Duration:
 _DEFAULT_PORTS = {job_pb2.FRAMEWORK_TORCHRUN: 29500, job_pb2.FRAMEWORK_RAY: 6379, job_pb2.FRAMEWORK_MPI: 2222}
 
 
-def _pod_sets(spec: job_pb2.JobSpec, assignments: Sequence[ReplicaPlacement], out: Any,
-              *, templates: bool) -> None:
+def _pod_sets(spec: job_pb2.JobSpec, assignments: Sequence[ReplicaPlacement], out: Any, *, templates: bool) -> None:
     """Per pod set of `spec`: its shape and nodes in index order, contiguous per node (and its template)."""
     by_set: dict[str, list[ReplicaPlacement]] = {}
     for r in assignments:
         by_set.setdefault(r.pod_set, []).append(r)
     for ps in spec.pod_sets:
         reps = sorted(by_set.get(ps.name, []), key=lambda r: r.index)
-        one = out.add(name=ps.name, count=len(reps), pod_template_json=ps.pod_template_json if templates else "",
-                      fixed_count=ps.fixed_count)
+        one = out.add(
+            name=ps.name,
+            count=len(reps),
+            pod_template_json=ps.pod_template_json if templates else "",
+            fixed_count=ps.fixed_count,
+        )
         one.shape.CopyFrom(ps.shape)
         for r in reps:
             if one.nodes and one.nodes[-1].node == r.node:
@@ -179,8 +200,13 @@ def hold_message(h: link.HoldOut) -> cs.HoldNodes:
 def dispatch_message(d: link.DispatchOut) -> cs.Dispatch:
     """The Dispatch for an attempt: per pod set the nodes in index order, contiguous per node."""
     spec = spec_from_bytes(d.spec)
-    msg = cs.Dispatch(tenant=d.tenant, job_set_id=spec.job_set_id, queue=spec.queue,
-                      priority_band=spec.priority_band or "default", inventory_sequence=d.inventory_sequence)
+    msg = cs.Dispatch(
+        tenant=d.tenant,
+        job_set_id=spec.job_set_id,
+        queue=spec.queue,
+        priority_band=spec.priority_band or "default",
+        inventory_sequence=d.inventory_sequence,
+    )
     msg.attempt.job_id = d.job_id
     msg.attempt.attempt = d.attempt
     for seg in d.domain:
@@ -215,8 +241,10 @@ def start_message(job_id: str, attempt: int) -> cs.Start:
 
 
 _CANCEL_REASON = {
-    "USER_REQUEST": cs.CANCEL_REASON_USER_REQUEST, "PREEMPTED": cs.CANCEL_REASON_PREEMPTED,
-    "GANG_TIMEOUT": cs.CANCEL_REASON_GANG_TIMEOUT, "SUPERSEDED": cs.CANCEL_REASON_SUPERSEDED,
+    "USER_REQUEST": cs.CANCEL_REASON_USER_REQUEST,
+    "PREEMPTED": cs.CANCEL_REASON_PREEMPTED,
+    "GANG_TIMEOUT": cs.CANCEL_REASON_GANG_TIMEOUT,
+    "SUPERSEDED": cs.CANCEL_REASON_SUPERSEDED,
     "GANG_FAILED": cs.CANCEL_REASON_GANG_FAILED,
 }
 
@@ -230,8 +258,9 @@ def cancel_message(job_id: str, attempt: int, reason: str, grace_s: float, messa
 
 
 def welcome_message(w: link.Welcome) -> cs.Welcome:
-    out = cs.Welcome(protocol_version=1, broker_id=w.broker_id, session_id=w.session_id,
-                     max_message_bytes=w.max_message_bytes)
+    out = cs.Welcome(
+        protocol_version=1, broker_id=w.broker_id, session_id=w.session_id, max_message_bytes=w.max_message_bytes
+    )
     out.heartbeat_interval.CopyFrom(_dur(w.heartbeat_s))
     out.heartbeat_timeout.CopyFrom(_dur(w.timeout_s))
     for job, attempt in w.obsolete:
@@ -259,8 +288,15 @@ def agent_message(msg: cs.AgentMessage, cluster: str, now: float) -> link.Inboun
         nodes = tuple(rej.nodes) + tuple(r.node for r in rej.node_results if r.node not in rej.nodes)
         known = rej.reason in job_pb2.DispatchRejectReason.values()
         reason = job_pb2.DispatchRejectReason.Name(rej.reason) if known else "UNSPECIFIED"
-        return link.DispatchReply(ack.attempt.job_id, ack.attempt.attempt, ack.accepted, ack.namespace,
-                                  reason.removeprefix("DISPATCH_REJECT_REASON_"), rej.message, nodes)
+        return link.DispatchReply(
+            ack.attempt.job_id,
+            ack.attempt.attempt,
+            ack.accepted,
+            ack.namespace,
+            reason.removeprefix("DISPATCH_REJECT_REASON_"),
+            rej.message,
+            nodes,
+        )
     if kind == "workload_status":
         return workload_from_proto(msg.workload_status)
     if kind == "scheduling_feedback":
@@ -302,12 +338,23 @@ def broker_message(sequence: int, now: float, out: link.Outbound) -> cs.BrokerMe
 
 
 def cluster_summary(
-    entry: ClusterEntry, now: float, stale: bool, active_attempts: int, cordon_reason: str = "",
-    with_domains: bool = False, models: Sequence[str] = (),
+    entry: ClusterEntry,
+    now: float,
+    stale: bool,
+    active_attempts: int,
+    cordon_reason: str = "",
+    with_domains: bool = False,
+    models: Sequence[str] = (),
 ) -> cs.ClusterSummary:
     out = cs.ClusterSummary(
-        name=entry.name, region=entry.meta.region, role=entry.meta.role, connected=entry.connected,
-        cordoned=entry.cordoned, cordon_reason=cordon_reason, stale=stale, nodes=len(entry.nodes),
+        name=entry.name,
+        region=entry.meta.region,
+        role=entry.meta.role,
+        connected=entry.connected,
+        cordoned=entry.cordoned,
+        cordon_reason=cordon_reason,
+        stale=stale,
+        nodes=len(entry.nodes),
         active_attempts=active_attempts,
     )
     for lvl in entry.meta.levels:
@@ -348,4 +395,3 @@ def cluster_summary(
                 for model in sorted(per):
                     ds.gpus.add(model=model, total=per[model][0], free=per[model][1])
     return out
-

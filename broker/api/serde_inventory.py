@@ -32,20 +32,38 @@ def _gpus(n: inv.NodeInventory) -> tuple[Gpu, ...]:
         mig: tuple[MigInstance, ...] = ()
         if g.mig_mode == inv.MIG_MODE_ENABLED:
             mig = tuple(
-                MigInstance(m.profile, m.gi_profile_id if m.HasField("gi_profile_id") else None,
-                            m.placement_start, m.placement_size, m.in_use)
+                MigInstance(
+                    m.profile,
+                    m.gi_profile_id if m.HasField("gi_profile_id") else None,
+                    m.placement_start,
+                    m.placement_size,
+                    m.in_use,
+                )
                 for m in g.mig_instances
             )
-        healthy = (g.health != inv.GPU_HEALTH_UNHEALTHY and g.mig_mode != inv.MIG_MODE_PENDING_CHANGE
-                   and not (g.mig_mode == inv.MIG_MODE_ENABLED and not mig))
-        gpus.append(Gpu(index=g.index, model=g.model or n.gpu_model, memory_mib=g.memory_mib or n.gpu_memory_mib,
-                        milli_used=min(g.milli_in_use, 1000), mig=mig, healthy=healthy))
+        healthy = (
+            g.health != inv.GPU_HEALTH_UNHEALTHY
+            and g.mig_mode != inv.MIG_MODE_PENDING_CHANGE
+            and not (g.mig_mode == inv.MIG_MODE_ENABLED and not mig)
+        )
+        gpus.append(
+            Gpu(
+                index=g.index,
+                model=g.model or n.gpu_model,
+                memory_mib=g.memory_mib or n.gpu_memory_mib,
+                milli_used=min(g.milli_in_use, 1000),
+                mig=mig,
+                healthy=healthy,
+            )
+        )
     if not gpus:
         # Count-only report: synthesise whole GPUs from the extended resource counts.
         total = int(n.extended_allocatable.get(GPU_RESOURCE, 0))
         free = int(n.extended_free.get(GPU_RESOURCE, 0))
-        gpus = [Gpu(index=i, model=n.gpu_model, memory_mib=n.gpu_memory_mib, milli_used=0 if i < free else 1000)
-                for i in range(total)]
+        gpus = [
+            Gpu(index=i, model=n.gpu_model, memory_mib=n.gpu_memory_mib, milli_used=0 if i < free else 1000)
+            for i in range(total)
+        ]
     return tuple(gpus)
 
 

@@ -43,7 +43,7 @@ def _clip(text: str, limit: int) -> str:
     raw = text.encode()
     if len(raw) <= limit:
         return text
-    return raw[:max(0, limit - 3)].decode("utf-8", "ignore") + "\u2026"
+    return raw[: max(0, limit - 3)].decode("utf-8", "ignore") + "\u2026"
 
 
 def status_from_error(err: TandemError, *, size: Literal["body", "trailer", "minimal"] = "body") -> status_pb2.Status:
@@ -52,7 +52,7 @@ def status_from_error(err: TandemError, *, size: Literal["body", "trailer", "min
     response's room for errors (one field violation, still naming the field)."""
     lim = _LIMITS[size]
     d = err.details
-    shown = d.field_violations[:lim.violations]
+    shown = d.field_violations[: lim.violations]
     message = err.message
     if len(d.field_violations) > len(shown):
         message = f"{len(d.field_violations)} bad fields: {message}"
@@ -64,29 +64,49 @@ def status_from_error(err: TandemError, *, size: Literal["body", "trailer", "min
         out.details.append(packed)
 
     if shown:
-        add(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=_clip(v.field, lim.field),
-                                                        description=_clip(v.description, lim.description))
-            for v in shown
-        ]))
+        add(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=_clip(v.field, lim.field), description=_clip(v.description, lim.description)
+                    )
+                    for v in shown
+                ]
+            )
+        )
     if d.quota_violations:
-        add(error_details_pb2.QuotaFailure(violations=[
-            error_details_pb2.QuotaFailure.Violation(
-                subject=_clip(f"{v.subject}/{v.quota}", lim.field),
-                description=f"used {v.used:g} + {v.requested:g} > limit {v.limit:g}")
-            for v in d.quota_violations[:lim.violations]
-        ]))
+        add(
+            error_details_pb2.QuotaFailure(
+                violations=[
+                    error_details_pb2.QuotaFailure.Violation(
+                        subject=_clip(f"{v.subject}/{v.quota}", lim.field),
+                        description=f"used {v.used:g} + {v.requested:g} > limit {v.limit:g}",
+                    )
+                    for v in d.quota_violations[: lim.violations]
+                ]
+            )
+        )
     if d.policy_violations:
-        add(error_details_pb2.PreconditionFailure(violations=[
-            error_details_pb2.PreconditionFailure.Violation(type=v.type, subject=_clip(v.subject, lim.field),
-                                                            description=_clip(v.description, lim.description))
-            for v in d.policy_violations[:lim.violations]
-        ]))
+        add(
+            error_details_pb2.PreconditionFailure(
+                violations=[
+                    error_details_pb2.PreconditionFailure.Violation(
+                        type=v.type,
+                        subject=_clip(v.subject, lim.field),
+                        description=_clip(v.description, lim.description),
+                    )
+                    for v in d.policy_violations[: lim.violations]
+                ]
+            )
+        )
     if d.retry_after_s is not None:
         info = error_details_pb2.RetryInfo()
         info.retry_delay.FromNanoseconds(int(d.retry_after_s * 1e9))
         add(info)
-    add(error_details_pb2.ErrorInfo(reason=d.reason, domain="tandem.dev",
-                                    metadata={k: _clip(v, lim.meta) for k, v in d.metadata}))
+    add(
+        error_details_pb2.ErrorInfo(
+            reason=d.reason, domain="tandem.dev", metadata={k: _clip(v, lim.meta) for k, v in d.metadata}
+        )
+    )
     assert code_pb2.OK == 0
     return out

@@ -87,5 +87,8 @@ def _walk_enums(msg: Any, plan: _EnumPlan, path: str, out: list[FieldViolation])
                 _walk_enums(m, sub, f"{p}[{k!r}]", out)  # type: ignore[arg-type]
         else:
             known_values = frozenset(desc.values_by_number)
-            out.extend(_bad_enum(v, desc.full_name, f"{p}[{k!r}]") for k, v in getattr(msg, name).items()
-                       if v not in known_values)
+            out.extend(
+                _bad_enum(v, desc.full_name, f"{p}[{k!r}]")
+                for k, v in getattr(msg, name).items()
+                if v not in known_values
+            )

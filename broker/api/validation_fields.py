@@ -13,21 +13,63 @@ from typing import Any
 
 from broker.api.validation_enums import unknown_enums
 from broker.api.validation_limits import (
-    MAX_ANNOTATIONS_BYTES, MAX_BOOKMARK_S, MAX_CPU_MILLI, MAX_DEVICE_COUNT, MAX_DEVICE_REQUESTS, MAX_DISPLAY_NAME,
-    MAX_DURATION_S, MAX_EXTENDED_AMOUNT, MAX_GPU_MEMORY_MIB, MAX_INFRA_RETRIES, MAX_ITEMS, MAX_JOB_ID, MAX_KEY,
-    MAX_MEMORY_BYTES, MAX_MIG_COUNT, MAX_NAME, MAX_NAMES, MAX_PAGE_TOKEN, MAX_POD_SETS, MAX_POD_SET_NAME, MAX_PRIORITY,
-    MAX_REASON, MAX_REPLICAS, MAX_REVISION, MAX_SELECTORS, MAX_SELECTORS_TOTAL_BYTES, MAX_SELECTOR_BYTES,
-    MAX_SELECTOR_ENTRIES, MAX_SPEC_BYTES, MAX_SUBDOMAIN, MAX_TIMESTAMP_S, MAX_WATCH_JOB_IDS,
+    MAX_ANNOTATIONS_BYTES,
+    MAX_BOOKMARK_S,
+    MAX_CPU_MILLI,
+    MAX_DEVICE_COUNT,
+    MAX_DEVICE_REQUESTS,
+    MAX_DISPLAY_NAME,
+    MAX_DURATION_S,
+    MAX_EXTENDED_AMOUNT,
+    MAX_GPU_MEMORY_MIB,
+    MAX_INFRA_RETRIES,
+    MAX_ITEMS,
+    MAX_JOB_ID,
+    MAX_KEY,
+    MAX_MEMORY_BYTES,
+    MAX_MIG_COUNT,
+    MAX_NAME,
+    MAX_NAMES,
+    MAX_PAGE_TOKEN,
+    MAX_POD_SET_NAME,
+    MAX_POD_SETS,
+    MAX_PRIORITY,
+    MAX_REASON,
+    MAX_REPLICAS,
+    MAX_REVISION,
+    MAX_SELECTOR_BYTES,
+    MAX_SELECTOR_ENTRIES,
+    MAX_SELECTORS,
+    MAX_SELECTORS_TOTAL_BYTES,
+    MAX_SPEC_BYTES,
+    MAX_SUBDOMAIN,
+    MAX_TIMESTAMP_S,
+    MAX_WATCH_JOB_IDS,
 )
 from broker.api.validation_templates import load_template
 from broker.domain.errors import FieldViolation, InvalidArgument
 from placement.dra import check_selector
 from placement.podspec import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 
-__all__ = ["DNS1035", "raise_if", "check_text", "check_job_id", "check_key", "check_submit", "check_spec",
-           "check_list_jobs", "check_watch_jobs", "check_cancel_job", "check_cancel_job_set", "check_job_request",
-           "check_get_usage", "check_export_usage", "check_set_job_priority", "check_list_clusters",
-           "check_cluster_request"]
+__all__ = [
+    "DNS1035",
+    "raise_if",
+    "check_text",
+    "check_job_id",
+    "check_key",
+    "check_submit",
+    "check_spec",
+    "check_list_jobs",
+    "check_watch_jobs",
+    "check_cancel_job",
+    "check_cancel_job_set",
+    "check_job_request",
+    "check_get_usage",
+    "check_export_usage",
+    "check_set_job_priority",
+    "check_list_clusters",
+    "check_cluster_request",
+]
 
 DNS1035 = re.compile(r"\A[a-z]([-a-z0-9]*[a-z0-9])?\Z")
 DNS1123_LABEL = re.compile(r"\A[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
@@ -52,8 +94,9 @@ def raise_if(violations: list[FieldViolation]) -> None:
         raise InvalidArgument.fields(*violations)
 
 
-def check_text(value: str, path: str, max_len: int, *, multiline: bool = False,
-               required: bool = False) -> list[FieldViolation]:
+def check_text(
+    value: str, path: str, max_len: int, *, multiline: bool = False, required: bool = False
+) -> list[FieldViolation]:
     """Free text that reaches the store, the audit log and other people's terminals: bounded, and without NUL
     (PostgreSQL refuses it in text) or other control characters (line breaks only where the field is prose)."""
     if not value:
@@ -85,12 +128,14 @@ def _name(value: str, path: str) -> list[FieldViolation]:
     compared with what agents report), never empty."""
     if not value:
         return [V(path, "must not be empty")]
-    return _named(value, path, _LABEL_VALUE, MAX_NAME,
-                  "a name of letters, digits, '-', '_' and '.' (alphanumeric at both ends)")
+    return _named(
+        value, path, _LABEL_VALUE, MAX_NAME, "a name of letters, digits, '-', '_' and '.' (alphanumeric at both ends)"
+    )
 
 
-def _names(values: Iterable[str], path: str, check: Callable[[str, str], list[FieldViolation]],
-           limit: int = MAX_NAMES) -> list[FieldViolation]:
+def _names(
+    values: Iterable[str], path: str, check: Callable[[str, str], list[FieldViolation]], limit: int = MAX_NAMES
+) -> list[FieldViolation]:
     items = list(values)
     if len(items) > limit:
         return [V(path, f"at most {limit} entries")]
@@ -178,8 +223,12 @@ def check_export_usage(req: Any) -> list[FieldViolation]:
         if req.HasField(name):
             bad.extend(_check_timestamp(getattr(req, name), name))
     out.extend(bad)
-    if not bad and req.HasField("since") and req.HasField("until") and \
-            (req.until.seconds, req.until.nanos) < (req.since.seconds, req.since.nanos):
+    if (
+        not bad
+        and req.HasField("since")
+        and req.HasField("until")
+        and (req.until.seconds, req.until.nanos) < (req.since.seconds, req.since.nanos)
+    ):
         out.append(V("until", "must not be before since"))
     return out
 
@@ -226,8 +275,12 @@ def check_job_id(job_id: str, path: str = "job_id") -> list[FieldViolation]:
 def _label_map(m: Mapping[str, str], path: str, *, values: bool = True) -> Iterator[FieldViolation]:
     for key, value in m.items():
         prefix, slash, name = key.rpartition("/")
-        if (not name or len(name) > MAX_NAME or not _LABEL_NAME.fullmatch(name)
-                or (slash and (len(prefix) > MAX_SUBDOMAIN or not DNS1123_SUBDOMAIN.fullmatch(prefix)))):
+        if (
+            not name
+            or len(name) > MAX_NAME
+            or not _LABEL_NAME.fullmatch(name)
+            or (slash and (len(prefix) > MAX_SUBDOMAIN or not DNS1123_SUBDOMAIN.fullmatch(prefix)))
+        ):
             yield V(f"{path}[{key!r}]", "not a valid Kubernetes label key")
         elif values and (len(value) > MAX_NAME or not _LABEL_VALUE.fullmatch(value)):
             yield V(f"{path}[{key!r}]", "not a valid Kubernetes label value")
@@ -370,8 +423,11 @@ def _check_shape(shape: Any, p: str, selector_budget: list[int]) -> Iterator[Fie
         ep = f"{p}.extended_resources[{name!r}]"
         if name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX):
             yield V(ep, "use gpu_count / mig_profile")
-        elif (not _EXTENDED_NAME.fullmatch(name) or len(base) > MAX_NAME
-              or (slash and (len(prefix) > MAX_SUBDOMAIN or not DNS1123_SUBDOMAIN.fullmatch(prefix)))):
+        elif (
+            not _EXTENDED_NAME.fullmatch(name)
+            or len(base) > MAX_NAME
+            or (slash and (len(prefix) > MAX_SUBDOMAIN or not DNS1123_SUBDOMAIN.fullmatch(prefix)))
+        ):
             yield V(ep, "not a resource name")
         elif amount < 0:
             yield V(ep, "must not be negative")
@@ -415,6 +471,6 @@ def _check_selector(expression: str, path: str, budget: list[int]) -> Iterator[F
         check_selector(expression)
     except (KeyboardInterrupt, SystemExit):
         raise
-    except BaseException as exc:  # noqa: BLE001 - SelectorError, or a panic of the native compiler
+    except BaseException as exc:
         problem = getattr(exc, "problem", None) or "does not compile"
         yield V(path, f"not a valid CEL expression: {problem}")

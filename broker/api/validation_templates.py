@@ -53,16 +53,22 @@ _RESTART_POLICY = "Never"
 _PINNING_CONFLICTS = {
     "affinity.nodeAffinity": "the agent sets node affinity (the gang's domain and each replica's node)",
     "affinity.podAffinity": "every replica is pinned to the node the broker chose; inter-pod affinity is not "
-                            "modelled and could only leave a pinned replica unschedulable",
+    "modelled and could only leave a pinned replica unschedulable",
     "affinity.podAntiAffinity": "every replica is pinned to the node the broker chose; anti-affinity could only "
-                                "leave a pinned replica unschedulable (the gang would never start)",
+    "leave a pinned replica unschedulable (the gang would never start)",
     "topologySpreadConstraints": "every replica is pinned to the node the broker chose; spread constraints could "
-                                 "only leave a pinned replica unschedulable (the gang would never start)",
+    "only leave a pinned replica unschedulable (the gang would never start)",
 }
 _POD_LEVEL_RESOURCES = ("cpu", "memory")
 """Pod-level spec.resources names placement.podspec models (kube-scheduler uses pod-level requests when set)."""
-RESERVED_DOMAINS = ("tandem.dev", "kubernetes.io", "k8s.io", "batch.kubernetes.io", "kueue.x-k8s.io",
-                    "jobset.sigs.k8s.io")
+RESERVED_DOMAINS = (
+    "tandem.dev",
+    "kubernetes.io",
+    "k8s.io",
+    "batch.kubernetes.io",
+    "kueue.x-k8s.io",
+    "jobset.sigs.k8s.io",
+)
 """H-4: label / annotation key domains a tenant may not set, in pod templates or a job's labels and
 annotations. A key is reserved when its prefix (the part before `/`) is one of these domains or a subdomain
 of one: `node.kubernetes.io/x` and `topology.k8s.io/x` are reserved, `x-k8s.io/x` is not (`kueue.x-k8s.io`
@@ -71,8 +77,9 @@ recommended labels `app.kubernetes.io/*` that users and tools are meant to set, 
 `app.kubernetes.io/managed-by`, which Tandem sets on its objects."""
 _USER_DOMAIN = "app.kubernetes.io"
 _TANDEM_MANAGED_BY = "app.kubernetes.io/managed-by"
-_USER_SETTABLE_KEYS = frozenset({"kubectl.kubernetes.io/default-container",
-                                 "kubectl.kubernetes.io/default-logs-container"})
+_USER_SETTABLE_KEYS = frozenset(
+    {"kubectl.kubernetes.io/default-container", "kubectl.kubernetes.io/default-logs-container"}
+)
 """Keys under a reserved domain that users are meant to set (kubectl's hints of which container to use)."""
 
 
@@ -136,8 +143,10 @@ def _reserved_keys(m: Any, path: str) -> Iterator[FieldViolation]:
     for key in m:
         domain = reserved_key(str(key))
         if domain is not None:
-            yield V(f"{path}[{key!r}]", f"{domain}/ is a reserved prefix (Kubernetes, Tandem and the queue "
-                                        "controllers own these keys)")
+            yield V(
+                f"{path}[{key!r}]",
+                f"{domain}/ is a reserved prefix (Kubernetes, Tandem and the queue controllers own these keys)",
+            )
 
 
 def load_template(text: str, p: str) -> tuple[dict[str, Any] | None, list[FieldViolation]]:
@@ -190,8 +199,11 @@ def _owned_fields(t: _Template) -> Iterator[FieldViolation]:
             yield V(t.at(key), f"must not be set: {why}")
     policy = t.spec.get("restartPolicy")
     if _set(policy) and policy != _RESTART_POLICY:
-        yield V(t.at("restartPolicy"), "must be Never or unset: the agent runs every replica with restartPolicy "
-                                       "Never (a failed replica ends the attempt; retries are the broker's)")
+        yield V(
+            t.at("restartPolicy"),
+            "must be Never or unset: the agent runs every replica with restartPolicy "
+            "Never (a failed replica ends the attempt; retries are the broker's)",
+        )
 
 
 def _namespace_and_containers(t: _Template) -> Iterator[FieldViolation]:
@@ -229,11 +241,16 @@ def _pod_resources(t: _Template) -> Iterator[FieldViolation]:
     for part, values in parts.items():
         for name in values:
             if name not in _POD_LEVEL_RESOURCES:
-                yield V(t.at(f"resources.{part}[{name!r}]"), "only cpu and memory may be set at pod level "
-                                                             "(Tandem plans on what placement models)")
+                yield V(
+                    t.at(f"resources.{part}[{name!r}]"),
+                    "only cpu and memory may be set at pod level (Tandem plans on what placement models)",
+                )
             elif part == "limits" and name not in parts.get("requests", {}):
-                yield V(t.at(f"resources.limits[{name!r}]"), f"needs spec.resources.requests[{name!r}] too: Tandem "
-                        "plans on requests, and the API server may default the pod's request from this limit")
+                yield V(
+                    t.at(f"resources.limits[{name!r}]"),
+                    f"needs spec.resources.requests[{name!r}] too: Tandem "
+                    "plans on requests, and the API server may default the pod's request from this limit",
+                )
 
 
 def _identity(t: _Template) -> Iterator[FieldViolation]:
@@ -242,26 +259,37 @@ def _identity(t: _Template) -> Iterator[FieldViolation]:
     for key in ("serviceAccountName", "serviceAccount"):  # serviceAccount: the deprecated alias
         sa = t.spec.get(key)
         if _set(sa) and sa not in t.tenant.service_accounts:
-            yield V(t.at(key), f"ServiceAccount {sa!r} is not allowed for tenant {name} "
-                               f"(allowed: {', '.join(t.tenant.service_accounts) or 'none'})")
+            yield V(
+                t.at(key),
+                f"ServiceAccount {sa!r} is not allowed for tenant {name} "
+                f"(allowed: {', '.join(t.tenant.service_accounts) or 'none'})",
+            )
     rc = t.spec.get("runtimeClassName")
     if _set(rc) and rc not in t.tenant.runtime_classes:
-        yield V(t.at("runtimeClassName"), f"RuntimeClass {rc!r} is not allowed for tenant {name} "
-                                          f"(allowed: {', '.join(t.tenant.runtime_classes) or 'none'})")
+        yield V(
+            t.at("runtimeClassName"),
+            f"RuntimeClass {rc!r} is not allowed for tenant {name} "
+            f"(allowed: {', '.join(t.tenant.runtime_classes) or 'none'})",
+        )
 
 
 def _resource_claims(t: _Template) -> Iterator[FieldViolation]:
     for cp, claim in t.items("resourceClaims"):
         named = [k for k in ("resourceClaimName", "resourceClaimTemplateName") if _set(claim.get(k))]
         for key in named or [""]:
-            yield V(f"{cp}.{key}" if key else cp, "the agent renders the pod's claims from the shape's "
-                    "device_requests: a template may not reference claims or claim templates of its own")
+            yield V(
+                f"{cp}.{key}" if key else cp,
+                "the agent renders the pod's claims from the shape's "
+                "device_requests: a template may not reference claims or claim templates of its own",
+            )
 
 
 def _dns_policy(t: _Template) -> Iterator[FieldViolation]:
     if t.spec.get("dnsPolicy") == "None":
-        yield V(t.at("dnsPolicy"), "None would break rendezvous: replicas find each other through the gang's "
-                                   "headless Service in cluster DNS")
+        yield V(
+            t.at("dnsPolicy"),
+            "None would break rendezvous: replicas find each other through the gang's headless Service in cluster DNS",
+        )
 
 
 def _tolerations(t: _Template) -> Iterator[FieldViolation]:
@@ -272,8 +300,11 @@ def _tolerations(t: _Template) -> Iterator[FieldViolation]:
         key = tol.get("key") or ""
         if key not in allowed:
             what = f"taint key {key!r}" if key else "an empty key (it tolerates every taint)"
-            yield V(f"{tp}.key", f"tolerating {what} is not allowed for tenant {t.tenant.name} "
-                                 f"(allowed keys: {', '.join(allowed) or 'none'})")
+            yield V(
+                f"{tp}.key",
+                f"tolerating {what} is not allowed for tenant {t.tenant.name} "
+                f"(allowed keys: {', '.join(allowed) or 'none'})",
+            )
 
 
 def _reserved_metadata(t: _Template) -> Iterator[FieldViolation]:
@@ -282,8 +313,15 @@ def _reserved_metadata(t: _Template) -> Iterator[FieldViolation]:
 
 
 _TANDEM_RULES: tuple[Callable[[_Template], Iterator[FieldViolation]], ...] = (
-    _owned_fields, _namespace_and_containers, _pinning_conflicts, _pod_resources, _identity, _resource_claims,
-    _dns_policy, _tolerations, _reserved_metadata,
+    _owned_fields,
+    _namespace_and_containers,
+    _pinning_conflicts,
+    _pod_resources,
+    _identity,
+    _resource_claims,
+    _dns_policy,
+    _tolerations,
+    _reserved_metadata,
 )
 """H-4, Tandem's own rules beyond the Pod Security Standards, in one list."""
 _DEFAULT_TENANT = TenantPolicy(name="(defaults)")
@@ -300,9 +338,14 @@ def check_pod_template(text: str, p: str, tenant: TenantPolicy | None = None) ->
     if meta is not None and not isinstance(meta, dict):
         return [V(f"{p}.metadata", "must be an object")]
     t = _Template(tpl["spec"], meta or {}, p, policy)
-    out = podsecurity.check(t.spec, policy.pod_security, extra_capabilities=frozenset(policy.extra_capabilities),
-                            path=f"{p}.spec", annotations=t.meta.get("annotations"),
-                            annotations_path=f"{p}.metadata.annotations")
+    out = podsecurity.check(
+        t.spec,
+        policy.pod_security,
+        extra_capabilities=frozenset(policy.extra_capabilities),
+        path=f"{p}.spec",
+        annotations=t.meta.get("annotations"),
+        annotations_path=f"{p}.metadata.annotations",
+    )
     for rule in _TANDEM_RULES:
         out.extend(rule(t))
     return out

@@ -10,21 +10,22 @@ from typing import Any
 
 import cachetools
 
-from fleetplan import catalog as cat
-from broker.domain.specs import SpecReader
-from broker.domain import errors, lifecycle
 from broker.clusters import link
+
 # The way down (outbox), the way up (agent messages) and the watchdog live in their own modules, as bases
 # of Dispatcher; the session stays importable from here.
 from broker.clusters.dispatcher_inbound import DispatcherInbound
 from broker.clusters.dispatcher_sweeps import DispatcherSweeps
 from broker.clusters.session import Session
-from broker.tenancy.auth import Caller, check_agent_speaks_for
 from broker.config import BrokerConfig
+from broker.domain import errors, lifecycle
 from broker.domain.events import ToPlacer
 from broker.domain.records import AttemptRecord, JobRecord
+from broker.domain.specs import SpecReader
 from broker.domain.states import AttemptOutcome, JobState
 from broker.store.base import Store
+from broker.tenancy.auth import Caller, check_agent_speaks_for
+from fleetplan import catalog as cat
 
 __all__ = ["Session", "Dispatcher"]
 
@@ -35,8 +36,14 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
     """Serves every agent session and keeps job state following what clusters report."""
 
     def __init__(
-        self, store: Store, catalog: cat.Catalog, config: BrokerConfig,
-        *, specs: SpecReader, send: Callable[[ToPlacer], None] = lambda _e: None, clock: Callable[[], float] = time.time,
+        self,
+        store: Store,
+        catalog: cat.Catalog,
+        config: BrokerConfig,
+        *,
+        specs: SpecReader,
+        send: Callable[[ToPlacer], None] = lambda _e: None,
+        clock: Callable[[], float] = time.time,
         metrics: Any = None,
     ) -> None:
         self.store = store
@@ -67,9 +74,12 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
         name = hello.meta.name
         check_agent_speaks_for(caller, name)
         if hello.protocol_version not in (0, 1):
-            raise errors.FailedPrecondition("protocol version unsupported",
-                                            details=errors.ErrorDetails(reason="PROTOCOL_VERSION_UNSUPPORTED",
-                                                                        metadata=(("min", "1"), ("max", "1"))))
+            raise errors.FailedPrecondition(
+                "protocol version unsupported",
+                details=errors.ErrorDetails(
+                    reason="PROTOCOL_VERSION_UNSUPPORTED", metadata=(("min", "1"), ("max", "1"))
+                ),
+            )
         now = self.clock()
         self._admit_leader(name, hello, now)
         self.catalog.connect(hello.meta, now).leader_epoch = hello.leader_epoch
@@ -78,9 +88,17 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
         runs = [(job, a) for job, a in await self.store.active_runs() if a.cluster == name and job.attempt == a.number]
         wanted = {(a.job_id, a.number) for _, a in runs}
         known = set(hello.known)
-        session.send(link.Welcome(
-            self.broker_id, session.session_id, self.cfg.heartbeat_interval_s, self.cfg.cluster_stale_after_s,
-            self.cfg.agent_listener.max_message_bytes, tuple(sorted(known - wanted)), tuple(sorted(known & wanted))))
+        session.send(
+            link.Welcome(
+                self.broker_id,
+                session.session_id,
+                self.cfg.heartbeat_interval_s,
+                self.cfg.cluster_stale_after_s,
+                self.cfg.agent_listener.max_message_bytes,
+                tuple(sorted(known - wanted)),
+                tuple(sorted(known & wanted)),
+            )
+        )
         # The agent sends its snapshot after the Welcome on its own (protocol): ask only for workloads.
         session.send(link.ResyncOut(inventory=False, workloads=True, reason="new session"))
         await self._reconcile(session, runs, known)
@@ -98,13 +116,16 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
         if hello.leader_epoch < newest and recent:
             raise errors.FailedPrecondition(
                 f"deposed leader: cluster {name} has a leader of epoch {newest}, this Hello says {hello.leader_epoch}",
-                details=errors.ErrorDetails(reason="DEPOSED_LEADER",
-                                            metadata=(("epoch", str(newest)), ("hello_epoch", str(hello.leader_epoch)))))
+                details=errors.ErrorDetails(
+                    reason="DEPOSED_LEADER", metadata=(("epoch", str(newest)), ("hello_epoch", str(hello.leader_epoch)))
+                ),
+            )
         if live and old is not None:
             old.close(aborted=f"replaced by a newer stream of cluster {name} (leader epoch {hello.leader_epoch})")
 
-    async def _reconcile(self, session: Session, runs: list[tuple[JobRecord, AttemptRecord]],
-                         known: set[tuple[str, int]]) -> None:
+    async def _reconcile(
+        self, session: Session, runs: list[tuple[JobRecord, AttemptRecord]], known: set[tuple[str, int]]
+    ) -> None:
         """Attempts the broker wants on this cluster: resend what the cluster may never have received (a
         Dispatch sent but not acknowledged; a Start for a gang still starting, on this live stream only);
         an accepted attempt the cluster no longer holds has vanished and ends INFRA_FAILED."""
@@ -117,8 +138,11 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
                 prev = [p for p in await self.store.list_attempts(job.job_id) if p.number == a.number - 1]
                 session.send(self._dispatch_out(session, job, a, prev[0] if prev else None))
             elif job.state not in (S.RESERVED, S.QUEUED):  # RESERVED: its Dispatch is still in the outbox
-                await self.apply(lifecycle.AttemptEnded(job.job_id, a.number, AttemptOutcome.INFRA_FAILED, None,
-                                                         "workload vanished from cluster"))
+                await self.apply(
+                    lifecycle.AttemptEnded(
+                        job.job_id, a.number, AttemptOutcome.INFRA_FAILED, None, "workload vanished from cluster"
+                    )
+                )
 
     def close_session(self, session: Session) -> None:
         session.close()

@@ -8,13 +8,13 @@ import logging
 
 import cachetools
 
-from fleetplan import catalog as cat
-from broker.domain import errors, lifecycle
 from broker.clusters import link
 from broker.clusters.dispatcher_outbox import DispatcherOutbox
 from broker.clusters.session import Session
+from broker.domain import errors, lifecycle
 from broker.domain.events import CapacityChanged
 from broker.domain.states import AttemptOutcome, JobState
+from fleetplan import catalog as cat
 
 __all__ = ["DispatcherInbound"]
 
@@ -50,8 +50,9 @@ class DispatcherInbound(DispatcherOutbox):
 
         task.add_done_callback(done)
 
-    async def _chained(self, prev: asyncio.Task[None] | None, session: Session, sequence: int,
-                       msg: link.Inbound | None) -> None:
+    async def _chained(
+        self, prev: asyncio.Task[None] | None, session: Session, sequence: int, msg: link.Inbound | None
+    ) -> None:
         if prev is not None:
             with contextlib.suppress(Exception):
                 await prev
@@ -60,7 +61,7 @@ class DispatcherInbound(DispatcherOutbox):
     async def _handled(self, session: Session, sequence: int, msg: link.Inbound | None) -> None:
         try:
             await self.handle(session, msg)
-        except Exception:  # noqa: BLE001 - one bad message must not drop the cluster
+        except Exception:
             _log.exception("agent message failed", extra={"cluster": session.cluster})
         finally:
             session.complete(sequence)
@@ -87,8 +88,11 @@ class DispatcherInbound(DispatcherOutbox):
             elif isinstance(msg, link.WorkloadReport):
                 await self._workload(session, msg)
             elif msg.gone:
-                await self.apply(lifecycle.AttemptEnded(msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None,
-                                                         msg.message or "deleted"))
+                await self.apply(
+                    lifecycle.AttemptEnded(
+                        msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None, msg.message or "deleted"
+                    )
+                )
 
     async def speaks_for(self, session: Session, job_id: str, attempt: int) -> bool:
         """The one identity check of agent messages about an attempt: it must have been dispatched to this
@@ -105,9 +109,10 @@ class DispatcherInbound(DispatcherOutbox):
             if cluster:
                 self._attempt_cluster[key] = cluster
         if cluster != session.cluster:
-            _log.warning("agent message about another cluster's attempt ignored",
-                         extra={"cluster": session.cluster, "job": job_id, "attempt": attempt,
-                                "owner": cluster or None})
+            _log.warning(
+                "agent message about another cluster's attempt ignored",
+                extra={"cluster": session.cluster, "job": job_id, "attempt": attempt, "owner": cluster or None},
+            )
             if self.metrics is not None:
                 self.metrics.foreign_messages.labels(session.cluster).inc()
             return False

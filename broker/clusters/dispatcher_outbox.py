@@ -7,16 +7,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from fleetplan import catalog as cat
-from broker.domain.specs import SpecReader
-from broker.domain import errors, lifecycle
 from broker.clusters import link
 from broker.clusters.session import Session
 from broker.config import BrokerConfig
+from broker.domain import errors, lifecycle
 from broker.domain.events import HoldReleased, JobChanged, NodesHeld, ToDispatcher, ToPlacer
 from broker.domain.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
+from broker.domain.specs import SpecReader
 from broker.domain.states import JobState
 from broker.store.base import Delivery, Store
+from fleetplan import catalog as cat
 
 __all__ = ["DispatcherOutbox"]
 
@@ -75,9 +75,18 @@ class DispatcherOutbox:
         if isinstance(event, NodesHeld):
             session = self.sessions.get(event.cluster)
             if session is not None and not session.closed:
-                session.send(link.HoldOut(event.job_id, event.attempt, event.spec, event.assignments,
-                                          event.expires_at, f"{self.store.store_id}/{event.job_id}/{event.attempt}",
-                                          event.drain, event.idle))
+                session.send(
+                    link.HoldOut(
+                        event.job_id,
+                        event.attempt,
+                        event.spec,
+                        event.assignments,
+                        event.expires_at,
+                        f"{self.store.store_id}/{event.job_id}/{event.attempt}",
+                        event.drain,
+                        event.idle,
+                    )
+                )
             return
         if isinstance(event, HoldReleased):
             session = self.sessions.get(event.cluster)
@@ -96,7 +105,7 @@ class DispatcherOutbox:
             self._kicked.discard(cluster)
             try:
                 await self.deliver(cluster)
-            except Exception:  # noqa: BLE001 - orders stay in the outbox; the next kick retries
+            except Exception:
                 _log.exception("delivery failed", extra={"cluster": cluster})
 
         task = asyncio.get_running_loop().create_task(run())
@@ -140,19 +149,29 @@ class DispatcherOutbox:
                     out[d.order.job_id] = prev[0]
         return out
 
-    def _dispatch_out(self, session: Session, job: JobRecord, attempt: AttemptRecord,
-                      previous: AttemptRecord | None = None) -> link.DispatchOut:
+    def _dispatch_out(
+        self, session: Session, job: JobRecord, attempt: AttemptRecord, previous: AttemptRecord | None = None
+    ) -> link.DispatchOut:
         timeout = self.specs.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
         entry = self.catalog.clusters.get(session.cluster)
-        return link.DispatchOut(job.job_id, attempt.number, job.spec, job.tenant, attempt.domain,
-                                attempt.assignments, self.clock() + timeout, entry.sequence if entry else 0,
-                                dispatch_id=f"{self.store.store_id}/{job.job_id}/{attempt.number}",
-                                start_timeout_s=timeout,
-                                restart_reason=previous.outcome.value if previous and previous.outcome else "",
-                                previous_cluster=previous.cluster if previous else "")
+        return link.DispatchOut(
+            job.job_id,
+            attempt.number,
+            job.spec,
+            job.tenant,
+            attempt.domain,
+            attempt.assignments,
+            self.clock() + timeout,
+            entry.sequence if entry else 0,
+            dispatch_id=f"{self.store.store_id}/{job.job_id}/{attempt.number}",
+            start_timeout_s=timeout,
+            restart_reason=previous.outcome.value if previous and previous.outcome else "",
+            previous_cluster=previous.cluster if previous else "",
+        )
 
-    def _build_order(self, session: Session, d: Delivery,
-                     history: dict[str, AttemptRecord] | None = None) -> link.Outbound | None:
+    def _build_order(
+        self, session: Session, d: Delivery, history: dict[str, AttemptRecord] | None = None
+    ) -> link.Outbound | None:
         """The message body for one outbox order, or None when the order was superseded."""
         order, job, attempt = d.order, d.job, d.attempt
         if job is None:
@@ -166,6 +185,9 @@ class DispatcherOutbox:
             if job.attempt == order.attempt and job.state is S.STARTING:
                 return link.StartOut(job.job_id, order.attempt)
             return None
-        reason = "PREEMPTED" if order.kind is OrderKind.PREEMPT else (
-            "USER_REQUEST" if job.state in (S.CANCELLING, S.CANCELLED) else "SUPERSEDED")
+        reason = (
+            "PREEMPTED"
+            if order.kind is OrderKind.PREEMPT
+            else ("USER_REQUEST" if job.state in (S.CANCELLING, S.CANCELLED) else "SUPERSEDED")
+        )
         return link.CancelOut(job.job_id, order.attempt, reason, order.grace_s)

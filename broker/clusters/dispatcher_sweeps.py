@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from broker.domain import lifecycle
 from broker.clusters import link
 from broker.clusters.dispatcher_outbox import DispatcherOutbox
+from broker.domain import lifecycle
 from broker.domain.records import AttemptRecord, JobRecord
 from broker.domain.states import PRE_START, AttemptOutcome, JobState
 
@@ -29,8 +29,11 @@ class DispatcherSweeps(DispatcherOutbox):
         self.catalog.sweep(now)
         for cluster in list(self.sessions):
             self.kick(cluster)  # anything left in the outbox (e.g. a failed delivery) goes out now
-        stale = {name: e.silent_for(now) for name, e in self.catalog.clusters.items()
-                 if e.silent_for(now) > self.cfg.cluster_stale_after_s}
+        stale = {
+            name: e.silent_for(now)
+            for name, e in self.catalog.clusters.items()
+            if e.silent_for(now) > self.cfg.cluster_stale_after_s
+        }
         if self.metrics is not None:
             self.metrics.staleness(self.catalog, now)
         runs = await self.store.active_runs()  # one read, not one per attempt
@@ -42,10 +45,17 @@ class DispatcherSweeps(DispatcherOutbox):
                 if job.state in PRE_START and silent > self.cfg.cluster_stale_after_s:
                     await self.apply(lifecycle.ClusterSilent(job.job_id, a.number))
                     continue
-                if job.state in (S.STARTING, S.RUNNING) and silent > self.cfg.cluster_stale_after_s + self.cfg.lost_after_s:
+                if (
+                    job.state in (S.STARTING, S.RUNNING)
+                    and silent > self.cfg.cluster_stale_after_s + self.cfg.lost_after_s
+                ):
                     await self.apply(lifecycle.ClusterSilent(job.job_id, a.number))
                     continue
-            if job.state is S.DISPATCHED and a.dispatch_time and now - a.dispatch_time > self.cfg.dispatch_ack_timeout_s:
+            if (
+                job.state is S.DISPATCHED
+                and a.dispatch_time
+                and now - a.dispatch_time > self.cfg.dispatch_ack_timeout_s
+            ):
                 await self.apply(lifecycle.ReservationExpired(job.job_id, a.number))
             else:
                 late = self._late(job, a, now)
@@ -77,7 +87,7 @@ class DispatcherSweeps(DispatcherOutbox):
             await asyncio.sleep(every_s)
             try:
                 await self.sweep()
-            except Exception:  # noqa: BLE001 - keep sweeping
+            except Exception:
                 _log.exception("sweep failed")
 
     async def _teardown(self, job: JobRecord, cluster: str, outcome: AttemptOutcome, message: str, why: str) -> None:

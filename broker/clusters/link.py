@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetplan.catalog import ClusterMeta, InventoryReport
-from fleetplan.catalog import ReplicaPlacement
 from broker.domain.records import ReplicaRecord
 from broker.domain.states import AttemptOutcome
+from fleetplan.catalog import ClusterMeta, InventoryReport, ReplicaPlacement
 
 __all__ = [
     "Hello",

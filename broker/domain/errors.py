@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = [
@@ -73,11 +73,23 @@ class Code(enum.Enum):
 
 # HTTP equivalents (google.rpc code mapping), for HTTP edges.
 _HTTP = {
-    Code.OK: 200, Code.CANCELLED: 499, Code.UNKNOWN: 500, Code.INVALID_ARGUMENT: 400,
-    Code.DEADLINE_EXCEEDED: 504, Code.NOT_FOUND: 404, Code.ALREADY_EXISTS: 409,
-    Code.PERMISSION_DENIED: 403, Code.RESOURCE_EXHAUSTED: 429, Code.FAILED_PRECONDITION: 400,
-    Code.ABORTED: 409, Code.OUT_OF_RANGE: 400, Code.UNIMPLEMENTED: 501, Code.INTERNAL: 500,
-    Code.UNAVAILABLE: 503, Code.DATA_LOSS: 500, Code.UNAUTHENTICATED: 401,
+    Code.OK: 200,
+    Code.CANCELLED: 499,
+    Code.UNKNOWN: 500,
+    Code.INVALID_ARGUMENT: 400,
+    Code.DEADLINE_EXCEEDED: 504,
+    Code.NOT_FOUND: 404,
+    Code.ALREADY_EXISTS: 409,
+    Code.PERMISSION_DENIED: 403,
+    Code.RESOURCE_EXHAUSTED: 429,
+    Code.FAILED_PRECONDITION: 400,
+    Code.ABORTED: 409,
+    Code.OUT_OF_RANGE: 400,
+    Code.UNIMPLEMENTED: 501,
+    Code.INTERNAL: 500,
+    Code.UNAVAILABLE: 503,
+    Code.DATA_LOSS: 500,
+    Code.UNAUTHENTICATED: 401,
 }
 
 
@@ -141,16 +153,21 @@ class TandemError(Exception):
         d = details or ErrorDetails()
         if metadata:
             d = ErrorDetails(
-                reason=d.reason, field_violations=d.field_violations,
-                quota_violations=d.quota_violations, policy_violations=d.policy_violations,
+                reason=d.reason,
+                field_violations=d.field_violations,
+                quota_violations=d.quota_violations,
+                policy_violations=d.policy_violations,
                 metadata=d.metadata + tuple((k, str(v)) for k, v in sorted(metadata.items())),
                 retry_after_s=d.retry_after_s,
             )
         if not d.reason:
             d = ErrorDetails(
-                reason=self.default_reason, field_violations=d.field_violations,
-                quota_violations=d.quota_violations, policy_violations=d.policy_violations,
-                metadata=d.metadata, retry_after_s=d.retry_after_s,
+                reason=self.default_reason,
+                field_violations=d.field_violations,
+                quota_violations=d.quota_violations,
+                policy_violations=d.policy_violations,
+                metadata=d.metadata,
+                retry_after_s=d.retry_after_s,
             )
         self.details = d
 
@@ -179,12 +196,13 @@ class InvalidArgument(TandemError):
 
     def __init__(self, message: str, *, details: ErrorDetails | None = None, **metadata: Any) -> None:
         if self.default_field and (details is None or not details.field_violations):
-            details = dataclasses.replace(details or ErrorDetails(),
-                                          field_violations=(FieldViolation(self.default_field, message),))
+            details = dataclasses.replace(
+                details or ErrorDetails(), field_violations=(FieldViolation(self.default_field, message),)
+            )
         super().__init__(message, details=details, **metadata)
 
     @classmethod
-    def fields(cls, *violations: FieldViolation, message: str | None = None) -> "InvalidArgument":
+    def fields(cls, *violations: FieldViolation, message: str | None = None) -> InvalidArgument:
         text = message or "; ".join(f"{v.field}: {v.description}" for v in violations)
         return cls(text, details=ErrorDetails(field_violations=tuple(violations)))
 

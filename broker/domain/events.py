@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker.domain.records import JobRecord
 from fleetplan.catalog import ReplicaPlacement
 
-from broker.domain.records import JobRecord
-
-__all__ = ["JobChanged", "CapacityChanged", "ReservationMade", "NodesHeld", "HoldReleased", "ToPlacer",
-           "ToDispatcher"]
+__all__ = ["JobChanged", "CapacityChanged", "ReservationMade", "NodesHeld", "HoldReleased", "ToPlacer", "ToDispatcher"]
 
 
 @dataclass(frozen=True, slots=True)

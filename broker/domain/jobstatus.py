@@ -6,12 +6,11 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleetplan.decide import ClusterVerdict
 from broker.domain.records import AttemptRecord, JobRecord
 from broker.domain.states import JobState
+from fleetplan.decide import ClusterVerdict
 
-__all__ = ["LogLink", "QueueView", "DEFAULT_PORTS", "PLAIN_PORT", "rendezvous_address", "log_links",
-           "waiting_message"]
+__all__ = ["LogLink", "QueueView", "DEFAULT_PORTS", "PLAIN_PORT", "rendezvous_address", "log_links", "waiting_message"]
 
 PLAIN_PORT = 29400
 """Rendezvous port when neither the spec nor its framework names one (torchrun's c10d default)."""
@@ -42,8 +41,9 @@ class LogLink:
     """None for a per-attempt link."""
 
 
-def rendezvous_address(job_id: str, attempt: int, first_pod_set: str, namespace: str, framework: str,
-                       port: int = 0) -> str:
+def rendezvous_address(
+    job_id: str, attempt: int, first_pod_set: str, namespace: str, framework: str, port: int = 0
+) -> str:
     """``<pod>.<service>.<namespace>.svc:<port>``: replica 0 of the first pod set under the attempt's headless
     Service ``<job>-<attempt>`` (pods carry hostname ``<job>-<attempt>-<pod set>-<index>`` and that subdomain)."""
     workload = f"{job_id}-{attempt}"
@@ -60,8 +60,13 @@ def _expand(template: str, values: dict[str, str]) -> str:
 
 def log_links(templates: Sequence[tuple[str, str]], job_id: str, a: AttemptRecord) -> list[LogLink]:
     """One link per template for the attempt; templates naming ``{pod}`` give one per replica with a pod."""
-    base = {"cluster": a.cluster, "namespace": a.namespace, "job": job_id, "attempt": str(a.number),
-            "workload": f"{job_id}-{a.number}"}
+    base = {
+        "cluster": a.cluster,
+        "namespace": a.namespace,
+        "job": job_id,
+        "attempt": str(a.number),
+        "workload": f"{job_id}-{a.number}",
+    }
     out: list[LogLink] = []
     for name, template in templates:
         if "{pod}" not in template:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from fleetplan.catalog import ReplicaPlacement
 from broker.domain.records import (
     AttemptClose,
     AttemptRecord,
@@ -22,6 +21,7 @@ from broker.domain.records import (
     Transition,
 )
 from broker.domain.states import PRE_START, AttemptOutcome, JobState, is_allowed, spends_retry
+from fleetplan.catalog import ReplicaPlacement
 
 __all__ = [
     "log_fields",
@@ -121,8 +121,14 @@ class RetryPolicy:
 def log_fields(job: JobRecord, t: Transition) -> dict[str, object]:
     """A committed transition as log fields. ``job`` (the job id) is the correlation key every Tandem process
     logs under, from submission to the pods (their ``tandem.dev/job`` label); ``attempt`` names the try."""
-    fields: dict[str, object] = {"job": job.job_id, "attempt": job.attempt, "tenant": job.tenant,
-                                 "state": job.state.value, "from_state": t.expect_state.value, "reason": t.reason}
+    fields: dict[str, object] = {
+        "job": job.job_id,
+        "attempt": job.attempt,
+        "tenant": job.tenant,
+        "state": job.state.value,
+        "from_state": t.expect_state.value,
+        "reason": t.reason,
+    }
     if t.new_attempt is not None:
         fields["cluster"] = t.new_attempt.cluster
     if t.close_attempt is not None:
@@ -259,8 +265,18 @@ class RequeueRequested:
 
 
 Event = (
-    Reserve | DispatchSent | DispatchAccepted | DispatchRejected | WorkloadReady | AllRunning
-    | AttemptEnded | CancelRequested | PreemptRequested | ClusterSilent | ReservationExpired | AbandonLost
+    Reserve
+    | DispatchSent
+    | DispatchAccepted
+    | DispatchRejected
+    | WorkloadReady
+    | AllRunning
+    | AttemptEnded
+    | CancelRequested
+    | PreemptRequested
+    | ClusterSilent
+    | ReservationExpired
+    | AbandonLost
     | RequeueRequested
 )
 
@@ -280,9 +296,7 @@ def _ignore(why: IgnoreReason) -> Reaction:
 # ---- the reaction -------------------------------------------------------------------------
 
 
-def react(
-    job: JobRecord, current: AttemptRecord | None, event: Event, policy: RetryPolicy, now: float
-) -> Reaction:
+def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: RetryPolicy, now: float) -> Reaction:
     """Decide what ``event`` does to ``job`` (``current`` is its attempt number ``job.attempt``, if any)."""
     if isinstance(event, CancelRequested):
         return _cancel(job, current, event, now)
@@ -302,23 +316,31 @@ def react(
         if job.state not in (S.RESERVED, S.DISPATCHED):
             return _ignore(IgnoreReason.NO_EFFECT)
         stamp = AttemptStamp(
-            dispatch_time=current.dispatch_time or now, accept_time=now,
-            namespace=event.namespace or None, clear_expiry=True,
+            dispatch_time=current.dispatch_time or now,
+            accept_time=now,
+            namespace=event.namespace or None,
+            clear_expiry=True,
         )
         return _move(job, S.ACCEPTED, Reason.DISPATCH_ACCEPTED, stamp=stamp)
     if isinstance(event, DispatchRejected):
         if job.state not in (S.RESERVED, S.DISPATCHED, S.ACCEPTED):
             return _ignore(IgnoreReason.NOT_APPLICABLE)
         close = AttemptClose(
-            outcome=O.REJECTED, end_time=now, message=event.message,
-            rejection_reason=event.reason, rejection_nodes=event.nodes,
+            outcome=O.REJECTED,
+            end_time=now,
+            message=event.message,
+            rejection_reason=event.reason,
+            rejection_nodes=event.nodes,
         )
         return _requeue(job, close, Reason.DISPATCH_REJECTED, policy, now, event.message)
     if isinstance(event, WorkloadReady):
         if job.state is not S.ACCEPTED:
             return _ignore(IgnoreReason.NO_EFFECT)
         return _move(
-            job, S.STARTING, Reason.START_SENT, stamp=AttemptStamp(start_time=now),
+            job,
+            S.STARTING,
+            Reason.START_SENT,
+            stamp=AttemptStamp(start_time=now),
             orders=(OrderSpec(OrderKind.START, current.cluster),),
         )
     if isinstance(event, AllRunning):
@@ -335,7 +357,10 @@ def react(
         if job.state not in (S.ACCEPTED, S.STARTING, S.RUNNING):
             return _ignore(IgnoreReason.NOT_APPLICABLE)
         return _move(
-            job, S.PREEMPTED, Reason.PREEMPTION_REQUESTED, message=event.message,
+            job,
+            S.PREEMPTED,
+            Reason.PREEMPTION_REQUESTED,
+            message=event.message,
             orders=(OrderSpec(OrderKind.PREEMPT, current.cluster, grace_s=event.grace_s),),
         )
     if isinstance(event, ClusterSilent):
@@ -343,7 +368,12 @@ def react(
             # Gates are still on: re-plan elsewhere; the agent deletes the replaced attempt on reconnect.
             close = AttemptClose(outcome=O.LOST, end_time=now, message="cluster silent before start")
             return _requeue(
-                job, close, Reason.CLUSTER_SILENT, policy, now, close.message,
+                job,
+                close,
+                Reason.CLUSTER_SILENT,
+                policy,
+                now,
+                close.message,
                 orders=(OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),),
             )
         if job.state in (S.STARTING, S.RUNNING):
@@ -354,23 +384,37 @@ def react(
             return _ignore(IgnoreReason.NO_EFFECT)
         close = AttemptClose(outcome=O.LOST, end_time=now, message="reservation expired before accept")
         return _requeue(
-            job, close, Reason.RESERVATION_EXPIRED, policy, now, close.message,
+            job,
+            close,
+            Reason.RESERVATION_EXPIRED,
+            policy,
+            now,
+            close.message,
             orders=(OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),),
         )
     if isinstance(event, AbandonLost):
         cleanup = (OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),)
         if job.state is S.LOST:
             close = AttemptClose(outcome=O.LOST, end_time=now, message="lost attempt abandoned", spent_retry=True)
-            return _requeue(job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor,
-                            orders=cleanup)
+            return _requeue(
+                job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor, orders=cleanup
+            )
         if job.state is S.CANCELLING:
             close = AttemptClose(outcome=O.LOST, end_time=now, message="cancel never confirmed; abandoned")
-            return _move(job, S.CANCELLED, Reason.LOST_ABANDONED, message=close.message, actor=event.actor,
-                         close=close, orders=cleanup)
+            return _move(
+                job,
+                S.CANCELLED,
+                Reason.LOST_ABANDONED,
+                message=close.message,
+                actor=event.actor,
+                close=close,
+                orders=cleanup,
+            )
         if job.state is S.PREEMPTED:
             close = AttemptClose(outcome=O.LOST, end_time=now, message="preemption never confirmed; abandoned")
-            return _requeue(job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor,
-                            orders=cleanup)
+            return _requeue(
+                job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor, orders=cleanup
+            )
         return _ignore(IgnoreReason.NOT_APPLICABLE)
     if isinstance(event, RequeueRequested):
         return _requeue_requested(job, current, event, policy, now)
@@ -378,38 +422,71 @@ def react(
 
 
 def _move(
-    job: JobRecord, new: JobState, reason: Reason, *, message: str = "", actor: str = "broker",
-    stamp: AttemptStamp | None = None, close: AttemptClose | None = None,
+    job: JobRecord,
+    new: JobState,
+    reason: Reason,
+    *,
+    message: str = "",
+    actor: str = "broker",
+    stamp: AttemptStamp | None = None,
+    close: AttemptClose | None = None,
     orders: tuple[OrderSpec, ...] = (),
 ) -> Reaction:
     if not is_allowed(job.state, new):
         return _ignore(IgnoreReason.NOT_APPLICABLE)
-    return Reaction(transition=Transition(
-        job_id=job.job_id, expect_state=job.state, expect_attempt=job.attempt, new_state=new,
-        reason=reason.value, message=message, actor=actor, stamp=stamp, close_attempt=close,
-        orders=orders,
-    ))
+    return Reaction(
+        transition=Transition(
+            job_id=job.job_id,
+            expect_state=job.state,
+            expect_attempt=job.attempt,
+            new_state=new,
+            reason=reason.value,
+            message=message,
+            actor=actor,
+            stamp=stamp,
+            close_attempt=close,
+            orders=orders,
+        )
+    )
 
 
 def _reserve(job: JobRecord, ev: Reserve, now: float) -> Reaction:
     if job.state is not S.QUEUED:
         return _ignore(IgnoreReason.NOT_APPLICABLE)
     attempt = AttemptRecord(
-        job_id=job.job_id, number=job.attempt + 1, cluster=ev.cluster, domain=ev.domain,
-        assignments=ev.assignments, gpu_model=ev.gpu_model, gpus=ev.gpus, reserve_time=now,
+        job_id=job.job_id,
+        number=job.attempt + 1,
+        cluster=ev.cluster,
+        domain=ev.domain,
+        assignments=ev.assignments,
+        gpu_model=ev.gpu_model,
+        gpus=ev.gpus,
+        reserve_time=now,
         expires_at=ev.expires_at,
     )
     t = Transition(
-        job_id=job.job_id, expect_state=S.QUEUED, expect_attempt=job.attempt, new_state=S.RESERVED,
-        reason=Reason.PLACED.value, message=f"reserved on {ev.cluster}", new_attempt=attempt,
+        job_id=job.job_id,
+        expect_state=S.QUEUED,
+        expect_attempt=job.attempt,
+        new_state=S.RESERVED,
+        reason=Reason.PLACED.value,
+        message=f"reserved on {ev.cluster}",
+        new_attempt=attempt,
         orders=(OrderSpec(OrderKind.DISPATCH, ev.cluster, attempt=attempt.number),),
     )
     return Reaction(transition=t)
 
 
 def _requeue(
-    job: JobRecord, close: AttemptClose, reason: Reason, policy: RetryPolicy, now: float,
-    message: str, *, orders: tuple[OrderSpec, ...] = (), actor: str = "broker",
+    job: JobRecord,
+    close: AttemptClose,
+    reason: Reason,
+    policy: RetryPolicy,
+    now: float,
+    message: str,
+    *,
+    orders: tuple[OrderSpec, ...] = (),
+    actor: str = "broker",
 ) -> Reaction:
     """Close the current attempt and re-queue, or FAIL when the budget or the attempt cap is spent."""
     if not is_allowed(job.state, S.QUEUED):
@@ -418,42 +495,77 @@ def _requeue(
     budget = job.max_infra_retries if job.max_infra_retries is not None else policy.max_infra_retries
     retries = job.infra_retries + (1 if spent else 0)
     if spent and retries > budget:
-        return _fail(job, close, Reason.RETRY_BUDGET_SPENT,
-                     f"{message}; retry budget spent ({budget})", orders, actor, spent)
+        return _fail(
+            job, close, Reason.RETRY_BUDGET_SPENT, f"{message}; retry budget spent ({budget})", orders, actor, spent
+        )
     if job.attempt >= policy.max_attempts:
-        return _fail(job, close, Reason.MAX_ATTEMPTS,
-                     f"{message}; attempt cap reached ({policy.max_attempts})", orders, actor, spent)
+        return _fail(
+            job,
+            close,
+            Reason.MAX_ATTEMPTS,
+            f"{message}; attempt cap reached ({policy.max_attempts})",
+            orders,
+            actor,
+            spent,
+        )
     not_before = now + backoff_s(policy, retries) if spent else now
     if close.outcome is O.PREEMPTED:
         not_before = max(not_before, now + policy.preempted_backoff_s)
-    return Reaction(transition=Transition(
-        job_id=job.job_id, expect_state=job.state, expect_attempt=job.attempt, new_state=S.QUEUED,
-        reason=reason.value, message=message, actor=actor, close_attempt=close,
-        spend_retry=spent, not_before=not_before, orders=orders,
-    ))
+    return Reaction(
+        transition=Transition(
+            job_id=job.job_id,
+            expect_state=job.state,
+            expect_attempt=job.attempt,
+            new_state=S.QUEUED,
+            reason=reason.value,
+            message=message,
+            actor=actor,
+            close_attempt=close,
+            spend_retry=spent,
+            not_before=not_before,
+            orders=orders,
+        )
+    )
 
 
 def _fail(
-    job: JobRecord, close: AttemptClose, reason: Reason, message: str,
-    orders: tuple[OrderSpec, ...], actor: str, spent: bool,
+    job: JobRecord,
+    close: AttemptClose,
+    reason: Reason,
+    message: str,
+    orders: tuple[OrderSpec, ...],
+    actor: str,
+    spent: bool,
 ) -> Reaction:
-    return Reaction(transition=Transition(
-        job_id=job.job_id, expect_state=job.state, expect_attempt=job.attempt, new_state=S.FAILED,
-        reason=reason.value, message=message, actor=actor, close_attempt=close,
-        spend_retry=spent, orders=orders,
-    ))
+    return Reaction(
+        transition=Transition(
+            job_id=job.job_id,
+            expect_state=job.state,
+            expect_attempt=job.attempt,
+            new_state=S.FAILED,
+            reason=reason.value,
+            message=message,
+            actor=actor,
+            close_attempt=close,
+            spend_retry=spent,
+            orders=orders,
+        )
+    )
 
 
 _END_REASON = {
-    O.SUCCEEDED: Reason.SUCCEEDED, O.APP_FAILED: Reason.APP_FAILED, O.INFRA_FAILED: Reason.INFRA_FAILED,
-    O.GANG_TIMEOUT: Reason.GANG_TIMEOUT, O.REJECTED: Reason.DISPATCH_REJECTED,
-    O.PREEMPTED: Reason.PREEMPTED, O.CANCELLED: Reason.CANCELLED, O.LOST: Reason.LOST_ABANDONED,
+    O.SUCCEEDED: Reason.SUCCEEDED,
+    O.APP_FAILED: Reason.APP_FAILED,
+    O.INFRA_FAILED: Reason.INFRA_FAILED,
+    O.GANG_TIMEOUT: Reason.GANG_TIMEOUT,
+    O.REJECTED: Reason.DISPATCH_REJECTED,
+    O.PREEMPTED: Reason.PREEMPTED,
+    O.CANCELLED: Reason.CANCELLED,
+    O.LOST: Reason.LOST_ABANDONED,
 }
 
 
-def _ended(
-    job: JobRecord, current: AttemptRecord, ev: AttemptEnded, policy: RetryPolicy, now: float
-) -> Reaction:
+def _ended(job: JobRecord, current: AttemptRecord, ev: AttemptEnded, policy: RetryPolicy, now: float) -> Reaction:
     started = current.start_time is not None
     outcome = ev.outcome
     if job.state is S.CANCELLING and outcome is not O.SUCCEEDED:
@@ -461,7 +573,9 @@ def _ended(
     elif job.state is S.PREEMPTED and outcome is not O.SUCCEEDED:
         outcome = O.PREEMPTED  # SIGTERM exits are the preemption, not an application failure
     close = AttemptClose(
-        outcome=outcome, end_time=now, message=ev.message,
+        outcome=outcome,
+        end_time=now,
+        message=ev.message,
         exit_code=ev.exit_code if outcome is O.APP_FAILED else None,
         spent_retry=spends_retry(outcome, started=started),
     )
@@ -473,8 +587,9 @@ def _ended(
     if outcome is O.CANCELLED:
         if job.state is not S.CANCELLING:
             # A workload deleted behind our back is an infrastructure failure, not a cancel.
-            close = AttemptClose(outcome=O.INFRA_FAILED, end_time=now, message=ev.message or "workload deleted",
-                                 spent_retry=True)
+            close = AttemptClose(
+                outcome=O.INFRA_FAILED, end_time=now, message=ev.message or "workload deleted", spent_retry=True
+            )
             return _requeue(job, close, Reason.INFRA_FAILED, policy, now, close.message)
         return _move(job, S.CANCELLED, reason, message=ev.message, close=close)
     if outcome is O.REJECTED:
@@ -493,10 +608,23 @@ def _cancel(job: JobRecord, current: AttemptRecord | None, ev: CancelRequested, 
     if job.state is S.RESERVED:
         # Not sent Start, maybe not even Dispatch: done now; a CANCEL order cleans up a dispatch in flight.
         close = AttemptClose(outcome=O.CANCELLED, end_time=now, message=msg)
-        return _move(job, S.CANCELLED, Reason.CANCELLED, message=msg, actor=ev.actor, close=close,
-                     orders=(OrderSpec(OrderKind.CANCEL, current.cluster, grace_s=0.0),))
-    return _move(job, S.CANCELLING, Reason.CANCEL_REQUESTED, message=msg, actor=ev.actor,
-                 orders=(OrderSpec(OrderKind.CANCEL, current.cluster, grace_s=ev.grace_s),))
+        return _move(
+            job,
+            S.CANCELLED,
+            Reason.CANCELLED,
+            message=msg,
+            actor=ev.actor,
+            close=close,
+            orders=(OrderSpec(OrderKind.CANCEL, current.cluster, grace_s=0.0),),
+        )
+    return _move(
+        job,
+        S.CANCELLING,
+        Reason.CANCEL_REQUESTED,
+        message=msg,
+        actor=ev.actor,
+        orders=(OrderSpec(OrderKind.CANCEL, current.cluster, grace_s=ev.grace_s),),
+    )
 
 
 def _requeue_requested(
@@ -506,10 +634,24 @@ def _requeue_requested(
     (outcome PREEMPTED, no retry spent) for an attempt the cluster has not accepted yet."""
     msg = ev.message or f"requeued by {ev.actor}"
     if job.state in (S.ACCEPTED, S.STARTING, S.RUNNING):
-        return _move(job, S.PREEMPTED, Reason.PREEMPTION_REQUESTED, message=msg, actor=ev.actor,
-                     orders=(OrderSpec(OrderKind.PREEMPT, current.cluster, grace_s=ev.grace_s),))
+        return _move(
+            job,
+            S.PREEMPTED,
+            Reason.PREEMPTION_REQUESTED,
+            message=msg,
+            actor=ev.actor,
+            orders=(OrderSpec(OrderKind.PREEMPT, current.cluster, grace_s=ev.grace_s),),
+        )
     if job.state in (S.RESERVED, S.DISPATCHED):
         close = AttemptClose(outcome=O.PREEMPTED, end_time=now, message=msg)
-        return _requeue(job, close, Reason.PREEMPTED, policy, now, msg, actor=ev.actor,
-                        orders=(OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),))
+        return _requeue(
+            job,
+            close,
+            Reason.PREEMPTED,
+            policy,
+            now,
+            msg,
+            actor=ev.actor,
+            orders=(OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),),
+        )
     return _ignore(IgnoreReason.NOT_APPLICABLE)

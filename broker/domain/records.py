@@ -11,9 +11,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fleetplan.catalog import ReplicaPlacement
-
 from broker.domain.states import AttemptOutcome, JobState
+from fleetplan.catalog import ReplicaPlacement
 
 __all__ = [
     "ReplicaPlacement",
@@ -183,7 +182,7 @@ class AttemptRecord:
     feedback: str = ""
     """The extender's last filter verdict for a pod of this attempt that did not fit (one line)."""
     feedback_time: float | None = None
-    replicas: tuple["ReplicaRecord", ...] = ()
+    replicas: tuple[ReplicaRecord, ...] = ()
     """Observed replicas (the agent's last WorkloadStatus), by pod set and index."""
 
     @property
@@ -365,4 +364,3 @@ class CompactionResult:
     deleted_events: int
     compacted_revision: int
     """Watching from below this raises RevisionCompacted."""
-

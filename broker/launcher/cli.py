@@ -17,12 +17,11 @@ from typing import Any, TextIO
 
 import grpc
 
+from broker.launcher.client import BrokerClient, SubmitItem, status_details
+from broker.launcher.jobfile import default_key, load_job_file, parse_duration, to_spec
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
-
-from broker.launcher.client import BrokerClient, SubmitItem, status_details
-from broker.launcher.jobfile import default_key, load_job_file, parse_duration, to_spec
 
 __all__ = ["main", "build_parser", "parse_time"]
 
@@ -35,10 +34,14 @@ def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
     def default(value: str | None) -> str | None:
         return value if defaults else argparse.SUPPRESS
 
-    parser.add_argument("--broker", default=default(os.environ.get("TANDEM_BROKER", "127.0.0.1:50051")),
-                        help="broker HOST:PORT (env TANDEM_BROKER)")
-    parser.add_argument("--token", default=default(os.environ.get("TANDEM_TOKEN")),
-                        help="bearer token (env TANDEM_TOKEN)")
+    parser.add_argument(
+        "--broker",
+        default=default(os.environ.get("TANDEM_BROKER", "127.0.0.1:50051")),
+        help="broker HOST:PORT (env TANDEM_BROKER)",
+    )
+    parser.add_argument(
+        "--token", default=default(os.environ.get("TANDEM_TOKEN")), help="bearer token (env TANDEM_TOKEN)"
+    )
     parser.add_argument("--ca", default=default(os.environ.get("TANDEM_CA")), help="CA certificate (PEM) to use TLS")
     parser.add_argument("--server-name", default=default(None), help="TLS server name override")
 
@@ -97,18 +100,27 @@ def build_parser() -> argparse.ArgumentParser:
         x = sub.add_parser(name, parents=[connection], help=f"{name} a cluster (admin)")
         x.add_argument("cluster")
         x.add_argument("--reason", required=True)
-    u = sub.add_parser("usage", parents=[connection],
-                       help="GPUs held per tenant against quota and fair share; --csv: GPU-hours over a window")
+    u = sub.add_parser(
+        "usage",
+        parents=[connection],
+        help="GPUs held per tenant against quota and fair share; --csv: GPU-hours over a window",
+    )
     u.add_argument("--tenant", default="", help="one tenant (admins; tenants always see only their own)")
     shape = u.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true", help="print the usage rows as JSON")
-    shape.add_argument("--csv", action="store_true",
-                       help="print GPU-hours per tenant, GPU model and cluster as CSV (ExportUsage)")
-    u.add_argument("--since", type=parse_time, default=None,
-                   help="with --csv: window start (epoch seconds, ISO 8601, or a duration ago like 7d; default: all)")
+    shape.add_argument(
+        "--csv", action="store_true", help="print GPU-hours per tenant, GPU model and cluster as CSV (ExportUsage)"
+    )
+    u.add_argument(
+        "--since",
+        type=parse_time,
+        default=None,
+        help="with --csv: window start (epoch seconds, ISO 8601, or a duration ago like 7d; default: all)",
+    )
     u.add_argument("--until", type=parse_time, default=None, help="with --csv: window end (default: now)")
-    r = sub.add_parser("requeue", parents=[connection],
-                       help="end a job's current attempt and queue it again (no retry spent)")
+    r = sub.add_parser(
+        "requeue", parents=[connection], help="end a job's current attempt and queue it again (no retry spent)"
+    )
     r.add_argument("job_id")
     r.add_argument("--reason", default="requeued from the command line")
     pr = sub.add_parser("priority", parents=[connection], help="change a job's priority and / or priority band")
@@ -146,8 +158,10 @@ def _print_job(job: job_pb2.Job, out: TextIO) -> None:
     out.write(f"job:      {job.job_id}\nstate:    {_state(st.state)}\n")
     out.write(f"tenant:   {job.spec.tenant}   queue: {job.spec.queue}   job set: {job.spec.job_set_id}\n")
     out.write(f"created:  {_ts(st.create_time)}   attempt: {st.current_attempt}   infra retries: {st.infra_retries}\n")
-    out.write(f"priority: {job.spec.priority}   band: {job.spec.priority_band or 'default'}"
-              f"{'   HELD by ' + st.held_by if st.held else ''}\n")
+    out.write(
+        f"priority: {job.spec.priority}   band: {job.spec.priority_band or 'default'}"
+        f"{'   HELD by ' + st.held_by if st.held else ''}\n"
+    )
     if st.state == job_pb2.JOB_STATE_QUEUED and st.HasField("queue_info"):
         qi = st.queue_info
         pos = qi.position if qi.HasField("position") else "?"
@@ -164,9 +178,17 @@ def _print_job(job: job_pb2.Job, out: TextIO) -> None:
         for a in st.attempts:
             nodes = sorted({p.node for p in a.assignments})
             outcome = job_pb2.AttemptOutcome.Name(a.outcome).removeprefix("ATTEMPT_OUTCOME_") if a.outcome else "active"
-            rows.append([str(a.number), a.cluster, "/".join(s.value for s in a.domain.segments) or "-",
-                         ",".join(nodes[:4]) + ("..." if len(nodes) > 4 else ""), outcome, _ts(a.reserve_time),
-                         a.outcome_message or a.rejection.message])
+            rows.append(
+                [
+                    str(a.number),
+                    a.cluster,
+                    "/".join(s.value for s in a.domain.segments) or "-",
+                    ",".join(nodes[:4]) + ("..." if len(nodes) > 4 else ""),
+                    outcome,
+                    _ts(a.reserve_time),
+                    a.outcome_message or a.rejection.message,
+                ]
+            )
         _table(rows, out)
 
 
@@ -185,8 +207,14 @@ def _print_domains(c: cs.ClusterSummary, out: TextIO) -> None:
         return
     rows = [["  LEVEL", "DOMAIN", "NODES", "GPUS (free/total)"]]
     for d in c.domains:
-        rows.append(["  " + d.level, "/".join(s.value for s in d.path.segments), str(d.nodes),
-                     ", ".join(f"{g.model}: {g.free}/{g.total}" for g in d.gpus) or "-"])
+        rows.append(
+            [
+                "  " + d.level,
+                "/".join(s.value for s in d.path.segments),
+                str(d.nodes),
+                ", ".join(f"{g.model}: {g.free}/{g.total}" for g in d.gpus) or "-",
+            ]
+        )
     out.write(f"{c.name} domains:\n")
     _table(rows, out)
 
@@ -202,19 +230,42 @@ def _per_model(m: Mapping[str, float]) -> str:
 def _print_usage(resp: svc.GetUsageResponse, out: TextIO) -> None:
     rows = [["TENANT", "WEIGHT", "GPUS (held by model)", "QUOTA", "BORROWED", "USAGE", "FAIR SHARE", "DEMAND"]]
     for t in resp.tenants:
-        rows.append([t.tenant, _num(t.weight), _per_model(t.gpus), _per_model(t.quotas), _per_model(t.borrowed),
-                     _num(t.usage_cost), _num(t.fair_share_cost), _num(t.demand_cost)])
+        rows.append(
+            [
+                t.tenant,
+                _num(t.weight),
+                _per_model(t.gpus),
+                _per_model(t.quotas),
+                _per_model(t.borrowed),
+                _num(t.usage_cost),
+                _num(t.fair_share_cost),
+                _num(t.demand_cost),
+            ]
+        )
     _table(rows, out)
-    out.write(f"(usage, fair share and demand in cost units: GPUs x model weight; fleet capacity "
-              f"{_num(resp.capacity_cost)})\n")
+    out.write(
+        f"(usage, fair share and demand in cost units: GPUs x model weight; fleet capacity "
+        f"{_num(resp.capacity_cost)})\n"
+    )
 
 
 def _usage_json(resp: svc.GetUsageResponse) -> str:
     doc = {
-        "evaluate_time": _ts(resp.evaluate_time), "capacity_cost": resp.capacity_cost,
-        "tenants": [{"tenant": t.tenant, "weight": t.weight, "gpus": dict(t.gpus), "quotas": dict(t.quotas),
-                     "borrowed": dict(t.borrowed), "usage_cost": t.usage_cost,
-                     "fair_share_cost": t.fair_share_cost, "demand_cost": t.demand_cost} for t in resp.tenants],
+        "evaluate_time": _ts(resp.evaluate_time),
+        "capacity_cost": resp.capacity_cost,
+        "tenants": [
+            {
+                "tenant": t.tenant,
+                "weight": t.weight,
+                "gpus": dict(t.gpus),
+                "quotas": dict(t.quotas),
+                "borrowed": dict(t.borrowed),
+                "usage_cost": t.usage_cost,
+                "fair_share_cost": t.fair_share_cost,
+                "demand_cost": t.demand_cost,
+            }
+            for t in resp.tenants
+        ],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
@@ -238,8 +289,10 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             key = args.key or jf.key or default_key(jf)
             [r] = await c.submit(jf.jobSet, [SubmitItem(key, to_spec(jf))], validate_only=args.dry_run)
             if r.error_code:
-                out.write(f"refused: {grpc.StatusCode(next(s for s in grpc.StatusCode if s.value[0] == r.error_code)).name}: "
-                          f"{r.error_message}\n")
+                out.write(
+                    f"refused: {grpc.StatusCode(next(s for s in grpc.StatusCode if s.value[0] == r.error_code)).name}: "
+                    f"{r.error_message}\n"
+                )
                 return 1
             if r.valid:
                 out.write("valid (dry run: nothing stored)\n")
@@ -251,14 +304,27 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return 0
         if args.cmd == "list":
             states = [job_pb2.JobState.Value(f"JOB_STATE_{s.upper()}") for s in args.state]
-            resp = await c.list(job_set_id=args.job_set, states=states, page_size=args.limit,
-                                cluster=args.cluster, gpu_model=args.gpu_model)
+            resp = await c.list(
+                job_set_id=args.job_set,
+                states=states,
+                page_size=args.limit,
+                cluster=args.cluster,
+                gpu_model=args.gpu_model,
+            )
             rows = [["JOB", "STATE", "QUEUE", "JOB SET", "ATTEMPT", "WAITING"]]
             for j in resp.jobs:
                 qi = j.status.queue_info
                 why = job_pb2.WaitReason.Name(qi.reason).removeprefix("WAIT_REASON_") if qi.reason else ""
-                rows.append([j.job_id, _state(j.status.state), j.spec.queue, j.spec.job_set_id,
-                             str(j.status.current_attempt), why])
+                rows.append(
+                    [
+                        j.job_id,
+                        _state(j.status.state),
+                        j.spec.queue,
+                        j.spec.job_set_id,
+                        str(j.status.current_attempt),
+                        why,
+                    ]
+                )
             _table(rows, out)
             return 0
         if args.cmd == "watch":
@@ -267,8 +333,10 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
                 if not ev.job_id:
                     continue
                 t = ev.transition
-                out.write(f"{ev.revision}  {ev.job_id}  {_state(t.from_state) if t.from_state else '-'} -> "
-                          f"{_state(t.to_state)}  {t.reason}  {t.message}\n")
+                out.write(
+                    f"{ev.revision}  {ev.job_id}  {_state(t.from_state) if t.from_state else '-'} -> "
+                    f"{_state(t.to_state)}  {t.reason}  {t.message}\n"
+                )
                 out.flush()
                 n += 1
                 if args.max_events and n >= args.max_events:
@@ -277,10 +345,14 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
         if args.cmd == "cancel":
             if args.job_set:
                 done = await c.cancel_set(args.job_set, args.reason)
-                out.write(f"cancelled {len(done.cancelled_job_ids)} jobs ({done.already_terminal_count} already done)\n")
+                out.write(
+                    f"cancelled {len(done.cancelled_job_ids)} jobs ({done.already_terminal_count} already done)\n"
+                )
             elif args.job_id:
                 one = await c.cancel(args.job_id, args.reason)
-                out.write(f"{args.job_id}: {_state(one.state)}{' (already finished)' if one.already_terminal else ''}\n")
+                out.write(
+                    f"{args.job_id}: {_state(one.state)}{' (already finished)' if one.already_terminal else ''}\n"
+                )
             else:
                 out.write("name a job id or --job-set\n")
                 return 2

@@ -44,8 +44,13 @@ def status_details(err: grpc.aio.AioRpcError | grpc.RpcError) -> list[object]:
     if status is None:
         return out
     for any_ in status.details:
-        for cls in (error_details_pb2.BadRequest, error_details_pb2.QuotaFailure, error_details_pb2.ErrorInfo,
-                    error_details_pb2.PreconditionFailure, error_details_pb2.RetryInfo):
+        for cls in (
+            error_details_pb2.BadRequest,
+            error_details_pb2.QuotaFailure,
+            error_details_pb2.ErrorInfo,
+            error_details_pb2.PreconditionFailure,
+            error_details_pb2.RetryInfo,
+        ):
             if any_.Is(cls.DESCRIPTOR):
                 msg = cls()
                 any_.Unpack(msg)
@@ -57,12 +62,21 @@ class BrokerClient:
     """`async with BrokerClient(addr, token=..., ca=...) as c: await c.submit(...)`."""
 
     def __init__(
-        self, address: str, *, token: str | None = None, ca_pem: bytes | None = None,
-        client_cert_pem: bytes | None = None, client_key_pem: bytes | None = None,
-        server_name: str | None = None, timeout_s: float = 30.0, max_message_bytes: int = 4 * 1024 * 1024,
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        ca_pem: bytes | None = None,
+        client_cert_pem: bytes | None = None,
+        client_key_pem: bytes | None = None,
+        server_name: str | None = None,
+        timeout_s: float = 30.0,
+        max_message_bytes: int = 4 * 1024 * 1024,
     ) -> None:
-        options: list[tuple[str, object]] = [("grpc.max_receive_message_length", max_message_bytes),
-                                             ("grpc.max_send_message_length", max_message_bytes)]
+        options: list[tuple[str, object]] = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         if ca_pem is not None or client_cert_pem is not None:
@@ -84,7 +98,9 @@ class BrokerClient:
     async def close(self) -> None:
         await self.channel.close()
 
-    async def submit(self, job_set_id: str, items: Sequence[SubmitItem], *, validate_only: bool = False) -> list[Submitted]:
+    async def submit(
+        self, job_set_id: str, items: Sequence[SubmitItem], *, validate_only: bool = False
+    ) -> list[Submitted]:
         req = svc.SubmitJobsRequest(job_set_id=job_set_id, validate_only=validate_only)
         for it in items:
             req.items.add(idempotency_key=it.key, spec=it.spec)
@@ -92,29 +108,43 @@ class BrokerClient:
         out = []
         for r in resp.results:
             which = r.WhichOneof("result")
-            out.append(Submitted(
-                r.index, r.idempotency_key, job_id=r.job_id if which == "job_id" else "", duplicate=r.duplicate,
-                valid=which == "valid", error_code=r.error.code if which == "error" else 0,
-                error_message=r.error.message if which == "error" else "",
-            ))
+            out.append(
+                Submitted(
+                    r.index,
+                    r.idempotency_key,
+                    job_id=r.job_id if which == "job_id" else "",
+                    duplicate=r.duplicate,
+                    valid=which == "valid",
+                    error_code=r.error.code if which == "error" else 0,
+                    error_message=r.error.message if which == "error" else "",
+                )
+            )
         return out
 
     async def submit_raw(self, req: svc.SubmitJobsRequest) -> svc.SubmitJobsResponse:
-        return await self.jobs.SubmitJobs(req, metadata=self.metadata, timeout=self.timeout_s)  # type: ignore[no-any-return]
+        resp: svc.SubmitJobsResponse = await self.jobs.SubmitJobs(req, metadata=self.metadata, timeout=self.timeout_s)
+        return resp
 
     async def get(self, job_id: str, *, full: bool = True) -> job_pb2.Job:
         view = svc.JOB_VIEW_FULL if full else svc.JOB_VIEW_BASIC
-        resp = await self.jobs.GetJob(svc.GetJobRequest(job_id=job_id, view=view), metadata=self.metadata,
-                                      timeout=self.timeout_s)
+        resp = await self.jobs.GetJob(
+            svc.GetJobRequest(job_id=job_id, view=view), metadata=self.metadata, timeout=self.timeout_s
+        )
         return resp.job  # type: ignore[no-any-return]
 
     async def list(self, **filters: object) -> svc.ListJobsResponse:
-        return await self.jobs.ListJobs(svc.ListJobsRequest(**filters), metadata=self.metadata,  # type: ignore[arg-type,no-any-return]
-                                        timeout=self.timeout_s)
+        resp: svc.ListJobsResponse = await self.jobs.ListJobs(
+            svc.ListJobsRequest(**filters),  # type: ignore[arg-type]
+            metadata=self.metadata,
+            timeout=self.timeout_s,
+        )
+        return resp
 
     async def watch(self, from_revision: int = 0, **filters: object) -> AsyncIterator[svc.JobEvent]:
-        call = self.jobs.WatchJobs(svc.WatchJobsRequest(from_revision=from_revision, **filters),  # type: ignore[arg-type]
-                                   metadata=self.metadata)
+        call = self.jobs.WatchJobs(
+            svc.WatchJobsRequest(from_revision=from_revision, **filters),  # type: ignore[arg-type]
+            metadata=self.metadata,
+        )
         try:
             async for ev in call:
                 yield ev
@@ -122,34 +152,46 @@ class BrokerClient:
             call.cancel()
 
     async def cancel(self, job_id: str, reason: str = "") -> svc.CancelJobResponse:
-        return await self.jobs.CancelJob(svc.CancelJobRequest(job_id=job_id, reason=reason),  # type: ignore[no-any-return]
-                                         metadata=self.metadata, timeout=self.timeout_s)
+        resp: svc.CancelJobResponse = await self.jobs.CancelJob(
+            svc.CancelJobRequest(job_id=job_id, reason=reason), metadata=self.metadata, timeout=self.timeout_s
+        )
+        return resp
 
     async def cancel_set(self, job_set_id: str, reason: str = "", tenant: str = "") -> svc.CancelJobSetResponse:
-        return await self.jobs.CancelJobSet(  # type: ignore[no-any-return]
+        resp: svc.CancelJobSetResponse = await self.jobs.CancelJobSet(
             svc.CancelJobSetRequest(job_set_id=job_set_id, reason=reason, tenant=tenant),
-            metadata=self.metadata, timeout=self.timeout_s)
+            metadata=self.metadata,
+            timeout=self.timeout_s,
+        )
+        return resp
 
     async def usage(self, tenant: str = "") -> svc.GetUsageResponse:
-        return await self.jobs.GetUsage(svc.GetUsageRequest(tenant=tenant), metadata=self.metadata,  # type: ignore[no-any-return]
-                                        timeout=self.timeout_s)
+        resp: svc.GetUsageResponse = await self.jobs.GetUsage(
+            svc.GetUsageRequest(tenant=tenant), metadata=self.metadata, timeout=self.timeout_s
+        )
+        return resp
 
-    async def export_usage(self, *, since: float | None = None, until: float | None = None,
-                           tenant: str = "") -> svc.ExportUsageResponse:
+    async def export_usage(
+        self, *, since: float | None = None, until: float | None = None, tenant: str = ""
+    ) -> svc.ExportUsageResponse:
         """GPU-hours per (tenant, model, cluster) in [since, until] (seconds since the epoch; None = open)."""
         req = svc.ExportUsageRequest(tenant=tenant)
         if since is not None:
             req.since.FromNanoseconds(round(since * 1e9))
         if until is not None:
             req.until.FromNanoseconds(round(until * 1e9))
-        return await self.jobs.ExportUsage(req, metadata=self.metadata, timeout=self.timeout_s)  # type: ignore[no-any-return]
+        resp: svc.ExportUsageResponse = await self.jobs.ExportUsage(req, metadata=self.metadata, timeout=self.timeout_s)
+        return resp
 
     async def requeue(self, job_id: str, reason: str = "") -> svc.RequeueJobResponse:
-        return await self.jobs.RequeueJob(svc.RequeueJobRequest(job_id=job_id, reason=reason),  # type: ignore[no-any-return]
-                                          metadata=self.metadata, timeout=self.timeout_s)
+        resp: svc.RequeueJobResponse = await self.jobs.RequeueJob(
+            svc.RequeueJobRequest(job_id=job_id, reason=reason), metadata=self.metadata, timeout=self.timeout_s
+        )
+        return resp
 
-    async def set_priority(self, job_id: str, *, priority: int | None = None, band: str = "",
-                           reason: str = "") -> job_pb2.Job:
+    async def set_priority(
+        self, job_id: str, *, priority: int | None = None, band: str = "", reason: str = ""
+    ) -> job_pb2.Job:
         req = svc.SetJobPriorityRequest(job_id=job_id, priority_band=band, reason=reason)
         if priority is not None:
             req.priority = priority
@@ -157,26 +199,36 @@ class BrokerClient:
         return resp.job  # type: ignore[no-any-return]
 
     async def hold(self, job_id: str, reason: str = "") -> svc.HoldJobResponse:
-        return await self.jobs.HoldJob(svc.HoldJobRequest(job_id=job_id, reason=reason),  # type: ignore[no-any-return]
-                                       metadata=self.metadata, timeout=self.timeout_s)
+        resp: svc.HoldJobResponse = await self.jobs.HoldJob(
+            svc.HoldJobRequest(job_id=job_id, reason=reason), metadata=self.metadata, timeout=self.timeout_s
+        )
+        return resp
 
     async def release(self, job_id: str, reason: str = "") -> svc.ReleaseJobResponse:
-        return await self.jobs.ReleaseJob(svc.ReleaseJobRequest(job_id=job_id, reason=reason),  # type: ignore[no-any-return]
-                                          metadata=self.metadata, timeout=self.timeout_s)
+        resp: svc.ReleaseJobResponse = await self.jobs.ReleaseJob(
+            svc.ReleaseJobRequest(job_id=job_id, reason=reason), metadata=self.metadata, timeout=self.timeout_s
+        )
+        return resp
 
     async def list_clusters(self) -> cs.ListClustersResponse:
-        return await self.clusters.ListClusters(cs.ListClustersRequest(), metadata=self.metadata,  # type: ignore[no-any-return]
-                                                timeout=self.timeout_s)
+        resp: cs.ListClustersResponse = await self.clusters.ListClusters(
+            cs.ListClustersRequest(), metadata=self.metadata, timeout=self.timeout_s
+        )
+        return resp
 
     async def get_cluster(self, name: str) -> cs.GetClusterResponse:
-        return await self.clusters.GetCluster(cs.GetClusterRequest(name=name), metadata=self.metadata,  # type: ignore[no-any-return]
-                                              timeout=self.timeout_s)
+        resp: cs.GetClusterResponse = await self.clusters.GetCluster(
+            cs.GetClusterRequest(name=name), metadata=self.metadata, timeout=self.timeout_s
+        )
+        return resp
 
     async def cordon(self, name: str, reason: str, *, on: bool = True) -> cs.ClusterSummary:
         if on:
-            resp = await self.clusters.Cordon(cs.CordonRequest(name=name, reason=reason), metadata=self.metadata,
-                                              timeout=self.timeout_s)
+            resp = await self.clusters.Cordon(
+                cs.CordonRequest(name=name, reason=reason), metadata=self.metadata, timeout=self.timeout_s
+            )
         else:
-            resp = await self.clusters.Uncordon(cs.UncordonRequest(name=name, reason=reason), metadata=self.metadata,
-                                                timeout=self.timeout_s)
+            resp = await self.clusters.Uncordon(
+                cs.UncordonRequest(name=name, reason=reason), metadata=self.metadata, timeout=self.timeout_s
+            )
         return resp.cluster  # type: ignore[no-any-return]

@@ -19,12 +19,16 @@ from tandem.v1 import job_pb2
 __all__ = ["JobFile", "PodSetFile", "load_job_file", "to_spec", "parse_duration"]
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_FRAMEWORKS = {"plain": job_pb2.FRAMEWORK_PLAIN, "torchrun": job_pb2.FRAMEWORK_TORCHRUN,
-               "ray": job_pb2.FRAMEWORK_RAY, "mpi": job_pb2.FRAMEWORK_MPI}
+_FRAMEWORKS = {
+    "plain": job_pb2.FRAMEWORK_PLAIN,
+    "torchrun": job_pb2.FRAMEWORK_TORCHRUN,
+    "ray": job_pb2.FRAMEWORK_RAY,
+    "mpi": job_pb2.FRAMEWORK_MPI,
+}
 
 
 def parse_duration(text: str | int) -> int:
-    """"1d2h30m", "90s", "45m" or a number of seconds -> seconds."""
+    """ "1d2h30m", "90s", "45m" or a number of seconds -> seconds."""
     if isinstance(text, int):
         return text
     m = _DURATION.match(text.strip())
@@ -128,9 +132,14 @@ def _with_requests(ps: PodSetFile) -> dict[str, Any]:
 
 def to_spec(jf: JobFile) -> job_pb2.JobSpec:
     s = job_pb2.JobSpec(
-        tenant=jf.tenant, queue=jf.queue, priority=jf.priority, priority_band=jf.band, preemptible=jf.preemptible,
+        tenant=jf.tenant,
+        queue=jf.queue,
+        priority=jf.priority,
+        priority_band=jf.band,
+        preemptible=jf.preemptible,
         framework=_FRAMEWORKS.get(jf.framework.lower(), job_pb2.FRAMEWORK_UNSPECIFIED),
-        display_name=jf.displayName, rendezvous_port=jf.rendezvousPort,
+        display_name=jf.displayName,
+        rendezvous_port=jf.rendezvousPort,
     )
     if jf.maxRuntime is not None:
         _dur(s.max_runtime, jf.maxRuntime)
@@ -149,8 +158,12 @@ def to_spec(jf: JobFile) -> job_pb2.JobSpec:
     s.labels.update(jf.labels)
     s.annotations.update(jf.annotations)
     for ps in jf.podSets:
-        out = s.pod_sets.add(name=ps.name, count=ps.replicas, fixed_count=ps.fixedCount,
-                             pod_template_json=json.dumps(_with_requests(ps), sort_keys=True))
+        out = s.pod_sets.add(
+            name=ps.name,
+            count=ps.replicas,
+            fixed_count=ps.fixedCount,
+            pod_template_json=json.dumps(_with_requests(ps), sort_keys=True),
+        )
         sh = out.shape
         sh.gpu_count = ps.gpus
         sh.gpu_milli = ps.gpuShare

@@ -55,9 +55,15 @@ class DrainHolds:
     def start(self, job_id: str, domain: DrainDomain, now: float, max_hold_s: float, attempt: int = 1) -> DrainHold:
         hold = DrainHold(job_id, domain, now, now + max_hold_s, attempt=attempt)
         self.holds[job_id] = hold
-        _log.info("domain held for a waiting gang", extra={"job": job_id, "cluster": domain.cluster,
-                                                           "domain": "/".join(domain.path),
-                                                           "drains_by": round(domain.drains_by)})
+        _log.info(
+            "domain held for a waiting gang",
+            extra={
+                "job": job_id,
+                "cluster": domain.cluster,
+                "domain": "/".join(domain.path),
+                "drains_by": round(domain.drains_by),
+            },
+        )
         return hold
 
     def end(self, job_id: str) -> None:
@@ -114,8 +120,9 @@ class DrainHolds:
                 changed.append(job_id)
         return changed
 
-    def lifted_for(self, job_id: str, max_runtime_s: float | None, start_timeout_s: float,
-                   now: float) -> list[DrainHold]:
+    def lifted_for(
+        self, job_id: str, max_runtime_s: float | None, start_timeout_s: float, now: float
+    ) -> list[DrainHold]:
         """Holds a decision for `job_id` may see through: its own, and every one it can backfill (it is bound
         to end before the domain has drained). Their reservations are dropped; `restore` puts them back."""
         out: list[DrainHold] = []

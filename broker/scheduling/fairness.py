@@ -27,18 +27,27 @@ import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from placement.model import JobRequest, PodShape
-
+from broker.domain.states import JobState
+from broker.scheduling.queue import QueueEntry, QueueSnapshot, banded_priority, job_cost
 from fleetplan.decide import ClusterPredicate
 from fleetplan.preempt import PreemptionPlan, VictimCandidate, plan_preemption
 from fleetplan.view import FleetView
-
-from broker.scheduling.queue import QueueEntry, QueueSnapshot, banded_priority, job_cost
-from broker.domain.states import JobState
+from placement.model import JobRequest, PodShape
 
 __all__ = [
-    "PreemptReason", "TenantKnobs", "Shares", "water_fill", "shares_of", "victim_reason", "final_share_ok",
-    "DecayedUsage", "PREEMPTABLE_STATES", "TenantUsage", "tenant_usage", "RunningJob", "PreemptionChoice",
+    "PreemptReason",
+    "TenantKnobs",
+    "Shares",
+    "water_fill",
+    "shares_of",
+    "victim_reason",
+    "final_share_ok",
+    "DecayedUsage",
+    "PREEMPTABLE_STATES",
+    "TenantUsage",
+    "tenant_usage",
+    "RunningJob",
+    "PreemptionChoice",
     "choose_preemption",
 ]
 
@@ -151,7 +160,8 @@ def victim_reason(
         if knobs.within_tenant == "LowerPriority" and v_rank < p_rank:
             return PreemptReason.WITHIN_TENANT
         if knobs.within_tenant == "LowerOrNewerEqualPriority" and (
-                v_rank < p_rank or (v_rank == p_rank and victim.seq > preemptor.seq)):
+            v_rank < p_rank or (v_rank == p_rank and victim.seq > preemptor.seq)
+        ):
             return PreemptReason.WITHIN_TENANT
         return None
     (p_band, p_prio), (v_band, v_prio) = p_rank, v_rank
@@ -195,7 +205,9 @@ def _borrowing(snap: QueueSnapshot, e: QueueEntry) -> bool:
 
 
 def final_share_ok(
-    shares: Shares, preemptor_tenant: str, preemptor_cost: float,
+    shares: Shares,
+    preemptor_tenant: str,
+    preemptor_cost: float,
     victims: Iterable[tuple[QueueEntry, PreemptReason, float]],
 ) -> bool:
     """For a whole set of victims: every tenant that loses jobs for fair share keeps a share at least the
@@ -273,8 +285,18 @@ def tenant_usage(snap: QueueSnapshot, shares: Shares, tenants: Iterable[str] = (
                 over = snap.usage.used_under(policy, t, m) - limit
                 if over > _EPS:
                     borrowed["*" if (t, m) not in policy.quotas else m] = over
-        rows.append(TenantUsage(t, policy.tenant_weight(t), gpus, quotas, borrowed, shares.usage.get(t, 0.0),
-                                shares.fair.get(t, 0.0), shares.demand.get(t, 0.0)))
+        rows.append(
+            TenantUsage(
+                t,
+                policy.tenant_weight(t),
+                gpus,
+                quotas,
+                borrowed,
+                shares.usage.get(t, 0.0),
+                shares.fair.get(t, 0.0),
+                shares.demand.get(t, 0.0),
+            )
+        )
     return rows
 
 
@@ -329,15 +351,23 @@ def choose_preemption(
         if not may_take(v.job_id):
             continue
         cost = preemptor.gpus * snap.policy.model_weight(v.charged_model)
-        reason = victim_reason(snap, shares, preemptor, v.charged_model, cost, v, knobs, running_s=r.running_s,
-                               min_runtime_s=min_runtime_s)
+        reason = victim_reason(
+            snap, shares, preemptor, v.charged_model, cost, v, knobs, running_s=r.running_s, min_runtime_s=min_runtime_s
+        )
         if reason is None:
             continue
         allowed[v.job_id] = (r, reason)
-        cands.append(VictimCandidate(
-            v.job_id, r.cluster, r.replicas, _STAGE.get(v.state, 2), r.lost_gpu_hours,
-            banded_priority(snap.policy.band_rank(v.band), v.priority),
-            shares.usage.get(v.tenant, 0.0) - shares.fair.get(v.tenant, 0.0)))
+        cands.append(
+            VictimCandidate(
+                v.job_id,
+                r.cluster,
+                r.replicas,
+                _STAGE.get(v.state, 2),
+                r.lost_gpu_hours,
+                banded_priority(snap.policy.band_rank(v.band), v.priority),
+                shares.usage.get(v.tenant, 0.0) - shares.fair.get(v.tenant, 0.0),
+            )
+        )
     if not cands:
         return None
     plan = plan_preemption(view, req, cands, policy_allows=policy_allows)
@@ -352,7 +382,8 @@ def choose_preemption(
     if not snap.admit(preemptor.tenant, c.gpu_model, c.gpus, preemptible=preemptor.preemptible, usage=usage).allowed:
         return None
     p_cost = c.gpus * snap.policy.model_weight(c.gpu_model)
-    if not final_share_ok(shares, preemptor.tenant, p_cost, ((r.entry, why, victim_cost(snap, r.entry))
-                                                             for r, why in victims)):
+    if not final_share_ok(
+        shares, preemptor.tenant, p_cost, ((r.entry, why, victim_cost(snap, r.entry)) for r, why in victims)
+    ):
         return None
     return PreemptionChoice(plan, victims)

@@ -8,24 +8,24 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from fleetplan import catalog as cat
-from fleetplan.choice import ClusterChoice, TandemChoice
-from fleetplan.decide import Decision, WaitReason
-from fleetplan.view import FleetView
-
-from broker.domain.specs import SpecReader
 from broker.domain import errors, lifecycle
+from broker.domain.events import ReservationMade, ToDispatcher
+from broker.domain.records import JobRecord
+from broker.domain.specs import SpecReader
 from broker.scheduling import fairness
 from broker.scheduling import queue as q
 from broker.scheduling.drains import DrainHolds
+
 # What the placer knows about jobs and the holds it keeps live in their own modules (bases of Placer);
 # the records stay importable from here.
 from broker.scheduling.placer_book import Held, PreemptionHold, WaitInfo
 from broker.scheduling.placer_holds import PlacerHolds, preempting_wait
-from broker.domain.events import ReservationMade, ToDispatcher
-from broker.tenancy.policy import PolicyFile
-from broker.domain.records import JobRecord
 from broker.store.base import Store
+from broker.tenancy.policy import PolicyFile
+from fleetplan import catalog as cat
+from fleetplan.choice import ClusterChoice, TandemChoice
+from fleetplan.decide import Decision, WaitReason
+from fleetplan.view import FleetView
 
 __all__ = ["Placer", "Held", "WaitInfo", "PreemptionHold"]
 
@@ -93,13 +93,17 @@ class Placer(PlacerHolds):
 
     # ------------------------------------------------------------------ the step
 
-    def decide_one(self, job: JobRecord, view: FleetView, snap: q.QueueSnapshot | None = None,
-                   usage: q.Usage | None = None) -> Decision:
+    def decide_one(
+        self, job: JobRecord, view: FleetView, snap: q.QueueSnapshot | None = None, usage: q.Usage | None = None
+    ) -> Decision:
         """Placement for one job, with the quota checked for the model it would actually get."""
         tenant = self.policy.current().tenants.get(job.tenant)
         if tenant is None or not tenant.allows_band(job.priority_band):
-            return Decision(None, WaitReason.NOT_ALLOWED, f"the tenancy policy no longer allows tenant {job.tenant} "
-                            f"in band {job.priority_band or 'default'}")
+            return Decision(
+                None,
+                WaitReason.NOT_ALLOWED,
+                f"the tenancy policy no longer allows tenant {job.tenant} in band {job.priority_band or 'default'}",
+            )
         req = self._request(job)
         now = view.now
         if job.not_before > now:
@@ -110,8 +114,9 @@ class Placer(PlacerHolds):
             adm = snap.admit(job.tenant, d.choice.gpu_model, d.choice.gpus, preemptible=job.preemptible, usage=usage)
             if not adm.allowed and adm.violation is not None:
                 v = adm.violation
-                return Decision(None, WaitReason.QUOTA_EXCEEDED,
-                                f"{v.quota}: {v.used:g} held + {v.requested:g} > quota {v.limit:g}")
+                return Decision(
+                    None, WaitReason.QUOTA_EXCEEDED, f"{v.quota}: {v.used:g} held + {v.requested:g} > quota {v.limit:g}"
+                )
         return d
 
     async def step(self) -> int:
@@ -131,8 +136,12 @@ class Placer(PlacerHolds):
         self.snapshot_cost_s = time.perf_counter() - t_snap
         usage = snap.usage
         # Only the first `batch` waiting jobs are materialised (the order itself is the snapshot's).
-        order = list(itertools.islice((self.queued[e.job_id] for e in snap.order()
-                                       if e.job_id in self._todo and e.job_id in self.queued), self.batch))
+        order = list(
+            itertools.islice(
+                (self.queued[e.job_id] for e in snap.order() if e.job_id in self._todo and e.job_id in self.queued),
+                self.batch,
+            )
+        )
         pending: list[tuple[JobRecord, lifecycle.Reserve]] = []
         commits: list[asyncio.Task[int]] = []
         loop = asyncio.get_running_loop()
@@ -154,10 +163,18 @@ class Placer(PlacerHolds):
                     continue
                 self.catalog.drop_reservation(hold.reservation.key)  # decided below over what is free now
                 view = FleetView(self.catalog, now)
-            lifted = self.drains.lifted_for(
-                job.job_id, job.max_runtime_s,
-                self.specs.start_timeout_s(job.spec, self.start_timeout_s) if job.max_runtime_s is not None else 0.0,
-                now) if self.drains.holds else []
+            lifted = (
+                self.drains.lifted_for(
+                    job.job_id,
+                    job.max_runtime_s,
+                    self.specs.start_timeout_s(job.spec, self.start_timeout_s)
+                    if job.max_runtime_s is not None
+                    else 0.0,
+                    now,
+                )
+                if self.drains.holds
+                else []
+            )
             if lifted:
                 view = FleetView(self.catalog, now)
             t0 = time.perf_counter()
@@ -168,8 +185,13 @@ class Placer(PlacerHolds):
                 self._after_hold(job, hold, d, view, now)
             if lifted:
                 if d.choice is not None:
-                    view.hold((self._reservation(job, d.choice.cluster, job.attempt + 1, d.choice.assignments,
-                                                 d.choice.gpu_model),))
+                    view.hold(
+                        (
+                            self._reservation(
+                                job, d.choice.cluster, job.attempt + 1, d.choice.assignments, d.choice.gpu_model
+                            ),
+                        )
+                    )
                     self.drains.end(job.job_id)
                 self.drains.restore([h for h in lifted if h.job_id in self.drains.holds], now)
                 view = FleetView(self.catalog, now)
@@ -184,8 +206,16 @@ class Placer(PlacerHolds):
             view.hold((self._reservation(job, c.cluster, job.attempt + 1, c.assignments, c.gpu_model),))
             self.held[job.job_id] = Held(job.tenant, c.gpu_model, c.gpus)
             self.queued.pop(job.job_id, None)
-            ev = lifecycle.Reserve(job.job_id, job.attempt, c.cluster, c.domain, c.assignments, c.gpu_model, c.gpus,
-                                   expires_at=now + self.reservation_ttl_s)
+            ev = lifecycle.Reserve(
+                job.job_id,
+                job.attempt,
+                c.cluster,
+                c.domain,
+                c.assignments,
+                c.gpu_model,
+                c.gpus,
+                expires_at=now + self.reservation_ttl_s,
+            )
             pending.append((job, ev))
         if self._todo:
             self._wake.set()
@@ -241,7 +271,7 @@ class Placer(PlacerHolds):
             self._wake.clear()
             try:
                 await self.step()
-            except Exception:  # noqa: BLE001 - the loop must survive one bad step
+            except Exception:
                 _log.exception("placer step failed")
                 await asyncio.sleep(idle_s)
 

@@ -7,22 +7,20 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from placement.model import JobRequest
-
+from broker.domain.events import HoldReleased, JobChanged, ToDispatcher, ToPlacer
+from broker.domain.records import JobRecord
+from broker.domain.specs import SpecReader
+from broker.domain.states import HOLDS_CAPACITY, JobState
+from broker.scheduling import fairness
+from broker.scheduling import queue as q
+from broker.scheduling.drains import DrainHolds
+from broker.store.base import Store
+from broker.tenancy.policy import Policy, PolicyFile
 from fleetplan import catalog as cat
 from fleetplan.catalog import ReplicaPlacement
 from fleetplan.decide import ClusterPredicate, ClusterVerdict, WaitReason, cluster_verdicts, within_policy
 from fleetplan.view import FleetView
-
-from broker.domain.specs import SpecReader
-from broker.scheduling import fairness
-from broker.scheduling import queue as q
-from broker.scheduling.drains import DrainHolds
-from broker.domain.events import HoldReleased, JobChanged, ToDispatcher, ToPlacer
-from broker.tenancy.policy import Policy, PolicyFile
-from broker.domain.records import JobRecord
-from broker.domain.states import HOLDS_CAPACITY, JobState
-from broker.store.base import Store
+from placement.model import JobRequest
 
 __all__ = ["PlacerBook", "Held", "WaitInfo", "PreemptionHold"]
 
@@ -95,8 +93,9 @@ class PlacerBook:
         for a in attempts.values():  # each open attempt is the reservation it was persisted with
             held_job = jobs.get(a.job_id)
             if held_job is not None:
-                self.catalog.add_reservation(self._reservation(held_job, a.cluster, a.number, a.assignments,
-                                                               a.gpu_model))
+                self.catalog.add_reservation(
+                    self._reservation(held_job, a.cluster, a.number, a.assignments, a.gpu_model)
+                )
 
     def _request(self, job: JobRecord) -> JobRequest:
         req = self.requests.get(job.job_id)
@@ -118,8 +117,9 @@ class PlacerBook:
         if job.job_id not in self.requests:
             self.requests[job.job_id] = self._placeable(job, req)
 
-    def _reservation(self, job: JobRecord, cluster: str, attempt: int, assignments: tuple[ReplicaPlacement, ...],
-                     gpu_model: str) -> cat.Reservation:
+    def _reservation(
+        self, job: JobRecord, cluster: str, attempt: int, assignments: tuple[ReplicaPlacement, ...], gpu_model: str
+    ) -> cat.Reservation:
         req = self._request(job)
         shapes = {ps.name: ps.shape for ps in req.pod_sets}
         replicas = tuple(cat.ReservedReplica(a.pod_set, a.index, a.node) for a in assignments)
@@ -129,13 +129,28 @@ class PlacerBook:
         self._version += 1
         held = self.held.get(job.job_id) if job.state in HOLDS_CAPACITY else None
         drain = self.drains.holds.get(job.job_id) if job.state is JobState.QUEUED else None
-        model, gpus = (held.gpu_model, held.gpus) if held else (drain.gpu_model, float(drain.idle_gpus)) if drain \
-            else ("", 0.0)
-        self.book.upsert(q.QueueEntry(
-            job_id=job.job_id, tenant=job.tenant, queue=job.queue, band=job.priority_band, priority=job.priority,
-            seq=job.seq, state=job.state, gpus=job.gpus, gpu_models=job.gpu_models, preemptible=job.preemptible,
-            not_before=job.not_before, charged_model=model, charged_gpus=gpus, drain_hold=drain is not None,
-            held=job.held))
+        model, gpus = (
+            (held.gpu_model, held.gpus) if held else (drain.gpu_model, float(drain.idle_gpus)) if drain else ("", 0.0)
+        )
+        self.book.upsert(
+            q.QueueEntry(
+                job_id=job.job_id,
+                tenant=job.tenant,
+                queue=job.queue,
+                band=job.priority_band,
+                priority=job.priority,
+                seq=job.seq,
+                state=job.state,
+                gpus=job.gpus,
+                gpu_models=job.gpu_models,
+                preemptible=job.preemptible,
+                not_before=job.not_before,
+                charged_model=model,
+                charged_gpus=gpus,
+                drain_hold=drain is not None,
+                held=job.held,
+            )
+        )
 
     def observe(self, job: JobRecord) -> None:
         """Every committed job change passes here: keeps the queue, holds and overlay in step with the store."""
@@ -228,7 +243,8 @@ class PlacerBook:
         """Position and why it waits: the queue's reasons plus the placer's last capacity verdict."""
         hint = self.waits.get(job_id)
         return self.snapshot().why_waiting(
-            job_id, hint=hint.reason if hint else None, hint_message=hint.message if hint else "")
+            job_id, hint=hint.reason if hint else None, hint_message=hint.message if hint else ""
+        )
 
     def why_all(self, snap: q.QueueSnapshot | None = None) -> dict[str, q.WaitInfo]:
         """`why` for every QUEUED job, from one snapshot (`snap`, or the current one)."""

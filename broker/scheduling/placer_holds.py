@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from fleetplan.decide import Choice, Decision, WaitReason
-from fleetplan.drain import DrainDomain
-from fleetplan.view import FleetView
-
-from broker.scheduling import queue as q
-from broker.scheduling.placer_book import PlacerBook, PreemptionHold, WaitInfo
 from broker.domain.events import HoldReleased, NodesHeld
 from broker.domain.records import JobRecord
 from broker.domain.states import HOLDS_CAPACITY
+from broker.scheduling import queue as q
+from broker.scheduling.placer_book import PlacerBook, PreemptionHold, WaitInfo
+from fleetplan.decide import Choice, Decision, WaitReason
+from fleetplan.drain import DrainDomain
+from fleetplan.view import FleetView
 
 __all__ = ["PlacerHolds", "DRAIN_RESEND_S", "preempting_wait"]
 
@@ -24,8 +23,11 @@ DRAIN_RESEND_S = 60.0
 
 def preempting_wait(victims: frozenset[str], now: float) -> WaitInfo:
     """Why a job whose victims are still leaving waits (the preemptor's blocked-job filter reads the reason)."""
-    return WaitInfo(WaitReason.INSUFFICIENT_CAPACITY,
-                    f"preempting {len(victims)} job(s) for it; its nodes are held until they leave", now)
+    return WaitInfo(
+        WaitReason.INSUFFICIENT_CAPACITY,
+        f"preempting {len(victims)} job(s) for it; its nodes are held until they leave",
+        now,
+    )
 
 
 class PlacerHolds(PlacerBook):
@@ -60,8 +62,10 @@ class PlacerHolds(PlacerBook):
         else:
             self.preempting.pop(job.job_id, None)
             self._release_hold(hold)
-            _log.warning("preempted jobs did not free the held nodes in time; planning again",
-                         extra={"job": job.job_id, "victims": sorted(hold.victims)})
+            _log.warning(
+                "preempted jobs did not free the held nodes in time; planning again",
+                extra={"job": job.job_id, "victims": sorted(hold.victims)},
+            )
             if self.metrics is not None:
                 self.metrics.preemption_timeouts.inc()  # type: ignore[attr-defined]
 
@@ -71,8 +75,18 @@ class PlacerHolds(PlacerBook):
             self.send(HoldReleased(hold.domain.cluster, hold.job_id, hold.attempt, drain=True))
         for hold, idle in self.drains.outgoing(now, DRAIN_RESEND_S):
             if idle:
-                self.send(NodesHeld(hold.domain.cluster, hold.job_id, hold.attempt, b"", (),
-                                    now + 2 * DRAIN_RESEND_S, drain=True, idle=idle))
+                self.send(
+                    NodesHeld(
+                        hold.domain.cluster,
+                        hold.job_id,
+                        hold.attempt,
+                        b"",
+                        (),
+                        now + 2 * DRAIN_RESEND_S,
+                        drain=True,
+                        idle=idle,
+                    )
+                )
             else:  # nothing idle to keep (yet): no copy in the cluster
                 self.send(HoldReleased(hold.domain.cluster, hold.job_id, hold.attempt, drain=True))
 

@@ -23,18 +23,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from broker.config import FairnessConfig
+from broker.domain import lifecycle
+from broker.domain.records import AttemptRecord, JobRecord
+from broker.scheduling import fairness
+from broker.scheduling import queue as q
+from broker.scheduling.placer import Placer
+from broker.store.base import Store
+from broker.tenancy.policy import PolicyFile
 from fleetplan.decide import WaitReason
 from fleetplan.drain import BusyJob, choose_drain_domain, enforced_end
 from fleetplan.view import FleetView
-
-from broker.scheduling import fairness
-from broker.domain import lifecycle
-from broker.scheduling import queue as q
-from broker.config import FairnessConfig
-from broker.scheduling.placer import Placer
-from broker.tenancy.policy import PolicyFile
-from broker.domain.records import AttemptRecord, JobRecord
-from broker.store.base import Store
 
 __all__ = ["Preemptor", "Preemption"]
 
@@ -92,8 +91,9 @@ class Preemptor:
         if t is None:
             return fairness.TenantKnobs(reclaim="Never", fair_share_preemption=False)
         p = t.preemption
-        return fairness.TenantKnobs(p.reclaim, p.within_tenant, p.fair_share_preemption,
-                                    p.borrow_preempt_max_priority, p.protected_fraction)
+        return fairness.TenantKnobs(
+            p.reclaim, p.within_tenant, p.fair_share_preemption, p.borrow_preempt_max_priority, p.protected_fraction
+        )
 
     def _ping_pong(self, preemptor: str, victim: str, now: float) -> bool:
         """The preemptor was itself preempted for this victim recently: it may not take it back yet."""
@@ -105,16 +105,25 @@ class Preemptor:
         now = self.clock()
         snap, shares = self.placer.shares(now)
         holding = {v for h in self.placer.preempting.values() for v in h.victims}
-        blocked = [e for e in snap.order()
-                   if e.job_id in self.placer.queued and e.job_id not in self.placer.preempting
-                   and (w := self.placer.waits.get(e.job_id)) is not None and w.reason in _BLOCKED]
-        pool = [e for e in snap.entries.values()
-                if e.preemptible and e.state in fairness.PREEMPTABLE_STATES and e.charged and e.job_id not in holding]
+        blocked = [
+            e
+            for e in snap.order()
+            if e.job_id in self.placer.queued
+            and e.job_id not in self.placer.preempting
+            and (w := self.placer.waits.get(e.job_id)) is not None
+            and w.reason in _BLOCKED
+        ]
+        pool = [
+            e
+            for e in snap.entries.values()
+            if e.preemptible and e.state in fairness.PREEMPTABLE_STATES and e.charged and e.job_id not in holding
+        ]
         to_hold = self._hold_candidates(blocked, now)
         if not blocked or not (pool or to_hold):
             return []
         runs: dict[str, tuple[JobRecord, AttemptRecord]] = {
-            j.job_id: (j, a) for j, a in await self.store.active_runs() if a.number == j.attempt}
+            j.job_id: (j, a) for j, a in await self.store.active_runs() if a.number == j.attempt
+        }
         running = [r for e in pool if (r := self._running(e, runs, now)) is not None]
         started: list[Preemption] = []
         taken: set[str] = set()
@@ -124,11 +133,22 @@ class Preemptor:
             job = self.placer.queued.get(e.job_id)
             if job is None:
                 continue
+
+            def may_take(victim: str, preemptor: str = e.job_id) -> bool:
+                return not self._ping_pong(preemptor, victim, now)
+
             choice = fairness.choose_preemption(
-                FleetView(self.placer.catalog, now), snap, shares, e, self.placer.request_of(job),
-                [r for r in running if r.entry.job_id not in taken], self._knobs(e.tenant),
-                min_runtime_s=self.cfg.min_runtime_s, policy_allows=self.placer.allows(job),
-                may_take=lambda victim, p=e.job_id: not self._ping_pong(p, victim, now))  # type: ignore[misc]
+                FleetView(self.placer.catalog, now),
+                snap,
+                shares,
+                e,
+                self.placer.request_of(job),
+                [r for r in running if r.entry.job_id not in taken],
+                self._knobs(e.tenant),
+                min_runtime_s=self.cfg.min_runtime_s,
+                policy_allows=self.placer.allows(job),
+                may_take=may_take,
+            )
             if choice is not None and self._within_rate(choice, now):
                 started.append(await self._start(job, choice, now))
                 taken.update(r.entry.job_id for r, _ in choice.victims)
@@ -138,8 +158,9 @@ class Preemptor:
                 self._hold(job, snap, runs, now)
         return started
 
-    def _running(self, e: q.QueueEntry, runs: dict[str, tuple[JobRecord, AttemptRecord]],
-                 now: float) -> fairness.RunningJob | None:
+    def _running(
+        self, e: q.QueueEntry, runs: dict[str, tuple[JobRecord, AttemptRecord]], now: float
+    ) -> fairness.RunningJob | None:
         run = runs.get(e.job_id)
         if run is None:
             return None
@@ -149,8 +170,9 @@ class Preemptor:
         shapes = {ps.name: ps.shape for ps in self.placer.request_of(job).pod_sets}
         replicas = tuple((a.node, shapes[a.pod_set]) for a in attempt.assignments if a.pod_set in shapes)
         # The broker does not know a job's checkpoints: all work since it started counts as lost.
-        return fairness.RunningJob(e, attempt.cluster, attempt.number, replicas, running_s,
-                                   e.charged_gpus * running_s / 3600.0)
+        return fairness.RunningJob(
+            e, attempt.cluster, attempt.number, replicas, running_s, e.charged_gpus * running_s / 3600.0
+        )
 
     def _hold_candidates(self, blocked: list[q.QueueEntry], now: float) -> list[q.QueueEntry]:
         """Blocked gangs, big enough and waiting past the bound, while fewer domains than the cap are held."""
@@ -160,26 +182,41 @@ class Preemptor:
         out = []
         for e in blocked:
             job = self.placer.queued.get(e.job_id)
-            if (job is not None and e.job_id not in self.placer.drains.holds and e.gpus >= self.cfg.hold_min_gpus
-                    and now - job.update_time >= self.cfg.hold_after_s):
+            if (
+                job is not None
+                and e.job_id not in self.placer.drains.holds
+                and e.gpus >= self.cfg.hold_min_gpus
+                and now - job.update_time >= self.cfg.hold_after_s
+            ):
                 out.append(e)
         return out[:room]
 
-    def _hold(self, job: JobRecord, snap: q.QueueSnapshot, runs: dict[str, tuple[JobRecord, AttemptRecord]],
-              now: float) -> None:
+    def _hold(
+        self, job: JobRecord, snap: q.QueueSnapshot, runs: dict[str, tuple[JobRecord, AttemptRecord]], now: float
+    ) -> None:
         busy = []
         for other, a in runs.values():
             start = a.accept_time or a.dispatch_time or a.reserve_time
-            ends_by = enforced_end(start, other.max_runtime_s,
-                                   self.placer.specs.start_timeout_s(other.spec, self.placer.start_timeout_s)
-                                   if other.max_runtime_s is not None else 0.0)
-            busy.append(BusyJob(other.job_id, a.cluster, frozenset(r.node for r in a.assignments), ends_by,
-                                other.preemptible))
+            ends_by = enforced_end(
+                start,
+                other.max_runtime_s,
+                self.placer.specs.start_timeout_s(other.spec, self.placer.start_timeout_s)
+                if other.max_runtime_s is not None
+                else 0.0,
+            )
+            busy.append(
+                BusyJob(other.job_id, a.cluster, frozenset(r.node for r in a.assignments), ends_by, other.preemptible)
+            )
         hold_until = now + self.cfg.max_hold_s
         domain = choose_drain_domain(
-            FleetView(self.placer.catalog, now), self.placer.request_of(job), busy, now=now, hold_until=hold_until,
+            FleetView(self.placer.catalog, now),
+            self.placer.request_of(job),
+            busy,
+            now=now,
+            hold_until=hold_until,
             policy_allows=self.placer.allows(job),
-            model_ok=lambda m: snap.admit(job.tenant, m, job.gpus, preemptible=job.preemptible).allowed)
+            model_ok=lambda m: snap.admit(job.tenant, m, job.gpus, preemptible=job.preemptible).allowed,
+        )
         if domain is not None:
             self.placer.hold_domain(job, domain, now, self.cfg.max_hold_s)
             if self.metrics is not None:
@@ -193,17 +230,26 @@ class Preemptor:
         for r, why in choice.victims:
             # Another tenant's victim learns why, never which job took its place.
             who = f" for {job.job_id}" if r.entry.tenant == job.tenant else ""
-            await self.apply(lifecycle.PreemptRequested(
-                r.entry.job_id, r.attempt, grace_s=self.grace_s, message=f"preempted{who}: {_WHY[why]}"))
+            await self.apply(
+                lifecycle.PreemptRequested(
+                    r.entry.job_id, r.attempt, grace_s=self.grace_s, message=f"preempted{who}: {_WHY[why]}"
+                )
+            )
             self.preempted_for[r.entry.job_id] = (job.job_id, now + self.cfg.ping_pong_s)
             self.losses.append((now, r.entry.tenant, plan.choice.cluster, r.lost_gpu_hours))
             if self.metrics is not None:
                 self.metrics.preempted(why.value, r.entry.tenant, r.lost_gpu_hours)  # type: ignore[attr-defined]
         done = Preemption(job.job_id, plan.choice.cluster, victims, plan.lost_gpu_hours)
         self.history = (self.history + [done])[-1000:]
-        _log.info("preemption started", extra={"job": job.job_id, "cluster": plan.choice.cluster,
-                                               "victims": [v for v, _ in victims],
-                                               "lost_gpu_hours": round(plan.lost_gpu_hours, 3)})
+        _log.info(
+            "preemption started",
+            extra={
+                "job": job.job_id,
+                "cluster": plan.choice.cluster,
+                "victims": [v for v, _ in victims],
+                "lost_gpu_hours": round(plan.lost_gpu_hours, 3),
+            },
+        )
         return done
 
     def _within_rate(self, choice: fairness.PreemptionChoice, now: float) -> bool:
@@ -231,7 +277,7 @@ class Preemptor:
                 self._expire(self.clock())
                 await self.round()
                 self.rounds += 1
-            except Exception:  # noqa: BLE001 - one bad round must not end preemption
+            except Exception:
                 _log.exception("preemption round failed")
 
     def stop(self) -> None:

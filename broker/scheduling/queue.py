@@ -126,14 +126,23 @@ class QueueEntry:
     """Held by an operator (``tandem hold``): out of the order until released."""
 
     @classmethod
-    def of(cls, job: JobRecord, attempt: AttemptRecord | None) -> "QueueEntry":
+    def of(cls, job: JobRecord, attempt: AttemptRecord | None) -> QueueEntry:
         held = job.state in HOLDS_CAPACITY and attempt is not None and attempt.number == job.attempt
         return cls(
-            job_id=job.job_id, tenant=job.tenant, queue=job.queue, band=job.priority_band,
-            priority=job.priority, seq=job.seq, state=job.state, gpus=job.gpus, gpu_models=job.gpu_models,
-            preemptible=job.preemptible, not_before=job.not_before,
+            job_id=job.job_id,
+            tenant=job.tenant,
+            queue=job.queue,
+            band=job.priority_band,
+            priority=job.priority,
+            seq=job.seq,
+            state=job.state,
+            gpus=job.gpus,
+            gpu_models=job.gpu_models,
+            preemptible=job.preemptible,
+            not_before=job.not_before,
             charged_model=attempt.gpu_model if held and attempt else "",
-            charged_gpus=attempt.gpus if held and attempt else 0.0, held=job.held,
+            charged_gpus=attempt.gpus if held and attempt else 0.0,
+            held=job.held,
         )
 
     @property
@@ -163,7 +172,7 @@ class Usage:
             return self.used(tenant, model)
         return sum(g for (t, m), g in self.gpus.items() if t == tenant and (t, m) not in policy.quotas)
 
-    def add(self, policy: QueuePolicy, tenant: str, model: str, gpus: float) -> "Usage":
+    def add(self, policy: QueuePolicy, tenant: str, model: str, gpus: float) -> Usage:
         g = dict(self.gpus)
         g[(tenant, model)] = g.get((tenant, model), 0.0) + gpus
         c = dict(self.cost)
@@ -181,7 +190,7 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class WaitInfo:
-    """"Why it waits", from the tenant's own data and anonymous aggregates only."""
+    """ "Why it waits", from the tenant's own data and anonymous aggregates only."""
 
     reason: WaitReason
     reasons: tuple[WaitReason, ...]
@@ -194,7 +203,7 @@ class WaitInfo:
 
 
 def policy_from_tenancy(
-    policy: "Policy", *, model_weights: Mapping[str, float] | None = None, default_model_weight: float = 1.0
+    policy: Policy, *, model_weights: Mapping[str, float] | None = None, default_model_weight: float = 1.0
 ) -> QueuePolicy:
     """The queue's view of the tenancy policy: tenant weights, quotas (``"*"`` kept) and band ranks."""
     tenants = policy.doc.tenants
@@ -256,7 +265,7 @@ class QueueBook:
     def set_policy(self, policy: QueuePolicy) -> None:
         self.policy = policy
 
-    def snapshot(self, now: float, ordering_cost: OrderingCost | None = None) -> "QueueSnapshot":
+    def snapshot(self, now: float, ordering_cost: OrderingCost | None = None) -> QueueSnapshot:
         return QueueSnapshot.build(self._entries.values(), self.policy, now, ordering_cost)
 
 
@@ -271,8 +280,9 @@ class QueueSnapshot:
     _order: tuple[QueueEntry, ...]
 
     @classmethod
-    def build(cls, entries: Iterable[QueueEntry], policy: QueuePolicy, now: float,
-              ordering_cost: OrderingCost | None = None) -> "QueueSnapshot":
+    def build(
+        cls, entries: Iterable[QueueEntry], policy: QueuePolicy, now: float, ordering_cost: OrderingCost | None = None
+    ) -> QueueSnapshot:
         """``ordering_cost(now, usage cost)``: per tenant, the cost the order between tenants starts from
         (default: usage now)."""
         es = {e.job_id: e for e in entries}
@@ -312,7 +322,9 @@ class QueueSnapshot:
 
     # -- quotas ----------------------------------------------------------------------------------
 
-    def admit(self, tenant: str, model: str, gpus: float, *, preemptible: bool, usage: Usage | None = None) -> Admission:
+    def admit(
+        self, tenant: str, model: str, gpus: float, *, preemptible: bool, usage: Usage | None = None
+    ) -> Admission:
         """May ``tenant`` take ``gpus`` of ``model`` now? Pass the cycle's running ``usage`` after charges."""
         u = usage or self.usage
         limit = self.policy.quota(tenant, model)
@@ -387,8 +399,9 @@ class QueueSnapshot:
             out[e.job_id] = self._why(e, positions.get(e.job_id, ahead[e.tenant]), over[e.tenant], hint, message)
         return out
 
-    def _why(self, e: QueueEntry, pos: int | None, over_share: bool, hint: WaitReason | None,
-             hint_message: str) -> WaitInfo:
+    def _why(
+        self, e: QueueEntry, pos: int | None, over_share: bool, hint: WaitReason | None, hint_message: str
+    ) -> WaitInfo:
         reasons: list[WaitReason] = [WaitReason.HELD] if e.held else []
         parts: list[str] = []
         if pos is not None:
@@ -405,8 +418,10 @@ class QueueSnapshot:
                 reasons.append(WaitReason.QUOTA_EXCEEDED)
                 quota = v.quota
                 model = v.quota.removeprefix("gpu/").replace("*", "other models")
-                parts.append(f"quota for {model} exhausted: {_fmt(v.used)}/{_fmt(v.limit)} GPUs in use"
-                             f" (needs {_fmt(v.requested)})")
+                parts.append(
+                    f"quota for {model} exhausted: {_fmt(v.used)}/{_fmt(v.limit)} GPUs in use"
+                    f" (needs {_fmt(v.requested)})"
+                )
         if e.drain_hold:
             reasons.append(WaitReason.DRAINING_DOMAIN)
             parts.append(f"holding a domain while it drains ({_fmt(e.charged_gpus)} idle GPUs charged to you)")

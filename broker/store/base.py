@@ -41,7 +41,6 @@ from types import TracebackType
 
 from broker.domain.errors import JobNotFound
 from broker.domain.lifecycle import Event, Reaction, RetryPolicy
-from broker.store.updates import Respec
 from broker.domain.records import (
     AttemptRecord,
     CompactionResult,
@@ -57,6 +56,7 @@ from broker.domain.records import (
     WatchEvent,
     WatchPage,
 )
+from broker.store.updates import Respec
 
 __all__ = ["Store", "StoreOptions", "Clock", "IdGen", "Delivery"]
 
@@ -110,7 +110,7 @@ class Store(abc.ABC):
     async def close(self) -> None:
         """Finish queued requests, then close. Later calls raise StoreUnavailable."""
 
-    async def __aenter__(self) -> "Store":
+    async def __aenter__(self) -> Store:
         await self.open()
         return self
 
@@ -196,8 +196,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def set_priority(
-        self, job_id: str, *, tenant: str | None, actor: str, priority: int | None = None, band: str | None = None,
-        message: str = "", respec: Respec | None = None,
+        self,
+        job_id: str,
+        *,
+        tenant: str | None,
+        actor: str,
+        priority: int | None = None,
+        band: str | None = None,
+        message: str = "",
+        respec: Respec | None = None,
     ) -> JobRecord:
         """Change a non-terminal job's priority and / or band (None = keep) with an UPDATED event; ``respec``
         rewrites the stored spec bytes to carry the new values (called inside the transaction). Unchanged
@@ -213,9 +220,7 @@ class Store(abc.ABC):
         reason HELD_BY_ADMIN). While held, ``apply_event`` ignores a Reserve for the job."""
 
     @abc.abstractmethod
-    async def gpu_hours(
-        self, *, since: float, until: float, now: float, tenant: str | None = None
-    ) -> list[GpuHours]:
+    async def gpu_hours(self, *, since: float, until: float, now: float, tenant: str | None = None) -> list[GpuHours]:
         """GPU-hours per (tenant, GPU model, cluster): each attempt's [running time (start time if it never
         ran), end time (``now`` while open)] overlapped with [since, until], x its GPUs; aggregated by the
         database (no spec is read). Non-zero rows only, sorted by tenant, model, cluster."""
@@ -287,7 +292,11 @@ class Store(abc.ABC):
         other tenants' events (resume with ``page.revision``; wait with ``wait_for_revision(page.revision)``)."""
 
     async def watch(
-        self, from_revision: int, *, tenant: str | None = None, job_set: str | None = None,
+        self,
+        from_revision: int,
+        *,
+        tenant: str | None = None,
+        job_set: str | None = None,
         bookmark_s: float = 30.0,
     ) -> AsyncIterator[WatchPage]:
         """Follow the event log from ``from_revision``: pages of matching events as they commit, and an empty

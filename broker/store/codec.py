@@ -15,7 +15,6 @@ from typing import Any, Protocol
 import orjson
 
 from broker.domain.errors import InvalidPageToken
-from fleetplan.catalog import ReplicaPlacement
 from broker.domain.records import (
     AttemptRecord,
     DispatchOrder,
@@ -28,6 +27,7 @@ from broker.domain.records import (
     WatchEvent,
 )
 from broker.domain.states import AttemptOutcome, JobState
+from fleetplan.catalog import ReplicaPlacement
 
 __all__ = [
     "store_id",
@@ -43,6 +43,7 @@ __all__ = [
     "assignments_json",
     "PageTokens",
 ]
+
 
 class Row(Protocol):
     """A result row addressable by column name (sqlite3.Row, asyncpg.Record)."""
@@ -77,8 +78,19 @@ def fingerprint(job: NewJob) -> bytes:
     Persisted with the job: changing this encoding makes retries of older submissions conflict.
     """
     canon = orjson.dumps(
-        [job.tenant, job.queue, job.job_set, job.priority_band, job.priority, job.preemptible,
-         sorted(job.labels), job.gpus, list(job.gpu_models), job.max_infra_retries, job.max_runtime_s],
+        [
+            job.tenant,
+            job.queue,
+            job.job_set,
+            job.priority_band,
+            job.priority,
+            job.preemptible,
+            sorted(job.labels),
+            job.gpus,
+            list(job.gpu_models),
+            job.max_infra_retries,
+            job.max_runtime_s,
+        ],
     )
     h = hashlib.sha256(canon)
     h.update(b"\x00")
@@ -95,16 +107,34 @@ def job_from_row(r: Row) -> JobRecord:
     mir = r["max_infra_retries"]
     held_by = r["held_by"]
     return JobRecord(
-        job_id=r["job_id"], seq=r["seq"], tenant=r["tenant"], queue=r["queue"], job_set=r["job_set"],
-        priority_band=r["priority_band"], priority=r["priority"], preemptible=bool(r["preemptible"]),
-        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())), gpus=r["gpus"],
+        job_id=r["job_id"],
+        seq=r["seq"],
+        tenant=r["tenant"],
+        queue=r["queue"],
+        job_set=r["job_set"],
+        priority_band=r["priority_band"],
+        priority=r["priority"],
+        preemptible=bool(r["preemptible"]),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        gpus=r["gpus"],
         gpu_models=tuple(orjson.loads(r["gpu_models"])),
         max_infra_retries=None if mir is None else int(mir),
-        max_runtime_s=_opt_float(r["max_runtime_s"]), spec=bytes(r["spec"]), idempotency_key=r["idem_key"],
-        fingerprint=bytes(r["fingerprint"]), state=JobState(r["state"]), attempt=r["attempt"],
-        infra_retries=r["infra_retries"], not_before=r["not_before"], create_time=r["create_time"],
-        update_time=r["update_time"], end_time=_opt_float(r["end_time"]), reason=r["reason"],
-        message=r["message"], revision=r["revision"], held=held_by is not None, held_by=held_by or "",
+        max_runtime_s=_opt_float(r["max_runtime_s"]),
+        spec=bytes(r["spec"]),
+        idempotency_key=r["idem_key"],
+        fingerprint=bytes(r["fingerprint"]),
+        state=JobState(r["state"]),
+        attempt=r["attempt"],
+        infra_retries=r["infra_retries"],
+        not_before=r["not_before"],
+        create_time=r["create_time"],
+        update_time=r["update_time"],
+        end_time=_opt_float(r["end_time"]),
+        reason=r["reason"],
+        message=r["message"],
+        revision=r["revision"],
+        held=held_by is not None,
+        held_by=held_by or "",
     )
 
 
@@ -116,23 +146,45 @@ def attempt_from_row(r: Row) -> AttemptRecord:
     outcome = r["outcome"]
     ec = r["exit_code"]
     return AttemptRecord(
-        job_id=r["job_id"], number=r["number"], cluster=r["cluster"], domain=tuple(orjson.loads(r["domain"])),
+        job_id=r["job_id"],
+        number=r["number"],
+        cluster=r["cluster"],
+        domain=tuple(orjson.loads(r["domain"])),
         assignments=tuple(ReplicaPlacement(p, int(i), n) for p, i, n in orjson.loads(r["assignments"])),
-        gpu_model=r["gpu_model"], gpus=r["gpus"], reserve_time=r["reserve_time"],
-        expires_at=_opt_float(r["expires_at"]), dispatch_time=_opt_float(r["dispatch_time"]),
-        accept_time=_opt_float(r["accept_time"]), start_time=_opt_float(r["start_time"]),
-        running_time=_opt_float(r["running_time"]), end_time=_opt_float(r["end_time"]),
-        outcome=None if outcome is None else AttemptOutcome(outcome), exit_code=None if ec is None else int(ec),
-        message=r["message"], spent_retry=bool(r["spent_retry"]), namespace=r["namespace"],
-        rejection_reason=r["rejection_reason"], rejection_nodes=tuple(orjson.loads(r["rejection_nodes"])),
-        rendezvous=r["rendezvous"], feedback=r["feedback"], feedback_time=_opt_float(r["feedback_time"]),
+        gpu_model=r["gpu_model"],
+        gpus=r["gpus"],
+        reserve_time=r["reserve_time"],
+        expires_at=_opt_float(r["expires_at"]),
+        dispatch_time=_opt_float(r["dispatch_time"]),
+        accept_time=_opt_float(r["accept_time"]),
+        start_time=_opt_float(r["start_time"]),
+        running_time=_opt_float(r["running_time"]),
+        end_time=_opt_float(r["end_time"]),
+        outcome=None if outcome is None else AttemptOutcome(outcome),
+        exit_code=None if ec is None else int(ec),
+        message=r["message"],
+        spent_retry=bool(r["spent_retry"]),
+        namespace=r["namespace"],
+        rejection_reason=r["rejection_reason"],
+        rejection_nodes=tuple(orjson.loads(r["rejection_nodes"])),
+        rendezvous=r["rendezvous"],
+        feedback=r["feedback"],
+        feedback_time=_opt_float(r["feedback_time"]),
     )
 
 
 def replica_from_row(r: Row) -> ReplicaRecord:
     ec = r["exit_code"]
-    return ReplicaRecord(pod_set=r["pod_set"], index=int(r["idx"]), pod=r["pod"], node=r["node"], phase=r["phase"],
-                         exit_code=None if ec is None else int(ec), reason=r["reason"], message=r["message"])
+    return ReplicaRecord(
+        pod_set=r["pod_set"],
+        index=int(r["idx"]),
+        pod=r["pod"],
+        node=r["node"],
+        phase=r["phase"],
+        exit_code=None if ec is None else int(ec),
+        reason=r["reason"],
+        message=r["message"],
+    )
 
 
 def with_replicas(attempts: list[AttemptRecord], rows: Iterable[Row]) -> list[AttemptRecord]:
@@ -140,24 +192,41 @@ def with_replicas(attempts: list[AttemptRecord], rows: Iterable[Row]) -> list[At
     by: dict[int, list[ReplicaRecord]] = {}
     for r in rows:
         by.setdefault(int(r["attempt"]), []).append(replica_from_row(r))
-    return [dataclasses.replace(a, replicas=tuple(sorted(by[a.number], key=lambda x: (x.pod_set, x.index))))
-            if a.number in by else a for a in attempts]
+    return [
+        dataclasses.replace(a, replicas=tuple(sorted(by[a.number], key=lambda x: (x.pod_set, x.index))))
+        if a.number in by
+        else a
+        for a in attempts
+    ]
 
 
 def event_from_row(r: Row) -> WatchEvent:
     fs = r["from_state"]
     return WatchEvent(
-        revision=r["revision"], job_id=r["job_id"], tenant=r["tenant"], job_set=r["job_set"],
-        kind=EventKind(r["kind"]), from_state=None if fs is None else JobState(fs),
-        to_state=JobState(r["to_state"]), attempt=r["attempt"], reason=r["reason"], message=r["message"],
-        actor=r["actor"], time=r["time"],
+        revision=r["revision"],
+        job_id=r["job_id"],
+        tenant=r["tenant"],
+        job_set=r["job_set"],
+        kind=EventKind(r["kind"]),
+        from_state=None if fs is None else JobState(fs),
+        to_state=JobState(r["to_state"]),
+        attempt=r["attempt"],
+        reason=r["reason"],
+        message=r["message"],
+        actor=r["actor"],
+        time=r["time"],
     )
 
 
 def order_from_row(r: Row) -> DispatchOrder:
     return DispatchOrder(
-        order_id=r["order_id"], cluster=r["cluster"], job_id=r["job_id"], attempt=r["attempt"],
-        kind=OrderKind(r["kind"]), grace_s=r["grace_s"], created_at=r["created_at"],
+        order_id=r["order_id"],
+        cluster=r["cluster"],
+        job_id=r["job_id"],
+        attempt=r["attempt"],
+        kind=OrderKind(r["kind"]),
+        grace_s=r["grace_s"],
+        created_at=r["created_at"],
         delivered_at=_opt_float(r["delivered_at"]),
     )
 
@@ -176,8 +245,15 @@ class PageTokens:
     @staticmethod
     def _digest(flt: JobFilter) -> str:
         canon = json.dumps(
-            [flt.tenant, sorted(s.value for s in flt.states), flt.queue, flt.job_set, sorted(flt.labels),
-             flt.cluster, flt.gpu_model],
+            [
+                flt.tenant,
+                sorted(s.value for s in flt.states),
+                flt.queue,
+                flt.job_set,
+                sorted(flt.labels),
+                flt.cluster,
+                flt.gpu_model,
+            ],
             separators=(",", ":"),
         )
         return hashlib.sha256(canon.encode()).hexdigest()[:16]

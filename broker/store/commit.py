@@ -109,7 +109,7 @@ class GroupCommitter:
     def _main(self) -> None:
         try:
             conn = self._connect()
-        except BaseException as e:  # noqa: BLE001 - reported to start()
+        except BaseException as e:
             self._open_error = e
             self._ready.set()
             return
@@ -184,7 +184,7 @@ class GroupCommitter:
             if injected is not None:
                 raise injected
             conn.execute("COMMIT")
-        except BaseException as e:  # noqa: BLE001 - every member learns of it
+        except BaseException as e:
             self.stats.failed_batches += 1
             log.error("store batch failed", extra={"batch_size": len(batch), "error": repr(e)})
             try:

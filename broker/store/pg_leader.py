@@ -42,8 +42,13 @@ class PgLeader(Store):
     ``_read`` (a read-only snapshot from the pool); the Store operations are the subclass's."""
 
     def __init__(
-        self, dsn: str, *, clock: Clock = time.time, id_gen: IdGen | None = None,
-        options: StoreOptions = StoreOptions(), readers: int = 4,
+        self,
+        dsn: str,
+        *,
+        clock: Clock = time.time,
+        id_gen: IdGen | None = None,
+        options: StoreOptions = StoreOptions(),
+        readers: int = 4,
     ) -> None:
         self._dsn = dsn
         self._clock = clock

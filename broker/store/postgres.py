@@ -92,13 +92,17 @@ class PostgresStore(PgLeader):
         if flt.labels:
             where.append(f"labels @> {arg(codec.dumps(dict(flt.labels)))}::jsonb")
         if flt.cluster is not None:
-            where.append("EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
-                         f" AND a.cluster = {arg(flt.cluster)})")
+            where.append(
+                "EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
+                f" AND a.cluster = {arg(flt.cluster)})"
+            )
         if flt.gpu_model is not None:
             # gpu_models is JSON text (a list of strings): jsonb ? tests membership of a top-level string element
             model = arg(flt.gpu_model)
-            where.append("(EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
-                         f" AND a.gpu_model = {model}) OR jobs.gpu_models::jsonb ? {model})")
+            where.append(
+                "(EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
+                f" AND a.gpu_model = {model}) OR jobs.gpu_models::jsonb ? {model})"
+            )
         query = f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY seq LIMIT {arg(size + 1)}"
 
         async def op(c: Conn) -> list[JobRecord]:
@@ -180,7 +184,9 @@ class PostgresStore(PgLeader):
         async def op(c: Conn) -> list[JobRecord]:
             rows = await c.fetch(
                 "SELECT * FROM jobs WHERE tenant=$1 AND job_set=$2 AND state = ANY($3::text[]) ORDER BY seq",
-                tenant, job_set, pg_sql.ACTIVE_STATES,
+                tenant,
+                job_set,
+                pg_sql.ACTIVE_STATES,
             )
             changed = []
             for row in rows:
@@ -195,8 +201,15 @@ class PostgresStore(PgLeader):
     # -- scheduling settings ---------------------------------------------------------------------
 
     async def set_priority(
-        self, job_id: str, *, tenant: str | None, actor: str, priority: int | None = None, band: str | None = None,
-        message: str = "", respec: updates.Respec | None = None,
+        self,
+        job_id: str,
+        *,
+        tenant: str | None,
+        actor: str,
+        priority: int | None = None,
+        band: str | None = None,
+        message: str = "",
+        respec: updates.Respec | None = None,
     ) -> JobRecord:
         async def op(c: Conn) -> JobRecord:
             job = await pg_sql.load_job(c, job_id, tenant)
@@ -219,9 +232,7 @@ class PostgresStore(PgLeader):
         result: tuple[JobRecord, bool] = await self._write(op)
         return result
 
-    async def gpu_hours(
-        self, *, since: float, until: float, now: float, tenant: str | None = None
-    ) -> list[GpuHours]:
+    async def gpu_hours(self, *, since: float, until: float, now: float, tenant: str | None = None) -> list[GpuHours]:
         rows: list[GpuHours] = await self._read(lambda c: pg_sql.gpu_hours(c, since, until, now, tenant))
         return sorted(rows, key=lambda r: (r.tenant, r.gpu_model, r.cluster))
 
@@ -231,7 +242,10 @@ class PostgresStore(PgLeader):
         async def op(c: Conn) -> list[DispatchOrder]:
             rows = await c.fetch(
                 "SELECT * FROM orders WHERE cluster=$1 AND delivered_at IS NULL AND order_id > $2"
-                " ORDER BY order_id LIMIT $3", cluster, after, limit,
+                " ORDER BY order_id LIMIT $3",
+                cluster,
+                after,
+                limit,
             )
             return [codec.order_from_row(r) for r in rows]
 
@@ -244,7 +258,10 @@ class PostgresStore(PgLeader):
         async def op(c: Conn) -> int:
             status = await c.execute(
                 "UPDATE orders SET delivered_at=$1 WHERE order_id = ANY($2::bigint[]) AND cluster=$3"
-                " AND delivered_at IS NULL", self._clock(), ids, cluster,
+                " AND delivered_at IS NULL",
+                self._clock(),
+                ids,
+                cluster,
             )
             return int(status.split()[-1])
 
@@ -256,8 +273,10 @@ class PostgresStore(PgLeader):
     async def record_workload(
         self, job_id: str, attempt: int, replicas: Sequence[ReplicaRecord], rendezvous: str = ""
     ) -> bool:
-        rows = [(job_id, attempt, r.pod_set, r.index, r.pod, r.node, r.phase, r.exit_code, r.reason, r.message)
-                for r in replicas]
+        rows = [
+            (job_id, attempt, r.pod_set, r.index, r.pod, r.node, r.phase, r.exit_code, r.reason, r.message)
+            for r in replicas
+        ]
 
         async def op(c: Conn) -> bool:
             if await c.fetchval("SELECT 1 FROM attempts WHERE job_id=$1 AND number=$2", job_id, attempt) is None:
@@ -267,10 +286,13 @@ class PostgresStore(PgLeader):
             if rows:
                 await c.executemany(
                     "INSERT INTO replicas (job_id, attempt, pod_set, idx, pod, node, phase, exit_code, reason,"
-                    " message, update_time) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)", [r + (now,) for r in rows])
+                    " message, update_time) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)",
+                    [r + (now,) for r in rows],
+                )
             if rendezvous:
-                await c.execute("UPDATE attempts SET rendezvous=$1 WHERE job_id=$2 AND number=$3",
-                                rendezvous, job_id, attempt)
+                await c.execute(
+                    "UPDATE attempts SET rendezvous=$1 WHERE job_id=$2 AND number=$3", rendezvous, job_id, attempt
+                )
             return True
 
         result: bool = await self._write(op)
@@ -278,8 +300,13 @@ class PostgresStore(PgLeader):
 
     async def record_feedback(self, job_id: str, attempt: int, feedback: str, at: float) -> bool:
         async def op(c: Conn) -> bool:
-            status = await c.execute("UPDATE attempts SET feedback=$1, feedback_time=$2 WHERE job_id=$3 AND number=$4",
-                                     feedback, at, job_id, attempt)
+            status = await c.execute(
+                "UPDATE attempts SET feedback=$1, feedback_time=$2 WHERE job_id=$3 AND number=$4",
+                feedback,
+                at,
+                job_id,
+                attempt,
+            )
             return int(status.split()[-1]) > 0
 
         result: bool = await self._write(op)
@@ -290,9 +317,15 @@ class PostgresStore(PgLeader):
             if reason is None:
                 await c.execute("DELETE FROM cordons WHERE cluster=$1", cluster)
             else:
-                await c.execute("INSERT INTO cordons (cluster, reason, actor, time) VALUES ($1,$2,$3,$4)"
-                                " ON CONFLICT (cluster) DO UPDATE SET reason=EXCLUDED.reason, actor=EXCLUDED.actor,"
-                                " time=EXCLUDED.time", cluster, reason, actor, self._clock())
+                await c.execute(
+                    "INSERT INTO cordons (cluster, reason, actor, time) VALUES ($1,$2,$3,$4)"
+                    " ON CONFLICT (cluster) DO UPDATE SET reason=EXCLUDED.reason, actor=EXCLUDED.actor,"
+                    " time=EXCLUDED.time",
+                    cluster,
+                    reason,
+                    actor,
+                    self._clock(),
+                )
 
         await self._write(op)
 
@@ -320,9 +353,11 @@ class PostgresStore(PgLeader):
         n = min(limit if limit > 0 else self._opts.max_watch_batch, self._opts.max_watch_batch)
         # only committed revisions: a reader never looks past what the writer has published
         upto = self._revision
-        query = ("SELECT * FROM events WHERE revision > $1 AND revision <= $2"
-                 " AND ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR job_set = $4)"
-                 " ORDER BY revision LIMIT $5")
+        query = (
+            "SELECT * FROM events WHERE revision > $1 AND revision <= $2"
+            " AND ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR job_set = $4)"
+            " ORDER BY revision LIMIT $5"
+        )
 
         async def op(c: Conn) -> WatchPage:
             compacted = await pg_sql.meta_int(c, "compacted_revision")

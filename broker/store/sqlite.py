@@ -91,13 +91,17 @@ class SqliteStore(SqliteThreads):
             where.append("EXISTS (SELECT 1 FROM json_each(jobs.labels) j WHERE j.key = ? AND j.value = ?)")
             args.extend((k, v))
         if flt.cluster is not None:
-            where.append("EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
-                         " AND a.cluster = ?)")
+            where.append(
+                "EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
+                " AND a.cluster = ?)"
+            )
             args.append(flt.cluster)
         if flt.gpu_model is not None:
-            where.append("(EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
-                         " AND a.gpu_model = ?)"
-                         " OR EXISTS (SELECT 1 FROM json_each(jobs.gpu_models) m WHERE m.value = ?))")
+            where.append(
+                "(EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.job_id AND a.number = jobs.attempt"
+                " AND a.gpu_model = ?)"
+                " OR EXISTS (SELECT 1 FROM json_each(jobs.gpu_models) m WHERE m.value = ?))"
+            )
             args.extend((flt.gpu_model, flt.gpu_model))
         query = f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
         args.append(size + 1)
@@ -130,13 +134,17 @@ class SqliteStore(SqliteThreads):
 
     async def active_runs(self) -> list[tuple[JobRecord, AttemptRecord]]:
         def op(c: sqlite3.Connection) -> list[tuple[JobRecord, AttemptRecord]]:
-            attempts = [codec.attempt_from_row(r) for r in c.execute(
-                "SELECT a.* FROM attempts a JOIN jobs j ON j.job_id = a.job_id AND j.attempt = a.number"
-                f" WHERE a.outcome IS NULL AND j.state IN ({sql.ACTIVE_SQL}) ORDER BY j.seq")]
+            attempts = [
+                codec.attempt_from_row(r)
+                for r in c.execute(
+                    "SELECT a.* FROM attempts a JOIN jobs j ON j.job_id = a.job_id AND j.attempt = a.number"
+                    f" WHERE a.outcome IS NULL AND j.state IN ({sql.ACTIVE_SQL}) ORDER BY j.seq"
+                )
+            ]
             jobs: dict[str, JobRecord] = {}
             ids = [a.job_id for a in attempts]
             for i in range(0, len(ids), 500):
-                chunk = ids[i:i + 500]
+                chunk = ids[i : i + 500]
                 for r in c.execute(f"SELECT * FROM jobs WHERE job_id IN ({','.join('?' * len(chunk))})", chunk):
                     jobs[r["job_id"]] = codec.job_from_row(r)
             return [(jobs[a.job_id], a) for a in attempts if a.job_id in jobs]
@@ -197,8 +205,15 @@ class SqliteStore(SqliteThreads):
         return await self._write(op)
 
     async def set_priority(
-        self, job_id: str, *, tenant: str | None, actor: str, priority: int | None = None, band: str | None = None,
-        message: str = "", respec: updates.Respec | None = None,
+        self,
+        job_id: str,
+        *,
+        tenant: str | None,
+        actor: str,
+        priority: int | None = None,
+        band: str | None = None,
+        message: str = "",
+        respec: updates.Respec | None = None,
     ) -> JobRecord:
         def op(c: sqlite3.Connection) -> JobRecord:
             job = sql.load_job(c, job_id, tenant)
@@ -217,9 +232,7 @@ class SqliteStore(SqliteThreads):
 
         return await self._write(op)
 
-    async def gpu_hours(
-        self, *, since: float, until: float, now: float, tenant: str | None = None
-    ) -> list[GpuHours]:
+    async def gpu_hours(self, *, since: float, until: float, now: float, tenant: str | None = None) -> list[GpuHours]:
         rows = await self._read(lambda c: sql.gpu_hours(c, since, until, now, tenant))
         return sorted(rows, key=lambda r: (r.tenant, r.gpu_model, r.cluster))
 
@@ -232,7 +245,8 @@ class SqliteStore(SqliteThreads):
         def op(c: sqlite3.Connection) -> list[DispatchOrder]:
             rows = c.execute(
                 "SELECT * FROM orders WHERE cluster=? AND delivered_at IS NULL AND order_id > ?"
-                " ORDER BY order_id LIMIT ?", (cluster, after, limit),
+                " ORDER BY order_id LIMIT ?",
+                (cluster, after, limit),
             ).fetchall()
             return [codec.order_from_row(r) for r in rows]
 
@@ -240,16 +254,20 @@ class SqliteStore(SqliteThreads):
 
     async def pending_deliveries(self, cluster: str, *, limit: int = 1000) -> list[Delivery]:
         def op(c: sqlite3.Connection) -> list[Delivery]:
-            orders = [codec.order_from_row(r) for r in c.execute(
-                "SELECT * FROM orders WHERE cluster=? AND delivered_at IS NULL ORDER BY order_id LIMIT ?",
-                (cluster, limit)).fetchall()]
+            orders = [
+                codec.order_from_row(r)
+                for r in c.execute(
+                    "SELECT * FROM orders WHERE cluster=? AND delivered_at IS NULL ORDER BY order_id LIMIT ?",
+                    (cluster, limit),
+                ).fetchall()
+            ]
             if not orders:
                 return []
             ids = sorted({o.job_id for o in orders})
             jobs: dict[str, JobRecord] = {}
             attempts: dict[tuple[str, int], AttemptRecord] = {}
             for i in range(0, len(ids), 500):
-                chunk = ids[i:i + 500]
+                chunk = ids[i : i + 500]
                 marks = ",".join("?" * len(chunk))
                 for r in c.execute(f"SELECT * FROM jobs WHERE job_id IN ({marks})", chunk):
                     jobs[r["job_id"]] = codec.job_from_row(r)
@@ -279,8 +297,10 @@ class SqliteStore(SqliteThreads):
     async def record_workload(
         self, job_id: str, attempt: int, replicas: Sequence[ReplicaRecord], rendezvous: str = ""
     ) -> bool:
-        rows = [(job_id, attempt, r.pod_set, r.index, r.pod, r.node, r.phase, r.exit_code, r.reason, r.message)
-                for r in replicas]
+        rows = [
+            (job_id, attempt, r.pod_set, r.index, r.pod, r.node, r.phase, r.exit_code, r.reason, r.message)
+            for r in replicas
+        ]
 
         def op(c: sqlite3.Connection) -> bool:
             if c.execute("SELECT 1 FROM attempts WHERE job_id=? AND number=?", (job_id, attempt)).fetchone() is None:
@@ -289,7 +309,9 @@ class SqliteStore(SqliteThreads):
             c.execute("DELETE FROM replicas WHERE job_id=? AND attempt=?", (job_id, attempt))
             c.executemany(
                 "INSERT INTO replicas (job_id, attempt, pod_set, idx, pod, node, phase, exit_code, reason, message,"
-                " update_time) VALUES (?,?,?,?,?,?,?,?,?,?,?)", [row + (now,) for row in rows])
+                " update_time) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [row + (now,) for row in rows],
+            )
             if rendezvous:
                 c.execute("UPDATE attempts SET rendezvous=? WHERE job_id=? AND number=?", (rendezvous, job_id, attempt))
             return True
@@ -298,8 +320,13 @@ class SqliteStore(SqliteThreads):
 
     async def record_feedback(self, job_id: str, attempt: int, feedback: str, at: float) -> bool:
         def op(c: sqlite3.Connection) -> bool:
-            return c.execute("UPDATE attempts SET feedback=?, feedback_time=? WHERE job_id=? AND number=?",
-                             (feedback, at, job_id, attempt)).rowcount > 0
+            return (
+                c.execute(
+                    "UPDATE attempts SET feedback=?, feedback_time=? WHERE job_id=? AND number=?",
+                    (feedback, at, job_id, attempt),
+                ).rowcount
+                > 0
+            )
 
         return await self._write(op)
 
@@ -308,9 +335,11 @@ class SqliteStore(SqliteThreads):
             if reason is None:
                 c.execute("DELETE FROM cordons WHERE cluster=?", (cluster,))
             else:
-                c.execute("INSERT INTO cordons (cluster, reason, actor, time) VALUES (?,?,?,?) ON CONFLICT(cluster)"
-                          " DO UPDATE SET reason=excluded.reason, actor=excluded.actor, time=excluded.time",
-                          (cluster, reason, actor, self._clock()))
+                c.execute(
+                    "INSERT INTO cordons (cluster, reason, actor, time) VALUES (?,?,?,?) ON CONFLICT(cluster)"
+                    " DO UPDATE SET reason=excluded.reason, actor=excluded.actor, time=excluded.time",
+                    (cluster, reason, actor, self._clock()),
+                )
 
         await self._write(op)
 

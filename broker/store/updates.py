@@ -35,8 +35,9 @@ def _live(job: JobRecord) -> None:
         raise JobFinished(f"job {job.job_id} already {job.state.value}", job_id=job.job_id, state=job.state.value)
 
 
-def decide_priority(job: JobRecord, priority: int | None, band: str | None, message: str,
-                    respec: Respec | None) -> Update | None:
+def decide_priority(
+    job: JobRecord, priority: int | None, band: str | None, message: str, respec: Respec | None
+) -> Update | None:
     """New priority and / or band (None = keep); None when both are what the job has already."""
     _live(job)
     new_priority = job.priority if priority is None else priority
@@ -50,8 +51,11 @@ def decide_priority(job: JobRecord, priority: int | None, band: str | None, mess
     if new_band != job.priority_band:
         changes.append(f"band {job.priority_band} -> {new_band}")
     text = ", ".join(changes) + (f": {message}" if message else "")
-    return Update(dataclasses.replace(job, priority=new_priority, priority_band=new_band, spec=spec),
-                  UpdateReason.PRIORITY_CHANGED, text)
+    return Update(
+        dataclasses.replace(job, priority=new_priority, priority_band=new_band, spec=spec),
+        UpdateReason.PRIORITY_CHANGED,
+        text,
+    )
 
 
 def decide_hold(job: JobRecord, held: bool, *, tenant: str | None, actor: str, message: str) -> Update | None:
@@ -64,8 +68,11 @@ def decide_hold(job: JobRecord, held: bool, *, tenant: str | None, actor: str, m
         text = f"held by {actor}" + (f": {message}" if message else "")
         return Update(dataclasses.replace(job, held=True, held_by=actor), UpdateReason.HELD, text)
     if tenant is not None and job.held_by != f"tenant/{tenant}":
-        raise PermissionDenied(f"job {job.job_id} is held by {job.held_by}; only an admin may release it",
-                               details=ErrorDetails(reason="HELD_BY_ADMIN"), job_id=job.job_id)
+        raise PermissionDenied(
+            f"job {job.job_id} is held by {job.held_by}; only an admin may release it",
+            details=ErrorDetails(reason="HELD_BY_ADMIN"),
+            job_id=job.job_id,
+        )
     text = f"released by {actor} (held by {job.held_by})" + (f": {message}" if message else "")
     return Update(dataclasses.replace(job, held=False, held_by=""), UpdateReason.RELEASED, text)
 

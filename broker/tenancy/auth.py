@@ -71,8 +71,19 @@ class Method(enum.Enum):
         self.allowed = allowed
 
 
-MUTATING = frozenset({Method.SUBMIT_JOBS, Method.CANCEL_JOB, Method.CANCEL_JOB_SET, Method.CORDON, Method.UNCORDON,
-                      Method.REQUEUE_JOB, Method.SET_JOB_PRIORITY, Method.HOLD_JOB, Method.RELEASE_JOB})
+MUTATING = frozenset(
+    {
+        Method.SUBMIT_JOBS,
+        Method.CANCEL_JOB,
+        Method.CANCEL_JOB_SET,
+        Method.CORDON,
+        Method.UNCORDON,
+        Method.REQUEUE_JOB,
+        Method.SET_JOB_PRIORITY,
+        Method.HOLD_JOB,
+        Method.RELEASE_JOB,
+    }
+)
 """Methods that change state: rate limited for tenants and audited for everyone."""
 
 AUDITED = MUTATING | frozenset({Method.GET_USAGE, Method.EXPORT_USAGE})
@@ -143,7 +154,9 @@ def check_agent_speaks_for(caller: Caller, cluster: str) -> None:
 class Authorizer:
     """Authenticates credentials against the current policy and checks method + rate limits."""
 
-    def __init__(self, policy: PolicyFile, *, agent_insecure: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, policy: PolicyFile, *, agent_insecure: bool = False, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._policy = policy
         self._agent_insecure = agent_insecure
         self._clock = clock
@@ -196,7 +209,9 @@ class Authorizer:
                 raise errors.RateLimited(
                     f"tenant {caller.name} is over its rate limit of {bucket.rate:g}/s",
                     details=errors.ErrorDetails(
-                        quota_violations=(errors.QuotaViolation(f"tenant/{caller.name}", "rate", bucket.rate, bucket.rate, 1),),
+                        quota_violations=(
+                            errors.QuotaViolation(f"tenant/{caller.name}", "rate", bucket.rate, bucket.rate, 1),
+                        ),
                         retry_after_s=bucket.retry_after_s(),
                     ),
                 )

@@ -50,26 +50,58 @@ LEVELS: tuple[Level, ...] = get_args(Level)
 
 CONTAINER_KINDS = ("containers", "initContainers", "ephemeralContainers")
 
-BASELINE_CAPABILITIES = frozenset({
-    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP",
-    "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
-})
+BASELINE_CAPABILITIES = frozenset(
+    {
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    }
+)
 """The only capabilities baseline lets a container add."""
 RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
 """The only capability restricted lets a container add (after dropping ALL)."""
-SAFE_SYSCTLS = frozenset({
-    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
-    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
-    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
-    "net.ipv4.tcp_keepalive_probes", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
-})
+SAFE_SYSCTLS = frozenset(
+    {
+        "kernel.shm_rmid_forced",
+        "net.ipv4.ip_local_port_range",
+        "net.ipv4.ip_unprivileged_port_start",
+        "net.ipv4.tcp_syncookies",
+        "net.ipv4.ping_group_range",
+        "net.ipv4.ip_local_reserved_ports",
+        "net.ipv4.tcp_keepalive_time",
+        "net.ipv4.tcp_fin_timeout",
+        "net.ipv4.tcp_keepalive_intvl",
+        "net.ipv4.tcp_keepalive_probes",
+        "net.ipv4.tcp_rmem",
+        "net.ipv4.tcp_wmem",
+    }
+)
 """Namespaced sysctls isolated from other pods (the standards' list as of Kubernetes 1.32)."""
 SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"})
 """seLinuxOptions.type values baseline allows (user and role must stay unset)."""
-RESTRICTED_VOLUME_TYPES = frozenset({
-    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "image", "persistentVolumeClaim", "projected",
-    "secret",
-})
+RESTRICTED_VOLUME_TYPES = frozenset(
+    {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "image",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+)
 """Volume sources restricted allows (`image` since 1.33)."""
 APPARMOR_TYPES = frozenset({"RuntimeDefault", "Localhost"})
 APPARMOR_ANNOTATION_PREFIX = "container.apparmor.security.beta.kubernetes.io/"
@@ -248,8 +280,10 @@ def _apparmor(pod: _Pod) -> Iterator[FieldViolation]:
     for key, value in pod.annotations.items():
         if isinstance(key, str) and key.startswith(APPARMOR_ANNOTATION_PREFIX):
             if not (value in ("", "runtime/default") or (isinstance(value, str) and value.startswith("localhost/"))):
-                yield V(f"{pod.annotations_path}[{key!r}]",
-                        "AppArmor profile must be runtime/default, localhost/<profile> or empty")
+                yield V(
+                    f"{pod.annotations_path}[{key!r}]",
+                    "AppArmor profile must be runtime/default, localhost/<profile> or empty",
+                )
 
 
 def _selinux(pod: _Pod) -> Iterator[FieldViolation]:
@@ -258,8 +292,10 @@ def _selinux(pod: _Pod) -> Iterator[FieldViolation]:
         opts = pod.obj(sc.get("seLinuxOptions"), sp)
         kind = opts.get("type")
         if not (kind is None or kind in SELINUX_TYPES):
-            yield V(f"{sp}.type", "SELinux type must be container_t, container_init_t, container_kvm_t, "
-                                  "container_engine_t or unset")
+            yield V(
+                f"{sp}.type",
+                "SELinux type must be container_t, container_init_t, container_kvm_t, container_engine_t or unset",
+            )
         for key in ("user", "role"):
             if not _empty_or_unset(opts.get(key)):
                 yield V(f"{sp}.{key}", f"a custom SELinux {key} is not allowed")
@@ -306,8 +342,12 @@ def _volume_types(pod: _Pod) -> Iterator[FieldViolation]:
     for vp, vol in pod.items(pod.spec.get("volumes"), f"{pod.path}.volumes"):
         for source in pod.obj(vol, vp):
             if source != "name" and source not in RESTRICTED_VOLUME_TYPES:
-                yield V(f"{vp}.{source}", "volume type not allowed at the restricted level (only "
-                                          + ", ".join(sorted(RESTRICTED_VOLUME_TYPES)) + ")")
+                yield V(
+                    f"{vp}.{source}",
+                    "volume type not allowed at the restricted level (only "
+                    + ", ".join(sorted(RESTRICTED_VOLUME_TYPES))
+                    + ")",
+                )
 
 
 def _privilege_escalation(pod: _Pod) -> Iterator[FieldViolation]:
@@ -360,17 +400,29 @@ CONTROLS: tuple[Control, ...] = (
 rule replaces the baseline one for the same field, so a field gets one violation)."""
 
 
-def check(spec: Mapping[str, Any], level: Level, *, extra_capabilities: frozenset[str] = frozenset(),
-          path: str = "spec", annotations: Mapping[str, Any] | None = None,
-          annotations_path: str = "metadata.annotations") -> list[FieldViolation]:
+def check(
+    spec: Mapping[str, Any],
+    level: Level,
+    *,
+    extra_capabilities: frozenset[str] = frozenset(),
+    path: str = "spec",
+    annotations: Mapping[str, Any] | None = None,
+    annotations_path: str = "metadata.annotations",
+) -> list[FieldViolation]:
     """Every violation of `level` in a pod spec (and its annotations, for AppArmor), one per field path.
 
     `extra_capabilities` are allowed on top of the level (compared as `capability` spells them)."""
     if level not in LEVELS:
         raise ValueError(f"unknown Pod Security level {level!r} (one of {', '.join(LEVELS)})")
     rank = LEVELS.index(level)
-    pod = _Pod(spec, path, level, frozenset(capability(c) for c in extra_capabilities),
-               annotations if isinstance(annotations, Mapping) else {}, annotations_path)
+    pod = _Pod(
+        spec,
+        path,
+        level,
+        frozenset(capability(c) for c in extra_capabilities),
+        annotations if isinstance(annotations, Mapping) else {},
+        annotations_path,
+    )
     found: list[FieldViolation] = []
     for control in CONTROLS:
         if LEVELS.index(control.level) <= rank:

@@ -225,8 +225,13 @@ def parse_policy(text: str) -> Policy:
 class PolicyFile:
     """A policy YAML file reloaded whenever its mtime changes; a broken edit keeps the last good policy."""
 
-    def __init__(self, path: str | os.PathLike[str] | None, *, check_interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        *,
+        check_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._path = Path(path) if path else None
         self._check_interval_s = check_interval_s
         self._clock = clock
@@ -254,7 +259,7 @@ class PolicyFile:
             try:
                 self._policy = parse_policy(self._path.read_text())
                 self.last_error = None
-            except Exception as exc:  # noqa: BLE001 - any parse error keeps the old policy
+            except Exception as exc:
                 self.last_error = f"policy file invalid, keeping previous: {exc}"
         return self._policy
 

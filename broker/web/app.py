@@ -27,19 +27,18 @@ from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from tandem.v1 import cluster_service_pb2 as cs
-from tandem.v1 import job_pb2
-from tandem.v1 import job_service_pb2 as svc
-
-from broker.domain import errors
-from broker.tenancy.auth import Caller, CallerKind, Credentials, Listener, Method
-from broker.config import WebConfig
-from broker.hub import Hub
 from broker.api.services import clusters as cluster_calls
 from broker.api.services import jobs as job_calls
 from broker.api.services.edge import Edge
+from broker.config import WebConfig
+from broker.domain import errors
+from broker.hub import Hub
+from broker.tenancy.auth import Caller, CallerKind, Credentials, Listener, Method
 from broker.web.sessions import COOKIE, LoginThrottle, Session, Sessions
 from broker.web.views import FleetPicture, queues_document
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import job_pb2
+from tandem.v1 import job_service_pb2 as svc
 
 __all__ = ["WebServer", "message_json"]
 
@@ -49,7 +48,7 @@ STATIC = Path(__file__).parent / "static"
 
 _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-                               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
@@ -65,8 +64,9 @@ _BOOKMARK_S = 15
 def message_json(msg: Message) -> dict[str, Any]:
     """The API's JSON: original field names, enum names, every field (defaults too), so a page reads
     `status.state` without guessing what an absent field means."""
-    out: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True,
-                                                    always_print_fields_with_no_presence=True)
+    out: dict[str, Any] = json_format.MessageToDict(
+        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
     return out
 
 
@@ -77,8 +77,9 @@ clusters is ~2 MB of JSON, ~10x smaller compressed)."""
 
 def _json(body: Any, status: int = 200) -> web.Response:
     raw = orjson.dumps(body)
-    response = web.Response(body=raw, status=status, content_type="application/json",
-                            headers={"Cache-Control": "no-store"})
+    response = web.Response(
+        body=raw, status=status, content_type="application/json", headers={"Cache-Control": "no-store"}
+    )
     if len(raw) > _COMPRESS_OVER:
         response.enable_compression()
     return response
@@ -86,9 +87,12 @@ def _json(body: Any, status: int = 200) -> web.Response:
 
 def _error_response(err: errors.TandemError) -> web.Response:
     d = err.details
-    body: dict[str, Any] = {"code": err.code.name, "message": err.message, "reason": d.reason,
-                            "field_violations": [{"field": v.field, "description": v.description}
-                                                 for v in d.field_violations]}
+    body: dict[str, Any] = {
+        "code": err.code.name,
+        "message": err.message,
+        "reason": d.reason,
+        "field_violations": [{"field": v.field, "description": v.description} for v in d.field_violations],
+    }
     headers = {}
     if d.retry_after_s:
         headers["Retry-After"] = str(max(int(d.retry_after_s + 0.999), 1))
@@ -167,8 +171,9 @@ class WebServer:
     # ------------------------------------------------------------------ the edge
 
     @web.middleware
-    async def _middleware(self, request: web.Request,
-                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         try:
             response = await handler(request)
         except _Refused as refused:
@@ -182,7 +187,7 @@ class WebServer:
             code = {404: errors.NotFound, 405: errors.InvalidArgument}.get(exc.status, errors.InvalidArgument)
             response = _error_response(code(exc.reason))
             response.set_status(exc.status)
-        except Exception:  # noqa: BLE001 - one bad request never takes the page down
+        except Exception:
             _log.exception("fleet view request failed", extra={"path": request.path})
             response = _error_response(errors.Internal("internal error"))
         if not response.prepared:
@@ -211,13 +216,14 @@ class WebServer:
         creds = Credentials(bearer_token=session.token, peer=self._peer(request))
         try:
             return self.edge.caller_for(creds, method)
-        except Exception as exc:  # noqa: BLE001 - mapped like the gRPC edge maps it
+        except Exception as exc:
             if isinstance(exc, errors.Unauthenticated):  # the token left the policy: the login ends with it
                 self.sessions.close(session.id)
             raise _Refused(self.edge.failed(exc, method, None, self._peer(request), **audit)) from exc
 
-    async def _call(self, request: web.Request, method: Method, run: Callable[[Caller], Awaitable[Any]],
-                    **audit: Any) -> Any:
+    async def _call(
+        self, request: web.Request, method: Method, run: Callable[[Caller], Awaitable[Any]], **audit: Any
+    ) -> Any:
         """Authenticate from the session, check the method (and CSRF for changes), run, map errors."""
         session = self._session(request)
         if request.method != "GET":
@@ -225,7 +231,7 @@ class WebServer:
         caller = self._caller(request, session, method, **audit)
         try:
             return await run(caller)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _Refused(self.edge.failed(exc, method, caller, self._peer(request), **audit)) from exc
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
@@ -253,8 +259,12 @@ class WebServer:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
     def _session_body(self, caller: Caller, session: Session) -> dict[str, Any]:
-        return {"caller": {"kind": caller.kind.value, "name": caller.name}, "csrf_token": session.csrf,
-                "poll_interval_s": self.cfg.poll_interval_s, "probe_gpus": self.cfg.probe_gpus}
+        return {
+            "caller": {"kind": caller.kind.value, "name": caller.name},
+            "csrf_token": session.csrf,
+            "poll_interval_s": self.cfg.poll_interval_s,
+            "probe_gpus": self.cfg.probe_gpus,
+        }
 
     async def _session_info(self, request: web.Request) -> web.Response:
         session = self._session(request)
@@ -265,8 +275,11 @@ class WebServer:
         client = self._peer(request)
         wait = self.throttle.retry_after_s(client)
         if wait > 0:
-            raise _Refused(errors.RateLimited("too many failed logins from this address",
-                                              details=errors.ErrorDetails(retry_after_s=wait)))
+            raise _Refused(
+                errors.RateLimited(
+                    "too many failed logins from this address", details=errors.ErrorDetails(retry_after_s=wait)
+                )
+            )
         token = self._text(await self._body(request), "token").strip()
         if not token:
             raise _violation("token", "required: a tenant's or an admin's bearer token")
@@ -279,8 +292,15 @@ class WebServer:
             raise _Refused(errors.PermissionDenied("only tenants and admins log in to the fleet view"))
         session = self.sessions.open(token)
         response = _json(self._session_body(caller, session))
-        response.set_cookie(COOKIE, session.id, httponly=True, secure=self.cfg.tls.enabled, samesite="Strict",
-                            path="/", max_age=int(self.cfg.session_ttl_s))
+        response.set_cookie(
+            COOKIE,
+            session.id,
+            httponly=True,
+            secure=self.cfg.tls.enabled,
+            samesite="Strict",
+            path="/",
+            max_age=int(self.cfg.session_ttl_s),
+        )
         _log.info("fleet view login", extra={"caller": caller.name, "kind": caller.kind.value, "peer": client})
         return response
 
@@ -308,17 +328,21 @@ class WebServer:
 
     # ------------------------------------------------------------------ jobs
 
-    _LIST_PARAMS = frozenset({"tenant", "state", "queue", "job_set", "cluster", "gpu_model", "page_size",
-                              "page_token"})
+    _LIST_PARAMS = frozenset({"tenant", "state", "queue", "job_set", "cluster", "gpu_model", "page_size", "page_token"})
 
     def _list_request(self, request: web.Request) -> svc.ListJobsRequest:
         q = request.query
         unknown = sorted(set(q) - self._LIST_PARAMS)
         if unknown:
             raise _violation(unknown[0], "unknown query parameter")
-        out = svc.ListJobsRequest(tenant=q.get("tenant", ""), queue=q.get("queue", ""),
-                                  job_set_id=q.get("job_set", ""), cluster=q.get("cluster", ""),
-                                  gpu_model=q.get("gpu_model", ""), page_token=q.get("page_token", ""))
+        out = svc.ListJobsRequest(
+            tenant=q.get("tenant", ""),
+            queue=q.get("queue", ""),
+            job_set_id=q.get("job_set", ""),
+            cluster=q.get("cluster", ""),
+            gpu_model=q.get("gpu_model", ""),
+            page_token=q.get("page_token", ""),
+        )
         for i, name in enumerate(q.getall("state", [])):
             try:
                 out.states.append(job_pb2.JobState.Value(name))
@@ -382,23 +406,35 @@ class WebServer:
         raw = request.headers.get("Last-Event-ID") or q.get("from_revision", "")
         if raw and not raw.isdigit():
             raise _violation("from_revision", "must be a whole number")
-        return svc.WatchJobsRequest(from_revision=min(int(raw or 0), 2**63 - 1), tenant=q.get("tenant", ""),
-                                    job_set_id=q.get("job_set", ""), job_ids=q.getall("job_id", []),
-                                    bookmark_interval_seconds=_BOOKMARK_S)
+        return svc.WatchJobsRequest(
+            from_revision=min(int(raw or 0), 2**63 - 1),
+            tenant=q.get("tenant", ""),
+            job_set_id=q.get("job_set", ""),
+            job_ids=q.getall("job_id", []),
+            bookmark_interval_seconds=_BOOKMARK_S,
+        )
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         req = self._watch_request(request)
         session = self._session(request)
         caller = self._caller(request, session, Method.WATCH_JOBS)
         if len(self._streams) >= self.cfg.max_event_streams:
-            raise _Refused(errors.Unavailable(f"{len(self._streams)} live streams already open; the page polls instead"))
+            raise _Refused(
+                errors.Unavailable(f"{len(self._streams)} live streams already open; the page polls instead")
+            )
         stream = job_calls.watch_jobs(self.hub, caller, req)
         try:
             first = await anext(stream)  # a bad filter or a compacted revision fails here, before any event
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _Refused(self.edge.failed(exc, Method.WATCH_JOBS, caller, self._peer(request))) from exc
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
-                                               "X-Accel-Buffering": "no", **_HEADERS})
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+                **_HEADERS,
+            }
+        )
         await response.prepare(request)
         task = asyncio.current_task()
         assert task is not None
@@ -414,11 +450,12 @@ class WebServer:
                 event = await anext(stream, None)
         except (ConnectionResetError, asyncio.CancelledError, _Refused):
             pass
-        except Exception as exc:  # noqa: BLE001 - told to the page as a last event, then closed
+        except Exception as exc:
             err = self.edge.failed(exc, Method.WATCH_JOBS, caller, self._peer(request))
             with contextlib.suppress(ConnectionResetError):
-                await response.write(b"event: error\ndata: " + orjson.dumps({"code": err.code.name,
-                                                                             "message": err.message}) + b"\n\n")
+                await response.write(
+                    b"event: error\ndata: " + orjson.dumps({"code": err.code.name, "message": err.message}) + b"\n\n"
+                )
         finally:
             self._streams.discard(task)
             await stream.aclose()

@@ -60,8 +60,13 @@ class LoginThrottle:
     """Failed logins per client address: at most `max_failures` in any `window_s`, so tokens cannot be
     guessed at speed."""
 
-    def __init__(self, max_failures: int = 10, window_s: float = 60.0, max_clients: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_failures: int = 10,
+        window_s: float = 60.0,
+        max_clients: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._max = max_failures
         self._window_s = window_s
         self._clock = clock

@@ -13,9 +13,9 @@ from dataclasses import asdict
 from typing import Any
 
 from broker.api import handlers
-from broker.tenancy.auth import Caller
-from broker.hub import Hub
 from broker.api.serde import ts
+from broker.hub import Hub
+from broker.tenancy.auth import Caller
 from fleetplan.catalog import ClusterEntry
 from fleetplan.occupancy import ClusterOccupancy, GpuCounts, by_model, occupancy
 from placement.topology import level_name
@@ -62,31 +62,53 @@ class FleetPicture:
             seen.extend(occ.gpus if occ else ())
             names = {lvl.key: lvl.name for lvl in entry.meta.levels}
             level = names.get(occ.level, level_name(occ.level)) if occ and occ.level else ""
-            clusters.append({
-                "name": entry.name, "region": entry.meta.region, "role": entry.meta.role,
-                "connected": entry.connected, "stale": view.stale, "cordoned": entry.cordoned,
-                "cordon_reason": view.cordon_reason,
-                "last_report_age_s": round(max(now - entry.last_report, 0.0), 1) if entry.last_report else None,
-                "nodes": len(entry.nodes), "active_attempts": view.active_attempts,
-                "levels": [lvl.name for lvl in entry.meta.levels],
-                "gpus": [asdict(c) for c in occ.gpus] if occ else [],
-                "largest_probe_replicas": occ.largest_probe_replicas if occ else 0,
-                "domains": [{
-                    "path": list(d.path), "level": level, "nodes": d.nodes, "model": d.model,
-                    "gpus_total": d.gpus.total, "gpus_free": d.gpus.free, "gpus_reserved": d.gpus.reserved,
-                    "whole_free_nodes": d.whole_free_nodes, "probe_replicas": d.probe_replicas,
-                } for d in (occ.domains if occ else ())],
-            })
-        return {"evaluate_time": rfc3339(now), "probe_gpus": self.probe_gpus,
-                "totals": [asdict(c) for c in by_model(seen)], "clusters": clusters}
+            clusters.append(
+                {
+                    "name": entry.name,
+                    "region": entry.meta.region,
+                    "role": entry.meta.role,
+                    "connected": entry.connected,
+                    "stale": view.stale,
+                    "cordoned": entry.cordoned,
+                    "cordon_reason": view.cordon_reason,
+                    "last_report_age_s": round(max(now - entry.last_report, 0.0), 1) if entry.last_report else None,
+                    "nodes": len(entry.nodes),
+                    "active_attempts": view.active_attempts,
+                    "levels": [lvl.name for lvl in entry.meta.levels],
+                    "gpus": [asdict(c) for c in occ.gpus] if occ else [],
+                    "largest_probe_replicas": occ.largest_probe_replicas if occ else 0,
+                    "domains": [
+                        {
+                            "path": list(d.path),
+                            "level": level,
+                            "nodes": d.nodes,
+                            "model": d.model,
+                            "gpus_total": d.gpus.total,
+                            "gpus_free": d.gpus.free,
+                            "gpus_reserved": d.gpus.reserved,
+                            "whole_free_nodes": d.whole_free_nodes,
+                            "probe_replicas": d.probe_replicas,
+                        }
+                        for d in (occ.domains if occ else ())
+                    ],
+                }
+            )
+        return {
+            "evaluate_time": rfc3339(now),
+            "probe_gpus": self.probe_gpus,
+            "totals": [asdict(c) for c in by_model(seen)],
+            "clusters": clusters,
+        }
 
 
 def _queue(counts: handlers.QueueCounts | None) -> dict[str, Any]:
     if counts is None:
         return {"queued": 0, "waiting": {}, "pending_gpus": {}}
-    return {"queued": counts.queued,
-            "waiting": {f"WAIT_REASON_{reason}": n for reason, n in sorted(counts.waiting.items())},
-            "pending_gpus": {model: round(g, 3) for model, g in sorted(counts.pending_gpus.items())}}
+    return {
+        "queued": counts.queued,
+        "waiting": {f"WAIT_REASON_{reason}": n for reason, n in sorted(counts.waiting.items())},
+        "pending_gpus": {model: round(g, 3) for model, g in sorted(counts.pending_gpus.items())},
+    }
 
 
 def queues_document(hub: Hub, caller: Caller) -> dict[str, Any]:
@@ -97,12 +119,25 @@ def queues_document(hub: Hub, caller: Caller) -> dict[str, Any]:
     per_tenant, fleet = handlers.queue_counts(hub, caller)
     rows = []
     for row in usage.rows:
-        rows.append({"tenant": row.tenant, "weight": row.weight, "gpus": _ints(row.gpus),
-                     "quotas": _ints(row.quotas), "borrowed": _ints(row.borrowed),
-                     "usage_cost": round(row.usage_cost, 3), "fair_share_cost": round(row.fair_share_cost, 3),
-                     "demand_cost": round(row.demand_cost, 3), **_queue(per_tenant.get(row.tenant))})
-    return {"evaluate_time": rfc3339(usage.at), "capacity_cost": round(usage.capacity_cost, 3),
-            "fleet": _queue(fleet), "tenants": rows}
+        rows.append(
+            {
+                "tenant": row.tenant,
+                "weight": row.weight,
+                "gpus": _ints(row.gpus),
+                "quotas": _ints(row.quotas),
+                "borrowed": _ints(row.borrowed),
+                "usage_cost": round(row.usage_cost, 3),
+                "fair_share_cost": round(row.fair_share_cost, 3),
+                "demand_cost": round(row.demand_cost, 3),
+                **_queue(per_tenant.get(row.tenant)),
+            }
+        )
+    return {
+        "evaluate_time": rfc3339(usage.at),
+        "capacity_cost": round(usage.capacity_cost, 3),
+        "fleet": _queue(fleet),
+        "tenants": rows,
+    }
 
 
 def _ints(values: Mapping[str, float]) -> dict[str, float]:

@@ -12,22 +12,23 @@ from typing import Any
 import grpc
 import yaml
 
-from tandem.v1 import cluster_service_pb2 as cs
-from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
-from tandem.v1 import common_pb2
-from tandem.v1 import inventory_pb2 as inv
-from tandem.v1 import job_pb2
-
-from broker.launcher.client import BrokerClient
-from broker.config import BrokerConfig, ListenerConfig, MtlsListenerConfig, TlsConfig
 from broker.api import serde
+from broker.config import BrokerConfig, ListenerConfig, MtlsListenerConfig, TlsConfig
 from broker.hub import Hub
+from broker.launcher.client import BrokerClient
 from broker.server import Servers, serve
 from fleetsim.pki import Pki
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
+from tandem.v1 import common_pb2, job_pb2
+from tandem.v1 import inventory_pb2 as inv
 
 TOKENS = {"alpha": "token-alpha", "beta": "token-beta", "gamma": "token-gamma", "admin": "token-admin"}
-LEVELS = (("zone", "topology.kubernetes.io/zone"), ("rack", "network.example.com/rack"),
-          ("host", "kubernetes.io/hostname"))
+LEVELS = (
+    ("zone", "topology.kubernetes.io/zone"),
+    ("rack", "network.example.com/rack"),
+    ("host", "kubernetes.io/hostname"),
+)
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
 
@@ -38,12 +39,15 @@ A100 = "NVIDIA-A100-SXM4-80GB"
 def policy_doc(*, names: Iterable[str] = ("alpha", "beta"), **tenant_overrides: dict[str, Any]) -> dict[str, Any]:
     tenants = []
     for name in names:
-        t: dict[str, Any] = {"name": name, "token_sha256": [hashlib.sha256(TOKENS[name].encode()).hexdigest()],
-                             "priority_bands": ["default", "high"], "rate_limit": {"rate_per_s": 10000, "burst": 10000}}
+        t: dict[str, Any] = {
+            "name": name,
+            "token_sha256": [hashlib.sha256(TOKENS[name].encode()).hexdigest()],
+            "priority_bands": ["default", "high"],
+            "rate_limit": {"rate_per_s": 10000, "burst": 10000},
+        }
         t.update(tenant_overrides.get(name, {}))
         tenants.append(t)
-    return {"tenants": tenants,
-            "admins": {"token_sha256": [hashlib.sha256(TOKENS["admin"].encode()).hexdigest()]}}
+    return {"tenants": tenants, "admins": {"token_sha256": [hashlib.sha256(TOKENS["admin"].encode()).hexdigest()]}}
 
 
 def write_policy(path: Path, doc: dict[str, Any]) -> None:
@@ -62,9 +66,19 @@ def template(gpus: int = 0, **spec_extra: Any) -> str:
     return json.dumps({"spec": {"containers": [container], **spec_extra}})
 
 
-def spec(gpus: int = 8, replicas: int = 1, *, models: Iterable[str] = (), level: str = "", cpu: int = 0,
-         band: str = "", priority: int = 0, clusters: Iterable[str] = (), preemptible: bool = False,
-         min_available: int | None = None) -> job_pb2.JobSpec:
+def spec(
+    gpus: int = 8,
+    replicas: int = 1,
+    *,
+    models: Iterable[str] = (),
+    level: str = "",
+    cpu: int = 0,
+    band: str = "",
+    priority: int = 0,
+    clusters: Iterable[str] = (),
+    preemptible: bool = False,
+    min_available: int | None = None,
+) -> job_pb2.JobSpec:
     s = job_pb2.JobSpec(priority=priority, priority_band=band, preemptible=preemptible)
     ps = s.pod_sets.add(name="workers", count=replicas, pod_template_json=template(gpus))
     ps.shape.gpu_count = gpus
@@ -78,19 +92,40 @@ def spec(gpus: int = 8, replicas: int = 1, *, models: Iterable[str] = (), level:
     return s
 
 
-def node(name: str, *, gpus: int = 8, free: int | None = None, model: str = H100, rack: str = "r1",
-         zone: str = "z1", cpu: int = 64000, ready: bool = True) -> inv.NodeInventory:
+def node(
+    name: str,
+    *,
+    gpus: int = 8,
+    free: int | None = None,
+    model: str = H100,
+    rack: str = "r1",
+    zone: str = "z1",
+    cpu: int = 64000,
+    ready: bool = True,
+) -> inv.NodeInventory:
     free = gpus if free is None else free
     n = inv.NodeInventory(name=name, ready=ready, gpu_model=model if gpus else "", gpu_memory_mib=81559)
-    n.labels.update({"topology.kubernetes.io/zone": zone, "network.example.com/rack": rack,
-                     "kubernetes.io/hostname": name, "nvidia.com/gpu.product": model})
+    n.labels.update(
+        {
+            "topology.kubernetes.io/zone": zone,
+            "network.example.com/rack": rack,
+            "kubernetes.io/hostname": name,
+            "nvidia.com/gpu.product": model,
+        }
+    )
     for seg in (zone, rack, name):
         n.topology_path.segments.add(value=seg)
     n.allocatable.cpu_milli, n.allocatable.memory_bytes, n.allocatable.pods = cpu, 512 << 30, 110
     n.free.cpu_milli, n.free.memory_bytes, n.free.pods = cpu, 512 << 30, 110
     for i in range(gpus):
-        n.gpus.add(index=i, model=model, memory_mib=81559, milli_in_use=0 if i < free else 1000,
-                   health=inv.GPU_HEALTH_HEALTHY, mig_mode=inv.MIG_MODE_DISABLED)
+        n.gpus.add(
+            index=i,
+            model=model,
+            memory_mib=81559,
+            milli_in_use=0 if i < free else 1000,
+            health=inv.GPU_HEALTH_HEALTHY,
+            mig_mode=inv.MIG_MODE_DISABLED,
+        )
     return n
 
 
@@ -137,29 +172,56 @@ class Broker:
         await self.servers.stop(0.5)
 
 
-async def start_broker(tmp: Path, *, policy: dict[str, Any] | None = None, clock: Callable[[], float] | None = None,
-                       tenant_tls: bool = False, tenant_client_certs: bool = False, tenant_mtls_port: bool = False,
-                       **cfg_fields: Any) -> Broker:
+async def start_broker(
+    tmp: Path,
+    *,
+    policy: dict[str, Any] | None = None,
+    clock: Callable[[], float] | None = None,
+    tenant_tls: bool = False,
+    tenant_client_certs: bool = False,
+    tenant_mtls_port: bool = False,
+    **cfg_fields: Any,
+) -> Broker:
     pki = Pki.create(tmp)
     scert, skey = pki.issue("broker", server=True)
     write_policy(tmp / "policy.yaml", policy or policy_doc())
     tenant_tls_cfg = TlsConfig()
     if tenant_tls or tenant_client_certs:
-        tenant_tls_cfg = TlsConfig(cert_file=str(scert), key_file=str(skey),
-                                   client_ca_file=str(pki.dir / "test-root-ca.pem") if tenant_client_certs else None,
-                                   require_client_cert=tenant_client_certs)
+        tenant_tls_cfg = TlsConfig(
+            cert_file=str(scert),
+            key_file=str(skey),
+            client_ca_file=str(pki.dir / "test-root-ca.pem") if tenant_client_certs else None,
+            require_client_cert=tenant_client_certs,
+        )
     if tenant_mtls_port:  # token launchers on the TLS tenant port, certificate launchers on a second one
         tenant_tls_cfg = TlsConfig(cert_file=str(scert), key_file=str(skey))
-        cfg_fields["tenant_mtls_listener"] = MtlsListenerConfig(address="127.0.0.1:0", tls=TlsConfig(
-            cert_file=str(scert), key_file=str(skey), client_ca_file=str(pki.dir / "test-root-ca.pem"),
-            require_client_cert=True))
+        cfg_fields["tenant_mtls_listener"] = MtlsListenerConfig(
+            address="127.0.0.1:0",
+            tls=TlsConfig(
+                cert_file=str(scert),
+                key_file=str(skey),
+                client_ca_file=str(pki.dir / "test-root-ca.pem"),
+                require_client_cert=True,
+            ),
+        )
     cfg = BrokerConfig(
         tenant_listener=ListenerConfig(address="127.0.0.1:0", tls=tenant_tls_cfg),
-        agent_listener=ListenerConfig(address="127.0.0.1:0", max_message_bytes=64 << 20, tls=TlsConfig(
-            cert_file=str(scert), key_file=str(skey), client_ca_file=str(pki.dir / "test-root-ca.pem"),
-            require_client_cert=True)),
-        metrics_port=0, db_path=str(tmp / "broker.db"), policy_path=str(tmp / "policy.yaml"),
-        audit_log_path=str(tmp / "audit.jsonl"), policy_check_interval_s=0.0, **cfg_fields,
+        agent_listener=ListenerConfig(
+            address="127.0.0.1:0",
+            max_message_bytes=64 << 20,
+            tls=TlsConfig(
+                cert_file=str(scert),
+                key_file=str(skey),
+                client_ca_file=str(pki.dir / "test-root-ca.pem"),
+                require_client_cert=True,
+            ),
+        ),
+        metrics_port=0,
+        db_path=str(tmp / "broker.db"),
+        policy_path=str(tmp / "policy.yaml"),
+        audit_log_path=str(tmp / "audit.jsonl"),
+        policy_check_interval_s=0.0,
+        **cfg_fields,
     )
     kwargs: dict[str, Any] = {}
     if clock is not None:
@@ -200,15 +262,30 @@ class ScriptedAgent:
         self.seq += 1
         self.outbox.put_nowait(cs.AgentMessage(sequence=self.seq, **body))
 
-    async def connect(self, nodes: Iterable[inv.NodeInventory] = (), *, known: Iterable[tuple[str, int]] = (),
-                      region: str = "eu", role: str = "training", hello_name: str | None = None,
-                      snapshot: bool = True,
-                      log_templates: Iterable[tuple[str, str]] = (), epoch: int = 0,
-                      read_only: bool = False, tenants: dict[str, list[str]] | None = None) -> cs.Welcome:
+    async def connect(
+        self,
+        nodes: Iterable[inv.NodeInventory] = (),
+        *,
+        known: Iterable[tuple[str, int]] = (),
+        region: str = "eu",
+        role: str = "training",
+        hello_name: str | None = None,
+        snapshot: bool = True,
+        log_templates: Iterable[tuple[str, str]] = (),
+        epoch: int = 0,
+        read_only: bool = False,
+        tenants: dict[str, list[str]] | None = None,
+    ) -> cs.Welcome:
         stub = cs_grpc.ClusterServiceStub(self.channel)
         self.call = stub.Connect(self._requests())
-        hello = cs.Hello(cluster_name=hello_name or self.cluster, region=region, role=role, protocol_version=1,
-                         leader_epoch=epoch, leader_identity=f"{self.cluster}-agent-{epoch}")
+        hello = cs.Hello(
+            cluster_name=hello_name or self.cluster,
+            region=region,
+            role=role,
+            protocol_version=1,
+            leader_epoch=epoch,
+            leader_identity=f"{self.cluster}-agent-{epoch}",
+        )
         if read_only:
             hello.capabilities.dispatch = False
         for tenant, namespaces in (tenants or {}).items():
@@ -236,7 +313,9 @@ class ScriptedAgent:
             self.error = exc
         await self.inbox.put(None)  # type: ignore[arg-type]
 
-    def snapshot(self, nodes: Iterable[inv.NodeInventory], bound: Iterable[tuple[str, int, str, int, str]] = ()) -> None:
+    def snapshot(
+        self, nodes: Iterable[inv.NodeInventory], bound: Iterable[tuple[str, int, str, int, str]] = ()
+    ) -> None:
         """bound: (job, attempt, pod_set, index, node) the cluster shows bound."""
         self.inventory_seq += 1
         snap = inv.InventorySnapshot(sequence=self.inventory_seq, nodes=list(nodes))
@@ -255,6 +334,7 @@ class ScriptedAgent:
 
     async def expect(self, kind: str, timeout: float = 10.0) -> Any:
         """The next broker message of `kind` (others, like acks and resync requests, are skipped)."""
+
         async def loop() -> Any:
             while True:
                 msg = await self.inbox.get()
@@ -264,6 +344,7 @@ class ScriptedAgent:
                     raise ConnectionError("stream closed")
                 if msg.WhichOneof("body") == kind:
                     return getattr(msg, kind)
+
         return await asyncio.wait_for(loop(), timeout)
 
     def accept(self, d: cs.Dispatch, namespace: str = "team") -> None:
@@ -279,19 +360,41 @@ class ScriptedAgent:
         ack.rejection.nodes.extend(nodes)
         self.send(dispatch_ack=ack)
 
-    def status(self, job_id: str, attempt: int, phase: int, *, replicas: int = 0, running: int = 0,
-               outcome: int = 0, exit_code: int | None = None) -> None:
+    def status(
+        self,
+        job_id: str,
+        attempt: int,
+        phase: int,
+        *,
+        replicas: int = 0,
+        running: int = 0,
+        outcome: int = 0,
+        exit_code: int | None = None,
+    ) -> None:
         w = cs.WorkloadStatus(phase=phase, outcome=outcome)
         w.attempt.job_id, w.attempt.attempt = job_id, attempt
         for i in range(replicas):
-            w.replicas.add(pod_set="workers", index=i,
-                           phase=common_pb2.REPLICA_PHASE_RUNNING if i < running else common_pb2.REPLICA_PHASE_GATED)
+            w.replicas.add(
+                pod_set="workers",
+                index=i,
+                phase=common_pb2.REPLICA_PHASE_RUNNING if i < running else common_pb2.REPLICA_PHASE_GATED,
+            )
         if exit_code is not None:
             w.exit_code = exit_code
         self.send(workload_status=w)
 
-    def workload(self, job_id: str, attempt: int, phase: int, replicas: Iterable[common_pb2.ReplicaStatus], *,
-                 namespace: str = "team", outcome: int = 0, exit_code: int | None = None, rendezvous: str = "") -> None:
+    def workload(
+        self,
+        job_id: str,
+        attempt: int,
+        phase: int,
+        replicas: Iterable[common_pb2.ReplicaStatus],
+        *,
+        namespace: str = "team",
+        outcome: int = 0,
+        exit_code: int | None = None,
+        rendezvous: str = "",
+    ) -> None:
         """A WorkloadStatus with fully described replicas (pods, nodes, phases, exits)."""
         w = cs.WorkloadStatus(phase=phase, outcome=outcome, namespace=namespace, rendezvous_address=rendezvous)
         w.attempt.job_id, w.attempt.attempt = job_id, attempt
@@ -300,8 +403,17 @@ class ScriptedAgent:
             w.exit_code = exit_code
         self.send(workload_status=w)
 
-    def feedback(self, job_id: str, attempt: int, pod_set: str, index: int, pod: str, time_s: float,
-                 refused: Iterable[tuple[str, Iterable[int], str]], fits: Iterable[str] = ()) -> None:
+    def feedback(
+        self,
+        job_id: str,
+        attempt: int,
+        pod_set: str,
+        index: int,
+        pod: str,
+        time_s: float,
+        refused: Iterable[tuple[str, Iterable[int], str]],
+        fits: Iterable[str] = (),
+    ) -> None:
         """The extender's filter outcome for one pod: refused = (node, FitReason values, message)."""
         p = cs.PodSchedulingFeedback(pod_set=pod_set, index=index, pod_name=pod)
         p.attempt.job_id, p.attempt.attempt = job_id, attempt
@@ -408,8 +520,14 @@ class AutoCluster:
     async def _finish(self, key: tuple[str, int], replicas: int) -> None:
         await asyncio.sleep(self.run_s)
         if self._free(key):
-            self.agent.status(key[0], key[1], cs.WORKLOAD_PHASE_SUCCEEDED, replicas=replicas, running=replicas,
-                              outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+            self.agent.status(
+                key[0],
+                key[1],
+                cs.WORKLOAD_PHASE_SUCCEEDED,
+                replicas=replicas,
+                running=replicas,
+                outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED,
+            )
             self.finished += 1
             self._report()
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from fleetplan.catalog import ReplicaPlacement
-from broker.domain.records import AttemptRecord, JobRecord, NewJob
 from broker.domain.lifecycle import RetryPolicy
+from broker.domain.records import AttemptRecord, JobRecord, NewJob
 from broker.domain.states import JobState
 from broker.store.base import StoreOptions
-from tests.needs import missing
 from broker.store.sqlite import SqliteStore
+from fleetplan.catalog import ReplicaPlacement
+from tests.needs import missing
 
 T0 = 1_800_000_000.0
 
@@ -40,40 +40,102 @@ def id_gen(prefix: str = "job") -> Callable[[], str]:
 
 
 def new_job(
-    tenant: str = "t1", *, queue: str = "default", gpus: float = 8, key: str | None = None,
-    spec: bytes = b"spec", job_set: str = "", band: str = "default", priority: int = 0,
-    preemptible: bool = False, labels: dict[str, str] | None = None, models: tuple[str, ...] = (),
+    tenant: str = "t1",
+    *,
+    queue: str = "default",
+    gpus: float = 8,
+    key: str | None = None,
+    spec: bytes = b"spec",
+    job_set: str = "",
+    band: str = "default",
+    priority: int = 0,
+    preemptible: bool = False,
+    labels: dict[str, str] | None = None,
+    models: tuple[str, ...] = (),
     max_infra_retries: int | None = None,
 ) -> NewJob:
     return NewJob(
-        tenant=tenant, queue=queue, spec=spec, job_set=job_set, priority_band=band, priority=priority,
-        preemptible=preemptible, labels=tuple(sorted((labels or {}).items())), gpus=gpus, gpu_models=models,
-        idempotency_key=key, max_infra_retries=max_infra_retries,
+        tenant=tenant,
+        queue=queue,
+        spec=spec,
+        job_set=job_set,
+        priority_band=band,
+        priority=priority,
+        preemptible=preemptible,
+        labels=tuple(sorted((labels or {}).items())),
+        gpus=gpus,
+        gpu_models=models,
+        idempotency_key=key,
+        max_infra_retries=max_infra_retries,
     )
 
 
 def job_record(
-    job_id: str = "job-1", *, state: JobState = JobState.QUEUED, attempt: int = 0, tenant: str = "t1",
-    gpus: float = 8, infra_retries: int = 0, preemptible: bool = False, seq: int = 1,
-    max_infra_retries: int | None = None, not_before: float = 0.0, band: str = "default",
-    priority: int = 0, models: tuple[str, ...] = (), queue: str = "default",
+    job_id: str = "job-1",
+    *,
+    state: JobState = JobState.QUEUED,
+    attempt: int = 0,
+    tenant: str = "t1",
+    gpus: float = 8,
+    infra_retries: int = 0,
+    preemptible: bool = False,
+    seq: int = 1,
+    max_infra_retries: int | None = None,
+    not_before: float = 0.0,
+    band: str = "default",
+    priority: int = 0,
+    models: tuple[str, ...] = (),
+    queue: str = "default",
 ) -> JobRecord:
     return JobRecord(
-        job_id=job_id, seq=seq, tenant=tenant, queue=queue, job_set="", priority_band=band, priority=priority,
-        preemptible=preemptible, labels=(), gpus=gpus, gpu_models=models, max_infra_retries=max_infra_retries,
-        max_runtime_s=None, spec=b"", idempotency_key=None, fingerprint=b"", state=state, attempt=attempt,
-        infra_retries=infra_retries, not_before=not_before, create_time=T0, update_time=T0, end_time=None,
-        reason="", message="", revision=1,
+        job_id=job_id,
+        seq=seq,
+        tenant=tenant,
+        queue=queue,
+        job_set="",
+        priority_band=band,
+        priority=priority,
+        preemptible=preemptible,
+        labels=(),
+        gpus=gpus,
+        gpu_models=models,
+        max_infra_retries=max_infra_retries,
+        max_runtime_s=None,
+        spec=b"",
+        idempotency_key=None,
+        fingerprint=b"",
+        state=state,
+        attempt=attempt,
+        infra_retries=infra_retries,
+        not_before=not_before,
+        create_time=T0,
+        update_time=T0,
+        end_time=None,
+        reason="",
+        message="",
+        revision=1,
     )
 
 
 def attempt_record(
-    job_id: str = "job-1", number: int = 1, *, cluster: str = "c1", model: str = "H100", gpus: float = 8,
-    started: bool = False, **kw: object,
+    job_id: str = "job-1",
+    number: int = 1,
+    *,
+    cluster: str = "c1",
+    model: str = "H100",
+    gpus: float = 8,
+    started: bool = False,
+    **kw: object,
 ) -> AttemptRecord:
     a = AttemptRecord(
-        job_id=job_id, number=number, cluster=cluster, domain=("z1", "r1"),
-        assignments=(ReplicaPlacement("w", 0, "n1"),), gpu_model=model, gpus=gpus, reserve_time=T0,
+        job_id=job_id,
+        number=number,
+        cluster=cluster,
+        domain=("z1", "r1"),
+        assignments=(ReplicaPlacement("w", 0, "n1"),),
+        gpu_model=model,
+        gpus=gpus,
+        reserve_time=T0,
         start_time=T0 if started else None,
     )
     return dataclasses.replace(a, **kw) if kw else a  # type: ignore[arg-type]
@@ -95,8 +157,12 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
         from broker.store.postgres import PostgresStore
 
         dsn = await fresh_pg_database(request.getfixturevalue("pg_server"))
-        s: SqliteStore = PostgresStore(dsn, clock=clock, id_gen=id_gen(),  # type: ignore[assignment]
-                                       options=CONTRACT_OPTIONS)
+        s: SqliteStore = PostgresStore(
+            dsn,
+            clock=clock,
+            id_gen=id_gen(),  # type: ignore[assignment]
+            options=CONTRACT_OPTIONS,
+        )
     else:
         path = ":memory:" if request.param == "memory" else str(tmp_path / "store.db")
         s = SqliteStore(path, clock=clock, id_gen=id_gen(), options=CONTRACT_OPTIONS)
@@ -123,10 +189,9 @@ async def file_store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[SqliteSt
 
 
 def _pg_binaries() -> tuple[str, str] | None:
+    import glob
     import os
     import shutil
-
-    import glob
 
     # Debian keeps the server binaries off PATH, under /usr/lib/postgresql/<version>/bin.
     path = ":".join([os.environ.get("PATH", ""), *sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)])
@@ -160,11 +225,25 @@ def pg_server() -> Iterator[str]:
         run_as = [runuser, "-u", "postgres", "--"]
     data, port = base / "data", 55000 + os.getpid() % 5000
     try:
-        subprocess.run([*run_as, initdb, "-D", str(data), "-A", "trust", "-U", "tandem"], check=True,
-                       capture_output=True)
-        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-o",
-                        f"-k {base} -p {port} -c listen_addresses='' -c fsync=off", "start"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [*run_as, initdb, "-D", str(data), "-A", "trust", "-U", "tandem"], check=True, capture_output=True
+        )
+        subprocess.run(
+            [
+                *run_as,
+                pg_ctl,
+                "-D",
+                str(data),
+                "-l",
+                str(base / "log"),
+                "-w",
+                "-o",
+                f"-k {base} -p {port} -c listen_addresses='' -c fsync=off",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+        )
         yield f"postgresql://tandem@/?host={base}&port={port}"
     finally:
         subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)

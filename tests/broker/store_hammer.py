@@ -15,10 +15,10 @@ import sys
 import time
 
 from broker.domain import lifecycle
-from fleetplan.catalog import ReplicaPlacement
 from broker.domain.records import NewJob
 from broker.store.base import StoreOptions
 from broker.store.sqlite import SqliteStore
+from fleetplan.catalog import ReplicaPlacement
 
 __all__ = ["job_for_key", "key_for", "reserve_for", "run", "main"]
 
@@ -31,16 +31,23 @@ def job_for_key(key: str, tenant: str = "hammer") -> NewJob:
     """The one request body for a key: deterministic, so retries fingerprint the same."""
     w = int(key[1:4])
     return NewJob(
-        tenant=tenant, queue=f"q{w % 4}", spec=f"spec:{key}".encode() * 8, job_set=f"set{w}",
-        priority=w % 7, labels=(("writer", str(w)),), gpus=float(1 + w % 8), gpu_models=("H100",),
+        tenant=tenant,
+        queue=f"q{w % 4}",
+        spec=f"spec:{key}".encode() * 8,
+        job_set=f"set{w}",
+        priority=w % 7,
+        labels=(("writer", str(w)),),
+        gpus=float(1 + w % 8),
+        gpu_models=("H100",),
         idempotency_key=key,
     )
 
 
 def reserve_for(job_id: str, key: str) -> lifecycle.Reserve:
     w = int(key[1:4])
-    return lifecycle.Reserve(job_id, 0, f"c{w % 4}", ("z1", f"r{w % 3}"), (ReplicaPlacement("w", 0, f"n{w}"),),
-                             "H100", float(1 + w % 8))
+    return lifecycle.Reserve(
+        job_id, 0, f"c{w % 4}", ("z1", f"r{w % 3}"), (ReplicaPlacement("w", 0, f"n{w}"),), "H100", float(1 + w % 8)
+    )
 
 
 async def run(

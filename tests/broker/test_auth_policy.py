@@ -9,9 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from broker.tenancy import auth
 from broker.domain import errors
-from broker.tenancy.auth import AuditLog, Authorizer, Caller, CallerKind, Credentials, Listener, Method, credentials_from_metadata
+from broker.tenancy import auth
+from broker.tenancy.auth import (
+    AuditLog,
+    Authorizer,
+    Caller,
+    CallerKind,
+    Credentials,
+    Listener,
+    Method,
+    credentials_from_metadata,
+)
 from broker.tenancy.policy import PolicyFile, TokenBucket, hash_token, parse_policy
 
 DOC = f"""
@@ -53,8 +62,9 @@ def authz(tmp_path: Path) -> tuple[Authorizer, Clock]:
         (Credentials(cert_names=("c2", "c2.example")), Listener.AGENT, CallerKind.AGENT, "c2"),
     ],
 )
-def test_authenticate(authz: tuple[Authorizer, Clock], creds: Credentials, listener: Listener, kind: CallerKind,
-                      name: str) -> None:
+def test_authenticate(
+    authz: tuple[Authorizer, Clock], creds: Credentials, listener: Listener, kind: CallerKind, name: str
+) -> None:
     caller = authz[0].authenticate(creds, listener)
     assert (caller.kind, caller.name) == (kind, name)
 
@@ -70,8 +80,9 @@ def test_authenticate(authz: tuple[Authorizer, Clock], creds: Credentials, liste
         (Credentials(cert_names=("c9",)), Listener.AGENT, errors.PermissionDenied),
     ],
 )
-def test_authenticate_refusals(authz: tuple[Authorizer, Clock], creds: Credentials, listener: Listener,
-                               error: type[errors.TandemError]) -> None:
+def test_authenticate_refusals(
+    authz: tuple[Authorizer, Clock], creds: Credentials, listener: Listener, error: type[errors.TandemError]
+) -> None:
     with pytest.raises(error):
         authz[0].authenticate(creds, listener)
 
@@ -153,7 +164,9 @@ def test_policy_file_reloads_on_mtime_and_keeps_last_good(tmp_path: Path) -> Non
 def test_credentials_from_grpc_call_data() -> None:
     creds = credentials_from_metadata(
         [("authorization", "Bearer abc"), ("x-tandem-cluster", "c1")],
-        {"x509_common_name": [b"c1"], "x509_subject_alternative_name": [b"c1", b"c1.example"]}, "ipv4:1.2.3.4")
+        {"x509_common_name": [b"c1"], "x509_subject_alternative_name": [b"c1", b"c1.example"]},
+        "ipv4:1.2.3.4",
+    )
     assert creds == Credentials("abc", ("c1", "c1.example"), "c1", "ipv4:1.2.3.4")
 
 
@@ -162,8 +175,15 @@ def test_audit_log_writes_json_lines(tmp_path: Path) -> None:
     log.record(Caller(CallerKind.TENANT, "alpha"), Method.CANCEL_JOB, "ok", job_id="j1")
     log.close()
     [entry] = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
-    assert entry == {"ts": 5.0, "method": "CancelJob", "caller_kind": "tenant", "caller": "alpha", "peer": "",
-                     "outcome": "ok", "job_id": "j1"}
+    assert entry == {
+        "ts": 5.0,
+        "method": "CancelJob",
+        "caller_kind": "tenant",
+        "caller": "alpha",
+        "peer": "",
+        "outcome": "ok",
+        "job_id": "j1",
+    }
 
 
 def test_agent_may_speak_for_a_san_name(authz: tuple[Authorizer, Clock]) -> None:

@@ -9,28 +9,58 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fleetplan.arrays import ClusterArrays, ModelTable
+from fleetplan.catalog import (
+    Catalog,
+    ClusterMeta,
+    DeltaGap,
+    InventoryReport,
+    Level,
+    Reservation,
+    ReservedReplica,
+    Usability,
+)
 from placement.fit import capacity
 from placement.model import Gpu, Node, PodShape, TopologyLevels
 from placement.topology import group_by_level
-
-from fleetplan.catalog import Catalog, ClusterMeta, DeltaGap, InventoryReport, Level, Reservation, ReservedReplica, Usability
-from fleetplan.arrays import ClusterArrays, ModelTable
 
 LEVELS = (Level("zone", "z"), Level("rack", "r"), Level("host", "h"))
 H100, A100 = "H100", "A100"
 
 
-def mk(name: str, *, gpus: int = 8, free: int | None = None, model: str = H100, rack: str = "r1",
-       cpu: int = 64000, ready: bool = True) -> Node:
+def mk(
+    name: str,
+    *,
+    gpus: int = 8,
+    free: int | None = None,
+    model: str = H100,
+    rack: str = "r1",
+    cpu: int = 64000,
+    ready: bool = True,
+) -> Node:
     free = gpus if free is None else free
-    return Node(name=name, ready=ready, cpu_milli_allocatable=cpu, cpu_milli_free=cpu,
-                memory_allocatable=1 << 40, memory_free=1 << 40,
-                gpus=tuple(Gpu(i, model, 81920, 0 if i < free else 1000) for i in range(gpus)),
-                topology=("z1", rack, name))
+    return Node(
+        name=name,
+        ready=ready,
+        cpu_milli_allocatable=cpu,
+        cpu_milli_free=cpu,
+        memory_allocatable=1 << 40,
+        memory_free=1 << 40,
+        gpus=tuple(Gpu(i, model, 81920, 0 if i < free else 1000) for i in range(gpus)),
+        topology=("z1", rack, name),
+    )
 
 
-def report(cluster: str, seq: int, nodes: list[Node], *, full: bool = True, base: int = 0,
-           removed: tuple[str, ...] = (), bound: dict | None = None) -> InventoryReport:
+def report(
+    cluster: str,
+    seq: int,
+    nodes: list[Node],
+    *,
+    full: bool = True,
+    base: int = 0,
+    removed: tuple[str, ...] = (),
+    bound: dict | None = None,
+) -> InventoryReport:
     return InventoryReport(cluster, seq, full, 0.0, tuple(nodes), removed, bound or {}, base)
 
 
@@ -92,11 +122,14 @@ def test_reservation_overlay_counts_unbound_replicas_once(catalog: Catalog) -> N
     catalog.add_reservation(res)
     assert list(catalog.clusters["c1"].arrays.eff_free_gpu()) == [0, 8]
     # One replica bound: the report shows its GPUs used, the overlay subtracts only the other.
-    catalog.apply_report(report("c1", 2, [mk("n1", free=4), mk("n2", rack="r2")],
-                                bound={("j1", 1): frozenset({("w", 0)})}), now=101.0)
+    catalog.apply_report(
+        report("c1", 2, [mk("n1", free=4), mk("n2", rack="r2")], bound={("j1", 1): frozenset({("w", 0)})}), now=101.0
+    )
     assert list(catalog.clusters["c1"].arrays.eff_free_gpu()) == [0, 8]
-    catalog.apply_report(report("c1", 3, [mk("n1", free=0), mk("n2", rack="r2")],
-                                bound={("j1", 1): frozenset({("w", 0), ("w", 1)})}), now=102.0)
+    catalog.apply_report(
+        report("c1", 3, [mk("n1", free=0), mk("n2", rack="r2")], bound={("j1", 1): frozenset({("w", 0), ("w", 1)})}),
+        now=102.0,
+    )
     assert list(catalog.clusters["c1"].arrays.eff_free_gpu()) == [0, 8]
     catalog.drop_reservation(("j1", 1))
     assert list(catalog.clusters["c1"].arrays.eff_free_gpu()) == [0, 8]
@@ -154,11 +187,21 @@ def test_fleet_domains_follow_the_core_rule_for_missing_labels() -> None:
     cpus=st.lists(st.integers(0, 64000), min_size=12, max_size=12),
     cpu_want=st.integers(0, 16000),
 )
-def test_numpy_capacity_equals_core_fit_for_whole_gpu_shapes(frees: list[int], want: int, cpus: list[int],
-                                                             cpu_want: int) -> None:
-    nodes = [Node(name=f"n{i}", cpu_milli_allocatable=64000, cpu_milli_free=cpus[i], memory_allocatable=1 << 40,
-                  memory_free=1 << 40, gpus=tuple(Gpu(k, H100, 81920, 0 if k < f else 1000) for k in range(8)),
-                  topology=("z", "r", f"n{i}")) for i, f in enumerate(frees)]
+def test_numpy_capacity_equals_core_fit_for_whole_gpu_shapes(
+    frees: list[int], want: int, cpus: list[int], cpu_want: int
+) -> None:
+    nodes = [
+        Node(
+            name=f"n{i}",
+            cpu_milli_allocatable=64000,
+            cpu_milli_free=cpus[i],
+            memory_allocatable=1 << 40,
+            memory_free=1 << 40,
+            gpus=tuple(Gpu(k, H100, 81920, 0 if k < f else 1000) for k in range(8)),
+            topology=("z", "r", f"n{i}"),
+        )
+        for i, f in enumerate(frees)
+    ]
     shape = PodShape(gpus=want, cpu_milli=cpu_want)
     arrays = ClusterArrays.build(nodes, ("z", "r", "h"), ModelTable())
     assert list(arrays.capacity(shape)) == [min(capacity(n, shape).count, 110) for n in nodes]
@@ -171,7 +214,9 @@ def test_memoised_overlay_matches_a_fresh_one(catalog: Catalog) -> None:
     rows = [0, 1]
     catalog.overlaid_nodes(entry.name, rows)  # warm the memo
     for i in range(5):
-        catalog.add_reservation(Reservation(f"j{i}", 1, "c1", (ReservedReplica("w", 0, "n1"),), {"w": PodShape(gpus=2)}))
+        catalog.add_reservation(
+            Reservation(f"j{i}", 1, "c1", (ReservedReplica("w", 0, "n1"),), {"w": PodShape(gpus=2)})
+        )
         catalog.overlaid_nodes(entry.name, rows)
     catalog.drop_reservation(("j1", 1))
     memo = [n.free_whole_gpus for n in catalog.overlaid_nodes(entry.name, rows)]
@@ -190,25 +235,35 @@ class _Rep:
         self.pod_set, self.node = pod_set, node
 
 
-_SHAPES = {"g1": PodShape(gpus=1), "g8": PodShape(gpus=8, cpu_milli=8000, memory=64 << 30),
-           "a2": PodShape(gpus=2, gpu_models=frozenset({A100})), "cpu": PodShape(cpu_milli=16000),
-           "half": PodShape(gpus=1, gpu_milli=500)}
+_SHAPES = {
+    "g1": PodShape(gpus=1),
+    "g8": PodShape(gpus=8, cpu_milli=8000, memory=64 << 30),
+    "a2": PodShape(gpus=2, gpu_models=frozenset({A100})),
+    "cpu": PodShape(cpu_milli=16000),
+    "half": PodShape(gpus=1, gpu_milli=500),
+}
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     frees=st.lists(st.integers(0, 8), min_size=1, max_size=12),
-    ops=st.lists(st.tuples(st.sampled_from(sorted(_SHAPES)), st.integers(0, 11), st.sampled_from([1, -1])),
-                 max_size=12),
+    ops=st.lists(
+        st.tuples(st.sampled_from(sorted(_SHAPES)), st.integers(0, 11), st.sampled_from([1, -1])), max_size=12
+    ),
 )
-def test_patched_arrays_equal_a_rebuild_after_holds_and_releases(frees: list[int], ops: list[tuple[str, int, int]]) -> None:
+def test_patched_arrays_equal_a_rebuild_after_holds_and_releases(
+    frees: list[int], ops: list[tuple[str, int, int]]
+) -> None:
     nodes = [mk(f"n{i}", free=f, rack=f"r{i % 3}", model=A100 if i % 4 == 0 else H100) for i, f in enumerate(frees)]
     arrays = ClusterArrays.build(nodes, ("z", "r", "h"), ModelTable())
     res = _Res(_SHAPES)
 
     def derived() -> list[np.ndarray]:
-        return ([arrays.eff_free_gpu().copy()] + [arrays.capacity(s).copy() for s in _SHAPES.values()]
-                + [arrays.domain_caps(lvl).copy() for lvl in (None, 0, 1, 2)])
+        return (
+            [arrays.eff_free_gpu().copy()]
+            + [arrays.capacity(s).copy() for s in _SHAPES.values()]
+            + [arrays.domain_caps(lvl).copy() for lvl in (None, 0, 1, 2)]
+        )
 
     derived()  # warm every cache, so the holds below patch them instead of rebuilding
     for name, i, sign in ops:

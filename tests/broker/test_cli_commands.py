@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tandem.v1 import job_pb2
-
 from broker.launcher import cli
 from broker.launcher.jobfile import JobFile, load_job_file, parse_duration, to_spec
+from tandem.v1 import job_pb2
 from tests.broker.hub_builders import TOKENS, Broker, eventually, node, start_broker
 
 pytestmark = pytest.mark.timeout(60)

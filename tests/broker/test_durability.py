@@ -11,8 +11,8 @@ from pathlib import Path
 
 from broker.domain.records import JobFilter, OrderKind
 from broker.domain.states import JobState
-from tests.broker.store_hammer import job_for_key, key_for
 from broker.store.sqlite import SqliteStore
+from tests.broker.store_hammer import job_for_key, key_for
 
 REPO = Path(__file__).resolve().parents[2]
 WRITERS, JOBS = 8, 250
@@ -25,9 +25,21 @@ def _hammer_until_killed(db: Path, kill_after_acks: int, *extra: str) -> dict[st
     """
     env = dict(os.environ, PYTHONPATH=str(REPO))
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.broker.store_hammer", str(db), "--writers", str(WRITERS), "--jobs", str(JOBS),
-         *extra],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tests.broker.store_hammer",
+            str(db),
+            "--writers",
+            str(WRITERS),
+            "--jobs",
+            str(JOBS),
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     seen: dict[str, dict[str, str]] = {"ACK": {}, "RES": {}}
     assert child.stdout is not None

@@ -7,21 +7,52 @@ import random
 
 import pytest
 
+from broker.domain.states import JobState as S
 from broker.scheduling import fairness as f
 from broker.scheduling.queue import QueueEntry, QueuePolicy, QueueSnapshot
-from broker.domain.states import JobState as S
 
 NOW = 10_000.0
 
 
-def run(job_id: str, tenant: str, gpus: float, *, model: str = "H100", preemptible: bool = True, band: str = "",
-        priority: int = 0, seq: int = 1, state: S = S.RUNNING) -> QueueEntry:
-    return QueueEntry(job_id, tenant, "q", band, priority, seq, state, gpus, (model,), preemptible,
-                      charged_model=model, charged_gpus=gpus)
+def run(
+    job_id: str,
+    tenant: str,
+    gpus: float,
+    *,
+    model: str = "H100",
+    preemptible: bool = True,
+    band: str = "",
+    priority: int = 0,
+    seq: int = 1,
+    state: S = S.RUNNING,
+) -> QueueEntry:
+    return QueueEntry(
+        job_id,
+        tenant,
+        "q",
+        band,
+        priority,
+        seq,
+        state,
+        gpus,
+        (model,),
+        preemptible,
+        charged_model=model,
+        charged_gpus=gpus,
+    )
 
 
-def wait(job_id: str, tenant: str, gpus: float, *, model: str = "H100", preemptible: bool = False, band: str = "",
-         priority: int = 0, seq: int = 100) -> QueueEntry:
+def wait(
+    job_id: str,
+    tenant: str,
+    gpus: float,
+    *,
+    model: str = "H100",
+    preemptible: bool = False,
+    band: str = "",
+    priority: int = 0,
+    seq: int = 100,
+) -> QueueEntry:
     return QueueEntry(job_id, tenant, "q", band, priority, seq, S.QUEUED, gpus, (model,), preemptible)
 
 
@@ -29,11 +60,18 @@ def snap(entries: list[QueueEntry], policy: QueuePolicy | None = None) -> QueueS
     return QueueSnapshot.build(entries, policy or QueuePolicy(), NOW)
 
 
-def reason(s: QueueSnapshot, capacity: float, p: QueueEntry, v: QueueEntry, knobs: f.TenantKnobs | None = None,
-           running_s: float = 3600.0) -> f.PreemptReason | None:
+def reason(
+    s: QueueSnapshot,
+    capacity: float,
+    p: QueueEntry,
+    v: QueueEntry,
+    knobs: f.TenantKnobs | None = None,
+    running_s: float = 3600.0,
+) -> f.PreemptReason | None:
     shares = f.shares_of(s, capacity)
-    return f.victim_reason(s, shares, p, v.charged_model, p.gpus, v, knobs or f.TenantKnobs(),
-                           running_s=running_s, min_runtime_s=900.0)
+    return f.victim_reason(
+        s, shares, p, v.charged_model, p.gpus, v, knobs or f.TenantKnobs(), running_s=running_s, min_runtime_s=900.0
+    )
 
 
 # -- water-filling -------------------------------------------------------------------------------------
@@ -53,8 +91,9 @@ def reason(s: QueueSnapshot, capacity: float, p: QueueEntry, v: QueueEntry, knob
         (100, {"a": 1, "b": 1, "c": 1}, {"a": 10, "b": 30, "c": 100}, {"a": 10, "b": 30, "c": 60}),
     ],
 )
-def test_water_fill(capacity: float, weights: dict[str, float], demands: dict[str, float],
-                    expected: dict[str, float]) -> None:
+def test_water_fill(
+    capacity: float, weights: dict[str, float], demands: dict[str, float], expected: dict[str, float]
+) -> None:
     got = f.water_fill(capacity, weights, demands)
     assert got == pytest.approx(expected)
 
@@ -102,7 +141,9 @@ def test_a_job_that_would_borrow_preempts_only_borrowers_below_its_threshold() -
     borrower = run("b1", "b", 8, priority=1)
     s = snap([borrower, wait("a1", "a", 8, preemptible=True, priority=5)], pol)
     assert reason(s, 8, s.entries["a1"], borrower) is None
-    assert reason(s, 8, s.entries["a1"], borrower, f.TenantKnobs(borrow_preempt_max_priority=1)) is f.PreemptReason.RECLAIM
+    assert (
+        reason(s, 8, s.entries["a1"], borrower, f.TenantKnobs(borrow_preempt_max_priority=1)) is f.PreemptReason.RECLAIM
+    )
     assert reason(s, 8, s.entries["a1"], borrower, f.TenantKnobs(borrow_preempt_max_priority=0)) is None
 
 
@@ -144,7 +185,10 @@ def test_within_tenant_knobs() -> None:
     low = run("a0", "a", 8, priority=1, seq=1)
     s = snap([low, wait("a1", "a", 8, priority=5, seq=2)])
     assert reason(s, 8, s.entries["a1"], low) is None  # Never by default
-    assert reason(s, 8, s.entries["a1"], low, f.TenantKnobs(within_tenant="LowerPriority")) is f.PreemptReason.WITHIN_TENANT
+    assert (
+        reason(s, 8, s.entries["a1"], low, f.TenantKnobs(within_tenant="LowerPriority"))
+        is f.PreemptReason.WITHIN_TENANT
+    )
     equal_newer = run("a2", "a", 8, priority=5, seq=9)
     s2 = snap([equal_newer, wait("a1", "a", 8, priority=5, seq=2)])
     knobs = f.TenantKnobs(within_tenant="LowerOrNewerEqualPriority")
@@ -173,15 +217,18 @@ def test_fair_share_preemptions_never_cycle() -> None:
         weights = {t: rng.choice([1.0, 2.0]) for t in tenants}
         held = {t: rng.randint(0, 6) for t in tenants}
         seen = {tuple(held[t] for t in tenants)}
-        for step in range(50):
+        for step in range(50):  # noqa: B007 - the last step is read after the loop
             entries: list[QueueEntry] = []
             for t in tenants:
                 entries += [run(f"{t}{i}", t, 8, seq=i) for i in range(held[t])]
                 entries += [wait(f"{t}-w{i}", t, 8, seq=100 + i) for i in range(4)]
             s = snap(entries, QueuePolicy(tenant_weights=weights))
             cap = 8.0 * sum(held.values())
-            moves = [(p, v) for p, v in itertools.permutations(tenants, 2) if held[v] > 0
-                     and reason(s, cap, s.entries[f"{p}-w0"], s.entries[f"{v}{held[v] - 1}"]) is not None]
+            moves = [
+                (p, v)
+                for p, v in itertools.permutations(tenants, 2)
+                if held[v] > 0 and reason(s, cap, s.entries[f"{p}-w0"], s.entries[f"{v}{held[v] - 1}"]) is not None
+            ]
             if not moves:
                 break
             p, v = rng.choice(moves)
@@ -215,5 +262,7 @@ def test_a_tenants_own_jobs_follow_its_within_tenant_knob_even_across_bands() ->
     own_low = run("a0", "a", 8)
     s = snap([own_low, wait("a1", "a", 8, band="high")], pol)
     assert reason(s, 8, s.entries["a1"], own_low) is None  # Never: not even from a higher band
-    assert reason(s, 8, s.entries["a1"], own_low, f.TenantKnobs(within_tenant="LowerPriority")) \
+    assert (
+        reason(s, 8, s.entries["a1"], own_low, f.TenantKnobs(within_tenant="LowerPriority"))
         is f.PreemptReason.WITHIN_TENANT
+    )

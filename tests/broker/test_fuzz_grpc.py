@@ -35,7 +35,6 @@ from hypothesis import strategies as st
 
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_service_pb2 as svc
-
 from tests.broker.hub_builders import TOKENS, Broker, ScriptedAgent, node, spec, start_broker
 from tests.protos import builders as pb
 from tests.protos import builders_cluster as pbc
@@ -45,16 +44,27 @@ pytestmark = pytest.mark.timeout(180)
 T = TypeVar("T")
 C = grpc.StatusCode
 NEVER = {C.UNKNOWN, C.INTERNAL, C.UNAVAILABLE, C.DATA_LOSS}
-ANSWERS = {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND, C.ALREADY_EXISTS, C.PERMISSION_DENIED, C.FAILED_PRECONDITION,
-           C.OUT_OF_RANGE, C.RESOURCE_EXHAUSTED, C.UNAUTHENTICATED}
+ANSWERS = {
+    C.OK,
+    C.INVALID_ARGUMENT,
+    C.NOT_FOUND,
+    C.ALREADY_EXISTS,
+    C.PERMISSION_DENIED,
+    C.FAILED_PRECONDITION,
+    C.OUT_OF_RANGE,
+    C.RESOURCE_EXHAUSTED,
+    C.UNAUTHENTICATED,
+}
 """What the contract lets a unary call end with (RESOURCE_EXHAUSTED: rate limits and quotas)."""
 FUZZ_CLUSTER = "fuzz-c9"
 MAX_REQUEST = 4 << 20
 """The tenant listener's receive limit: grpcio itself refuses larger requests (RESOURCE_EXHAUSTED, see
 test_validation_fields), so the fuzz does not send them."""
-SETTINGS = settings(deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                           HealthCheck.data_too_large])
+SETTINGS = settings(
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 
 
 # ----------------------------------------------------------------------------- the broker under test
@@ -95,13 +105,16 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     agent = run(cluster())
     cert, key = broker.pki.issue(FUZZ_CLUSTER)
     agents = grpc.secure_channel(
-        broker.agent_addr, grpc.ssl_channel_credentials(broker.pki.ca_pem, key.read_bytes(), cert.read_bytes()),
-        options=[("grpc.ssl_target_name_override", "localhost")])
+        broker.agent_addr,
+        grpc.ssl_channel_credentials(broker.pki.ca_pem, key.read_bytes(), cert.read_bytes()),
+        options=[("grpc.ssl_target_name_override", "localhost")],
+    )
     tenant = grpc.insecure_channel(broker.tenant_addr)
     req = svc.SubmitJobsRequest(job_set_id="fuzz-known")
     req.items.add(idempotency_key="known", spec=spec(gpus=1))
     resp = svc.SubmitJobsResponse.FromString(
-        tenant.unary_unary("/tandem.v1.JobService/SubmitJobs")(req.SerializeToString(), metadata=_md("alpha")))
+        tenant.unary_unary("/tandem.v1.JobService/SubmitJobs")(req.SerializeToString(), metadata=_md("alpha"))
+    )
     assert resp.results[0].job_id, resp
     yield Live(loop, broker, tenant, agents, resp.results[0].job_id)
     tenant.close()
@@ -140,18 +153,20 @@ RPCS = {
     "ListJobs": Rpc("/tandem.v1.JobService/ListJobs", pb.list_jobs_request, "admin", svc.ListJobsResponse),
     "WatchJobs": Rpc("/tandem.v1.JobService/WatchJobs", pb.watch_jobs_request, "admin", svc.JobEvent, True),
     "CancelJob": Rpc("/tandem.v1.JobService/CancelJob", pb.cancel_job_request, "alpha", svc.CancelJobResponse),
-    "CancelJobSet": Rpc("/tandem.v1.JobService/CancelJobSet", pb.cancel_job_set_request, "admin",
-                        svc.CancelJobSetResponse),
+    "CancelJobSet": Rpc(
+        "/tandem.v1.JobService/CancelJobSet", pb.cancel_job_set_request, "admin", svc.CancelJobSetResponse
+    ),
     "GetUsage": Rpc("/tandem.v1.JobService/GetUsage", pb.get_usage_request, "admin", svc.GetUsageResponse),
-    "ExportUsage": Rpc("/tandem.v1.JobService/ExportUsage", pb.export_usage_request, "alpha",
-                       svc.ExportUsageResponse),
+    "ExportUsage": Rpc("/tandem.v1.JobService/ExportUsage", pb.export_usage_request, "alpha", svc.ExportUsageResponse),
     "RequeueJob": Rpc("/tandem.v1.JobService/RequeueJob", pb.requeue_job_request, "alpha", svc.RequeueJobResponse),
-    "SetJobPriority": Rpc("/tandem.v1.JobService/SetJobPriority", pb.set_job_priority_request, "admin",
-                          svc.SetJobPriorityResponse),
+    "SetJobPriority": Rpc(
+        "/tandem.v1.JobService/SetJobPriority", pb.set_job_priority_request, "admin", svc.SetJobPriorityResponse
+    ),
     "HoldJob": Rpc("/tandem.v1.JobService/HoldJob", pb.hold_job_request, "alpha", svc.HoldJobResponse),
     "ReleaseJob": Rpc("/tandem.v1.JobService/ReleaseJob", pb.release_job_request, "admin", svc.ReleaseJobResponse),
-    "ListClusters": Rpc("/tandem.v1.ClusterService/ListClusters", pbc.list_clusters_request, "alpha",
-                        cs.ListClustersResponse),
+    "ListClusters": Rpc(
+        "/tandem.v1.ClusterService/ListClusters", pbc.list_clusters_request, "alpha", cs.ListClustersResponse
+    ),
     "GetCluster": Rpc("/tandem.v1.ClusterService/GetCluster", pbc.get_cluster_request, "admin", cs.GetClusterResponse),
     "Cordon": Rpc("/tandem.v1.ClusterService/Cordon", pbc.cordon_request, "admin", cs.CordonResponse),
     "Uncordon": Rpc("/tandem.v1.ClusterService/Uncordon", pbc.uncordon_request, "admin", cs.UncordonResponse),
@@ -171,27 +186,64 @@ TEMPLATES = st.one_of(
     st.integers(1, 5000).map(lambda n: _TEMPLATE.replace("@", _deep(n))),
     st.integers(1, 3000).map(lambda n: '{"a":' * n + "1" + "}" * n),
     st.integers(1000, 400_000).map(lambda n: json.dumps({"spec": {"containers": [{"name": "m", "image": "x" * n}]}})),
-    st.sampled_from(["", "{", "[]", "null", "9" * 5000, '{"spec":{"containers":[{"name":"m","image":"x",'
-                     '"resources":{"requests":{"memory":"' + "9" * 4299 + 'Ei"}}}]}}',
-                     '{"spec":{"containers":[{"name":"m","image":"x","resources":{"limits":{"cpu":"1e64"}}}]}}',
-                     '{"spec":{"containers":"x"}}', '{"spec":{"containers":[1,null,"x"]}}']),
+    st.sampled_from(
+        [
+            "",
+            "{",
+            "[]",
+            "null",
+            "9" * 5000,
+            '{"spec":{"containers":[{"name":"m","image":"x",'
+            '"resources":{"requests":{"memory":"' + "9" * 4299 + 'Ei"}}}]}}',
+            '{"spec":{"containers":[{"name":"m","image":"x","resources":{"limits":{"cpu":"1e64"}}}]}}',
+            '{"spec":{"containers":"x"}}',
+            '{"spec":{"containers":[1,null,"x"]}}',
+        ]
+    ),
     st.text(max_size=50),
 )
-_CHUNKS = st.tuples(st.sampled_from(["a", "\n", "\x00", "ü", "✓", "{", "[", "/", ".", "-", "A", " ", "+1"]),
-                    st.integers(0, 20_000)).map(lambda t: t[0] * t[1])
+_CHUNKS = st.tuples(
+    st.sampled_from(["a", "\n", "\x00", "ü", "✓", "{", "[", "/", ".", "-", "A", " ", "+1"]), st.integers(0, 20_000)
+).map(lambda t: t[0] * t[1])
 TEXT = st.one_of(
     st.text(st.characters(exclude_categories=("Cs",)), max_size=30),
-    st.sampled_from(["", "\n", "x\n", "default\n", "\x00", "a\x00b", "ü✓", "../..", "UPPER", "a" * 64, "a" * 300,
-                     "eu-a", "c1", "alpha", "beta", "default", "1g.10gb\n", "device.attributes[",
-                     "1" + "+1" * 30_000 + " > 0", "jabc\n"]),
+    st.sampled_from(
+        [
+            "",
+            "\n",
+            "x\n",
+            "default\n",
+            "\x00",
+            "a\x00b",
+            "ü✓",
+            "../..",
+            "UPPER",
+            "a" * 64,
+            "a" * 300,
+            "eu-a",
+            "c1",
+            "alpha",
+            "beta",
+            "default",
+            "1g.10gb\n",
+            "device.attributes[",
+            "1" + "+1" * 30_000 + " > 0",
+            "jabc\n",
+        ]
+    ),
     _CHUNKS,
 )
 _RANGES = {
-    FieldDescriptor.TYPE_INT32: (-(1 << 31), (1 << 31) - 1), FieldDescriptor.TYPE_SINT32: (-(1 << 31), (1 << 31) - 1),
-    FieldDescriptor.TYPE_SFIXED32: (-(1 << 31), (1 << 31) - 1), FieldDescriptor.TYPE_INT64: (-(1 << 63), (1 << 63) - 1),
-    FieldDescriptor.TYPE_SINT64: (-(1 << 63), (1 << 63) - 1), FieldDescriptor.TYPE_SFIXED64: (-(1 << 63), (1 << 63) - 1),
-    FieldDescriptor.TYPE_UINT32: (0, (1 << 32) - 1), FieldDescriptor.TYPE_FIXED32: (0, (1 << 32) - 1),
-    FieldDescriptor.TYPE_UINT64: (0, (1 << 64) - 1), FieldDescriptor.TYPE_FIXED64: (0, (1 << 64) - 1),
+    FieldDescriptor.TYPE_INT32: (-(1 << 31), (1 << 31) - 1),
+    FieldDescriptor.TYPE_SINT32: (-(1 << 31), (1 << 31) - 1),
+    FieldDescriptor.TYPE_SFIXED32: (-(1 << 31), (1 << 31) - 1),
+    FieldDescriptor.TYPE_INT64: (-(1 << 63), (1 << 63) - 1),
+    FieldDescriptor.TYPE_SINT64: (-(1 << 63), (1 << 63) - 1),
+    FieldDescriptor.TYPE_SFIXED64: (-(1 << 63), (1 << 63) - 1),
+    FieldDescriptor.TYPE_UINT32: (0, (1 << 32) - 1),
+    FieldDescriptor.TYPE_FIXED32: (0, (1 << 32) - 1),
+    FieldDescriptor.TYPE_UINT64: (0, (1 << 64) - 1),
+    FieldDescriptor.TYPE_FIXED64: (0, (1 << 64) - 1),
 }
 
 
@@ -208,11 +260,27 @@ def _scalar(fd: Any) -> st.SearchStrategy[Any]:
         return st.sampled_from([0.0, -1.0, 1e308, float("inf"), float("nan")])
     if t == FieldDescriptor.TYPE_ENUM:
         known = sorted(fd.enum_type.values_by_number)
-        return st.one_of(st.sampled_from(known), st.sampled_from([999, -1, (1 << 31) - 1, -(1 << 31)]),
-                         st.integers(-(1 << 31), (1 << 31) - 1))
+        return st.one_of(
+            st.sampled_from(known),
+            st.sampled_from([999, -1, (1 << 31) - 1, -(1 << 31)]),
+            st.integers(-(1 << 31), (1 << 31) - 1),
+        )
     lo, hi = _RANGES[t]
-    edges = sorted({lo, hi, 0, 1, min(hi, 1000), min(hi, 99_999), min(hi, 100_000), hi // 2 + 1, max(lo, -1),
-                    min(hi, 1 << 62), min(hi, (1 << 63) - 1)})
+    edges = sorted(
+        {
+            lo,
+            hi,
+            0,
+            1,
+            min(hi, 1000),
+            min(hi, 99_999),
+            min(hi, 100_000),
+            hi // 2 + 1,
+            max(lo, -1),
+            min(hi, 1 << 62),
+            min(hi, (1 << 63) - 1),
+        }
+    )
     return st.one_of(st.sampled_from(edges), st.integers(lo, hi))
 
 
@@ -351,7 +419,8 @@ def judge_call(live: Live, name: str, payload: bytes) -> None:
 def still_serving(live: Live) -> None:
     """A valid request gets the right answer."""
     raw = live.tenant.unary_unary(RPCS["GetJob"].path)(
-        svc.GetJobRequest(job_id=live.known_job).SerializeToString(), metadata=_md("alpha"), timeout=10)
+        svc.GetJobRequest(job_id=live.known_job).SerializeToString(), metadata=_md("alpha"), timeout=10
+    )
     assert svc.GetJobResponse.FromString(raw).job.job_id == live.known_job
 
 
@@ -386,7 +455,7 @@ def test_random_bytes_are_answered_by_the_contract(live: Live, name: str, payloa
 @given(data=st.data())
 def test_truncated_messages_are_answered_by_the_contract(live: Live, name: str, data: st.DataObject) -> None:
     raw = RPCS[name].base().SerializeToString()
-    judge_call(live, name, raw[:data.draw(st.integers(0, max(0, len(raw) - 1)))])
+    judge_call(live, name, raw[: data.draw(st.integers(0, max(0, len(raw) - 1)))])
 
 
 @pytest.mark.parametrize("name", sorted(RPCS))
@@ -430,7 +499,7 @@ def test_agent_stream_messages_are_answered_by_the_contract(live: Live, data: st
         frame = data.draw(st.binary(max_size=300))
     else:
         raw = target.SerializeToString()
-        frame = raw[:data.draw(st.integers(0, len(raw) - 1))]
+        frame = raw[: data.draw(st.integers(0, len(raw) - 1))]
     frames = [frame] if which == 0 else [_hello().SerializeToString(), frame]
     code, err = connect(live, frames)
     # PERMISSION_DENIED: a Hello for another cluster; FAILED_PRECONDITION: protocol version, deposed leader;
@@ -450,7 +519,7 @@ def _readable(frame: bytes) -> bool:
     """The test's own oracle (not the broker's code): the frame parses and every enum number in it is defined."""
     try:
         msg = cs.AgentMessage.FromString(frame)
-    except Exception:  # noqa: BLE001 - DecodeError
+    except Exception:
         return False
     return not any(fd.type == FieldDescriptor.TYPE_ENUM and _unknown(fd, v) for fd, v in _leaves(msg))
 
@@ -500,11 +569,13 @@ def _junk(rng: random.Random) -> tuple[str, bytes]:
     if kind == 0:
         return "SubmitJobs", _with_template(_TEMPLATE.replace("@", _deep(rng.randrange(1, 20_000))))
     if kind == 1:
-        return "SubmitJobs", _with_template(json.dumps({"spec": {"containers": [{"name": "m", "image": "x" * 200_000}]}}))
+        return "SubmitJobs", _with_template(
+            json.dumps({"spec": {"containers": [{"name": "m", "image": "x" * 200_000}]}})
+        )
     if kind == 2:
         return rng.choice(sorted(RPCS)), rng.randbytes(rng.randrange(1, 2000))
     raw = RPCS["ListJobs"].base().SerializeToString()
-    return "ListJobs", raw[:rng.randrange(len(raw))]
+    return "ListJobs", raw[: rng.randrange(len(raw))]
 
 
 def _with_template(text: str) -> bytes:

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from broker.launcher.client import SubmitItem
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
-
-from broker.launcher.client import SubmitItem
 from tests.broker.hub_builders import Broker, eventually, node, spec, start_broker
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,14 +46,21 @@ async def test_submit_reserve_dispatch_accept_start_run_succeed(broker: Broker) 
     assert (start.attempt.job_id, start.attempt.attempt) == (res.job_id, 1)
     agent.status(res.job_id, 1, cs.WORKLOAD_PHASE_RUNNING, replicas=2, running=2)
     await eventually(lambda: _is(broker, res.job_id, job_pb2.JOB_STATE_RUNNING))
-    agent.status(res.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=2, running=2,
-                 outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+    agent.status(
+        res.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=2, running=2, outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+    )
     await eventually(lambda: _is(broker, res.job_id, job_pb2.JOB_STATE_SUCCEEDED))
     job = await c.get(res.job_id)
     states = [h.to_state for h in job.status.history]
-    assert states == [job_pb2.JOB_STATE_QUEUED, job_pb2.JOB_STATE_RESERVED, job_pb2.JOB_STATE_DISPATCHED,
-                      job_pb2.JOB_STATE_ACCEPTED, job_pb2.JOB_STATE_STARTING, job_pb2.JOB_STATE_RUNNING,
-                      job_pb2.JOB_STATE_SUCCEEDED]
+    assert states == [
+        job_pb2.JOB_STATE_QUEUED,
+        job_pb2.JOB_STATE_RESERVED,
+        job_pb2.JOB_STATE_DISPATCHED,
+        job_pb2.JOB_STATE_ACCEPTED,
+        job_pb2.JOB_STATE_STARTING,
+        job_pb2.JOB_STATE_RUNNING,
+        job_pb2.JOB_STATE_SUCCEEDED,
+    ]
     assert job.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_SUCCEEDED
     await agent.close()
 
@@ -135,8 +141,10 @@ async def test_report_showing_reservation_bound_is_not_double_counted(broker: Br
     used = d.pod_sets[0].nodes[0].node
     other = "a2" if used == "a1" else "a1"
     # The report shows the replica bound: the node is now full in the inventory itself.
-    a.snapshot([node(used, free=0, rack="r1" if used == "a1" else "r2"),
-                node(other, rack="r1" if other == "a1" else "r2")], bound=[(r1.job_id, 1, "workers", 0, used)])
+    a.snapshot(
+        [node(used, free=0, rack="r1" if used == "a1" else "r2"), node(other, rack="r1" if other == "a1" else "r2")],
+        bound=[(r1.job_id, 1, "workers", 0, used)],
+    )
     await eventually(lambda: broker.hub.catalog.clusters["ca"].sequence == 2)
     # If the reservation were subtracted again, the free node would look taken and a second job would wait.
     [r2] = await c.submit("run-6", [SubmitItem("k2", spec(gpus=8))])

@@ -25,10 +25,27 @@ def _launch(tmp: Path) -> tuple[subprocess.Popen[str], int]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "protos"), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker.main", "--listen", "127.0.0.1:0", "--agent-listen", "127.0.0.1:0",
-         "--db", str(tmp / "broker.db"), "--policy", str(tmp / "policy.yaml"), "--metrics-port", "0",
-         "--agent-insecure"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=str(tmp),
+        [
+            sys.executable,
+            "-m",
+            "broker.main",
+            "--listen",
+            "127.0.0.1:0",
+            "--agent-listen",
+            "127.0.0.1:0",
+            "--db",
+            str(tmp / "broker.db"),
+            "--policy",
+            str(tmp / "policy.yaml"),
+            "--metrics-port",
+            "0",
+            "--agent-insecure",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=str(tmp),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tandem.v1 import cluster_service_pb2 as cs
-from tandem.v1 import common_pb2
-from tandem.v1 import job_pb2
-from tandem.v1 import job_service_pb2 as svc
-
 from broker.launcher.client import BrokerClient, SubmitItem
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import common_pb2, job_pb2
+from tandem.v1 import job_service_pb2 as svc
 from tests.broker.hub_builders import Broker, eventually, node, spec, start_broker
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,6 +36,7 @@ async def _state(b: Broker, job_id: str) -> int:
 def _is(b: Broker, job_id: str, state: int):  # type: ignore[no-untyped-def]
     async def check() -> bool:
         return await _state(b, job_id) == state
+
     return check
 
 
@@ -106,8 +105,9 @@ async def test_running_job_on_silent_cluster_becomes_lost_then_recovers(tmp_path
 
 async def test_gang_not_started_by_deadline_is_torn_down_and_restarted(tmp_path: Path) -> None:
     clock = FakeClock()
-    b = await start_broker(tmp_path, clock=clock, gang_start_deadline_s=100, cluster_stale_after_s=1000,
-                           lost_after_s=1000)
+    b = await start_broker(
+        tmp_path, clock=clock, gang_start_deadline_s=100, cluster_stale_after_s=1000, lost_after_s=1000
+    )
     try:
         a = b.agent("c1")
         await a.connect([node("n1"), node("n2", rack="r2")])
@@ -139,8 +139,14 @@ async def test_a_gang_whose_pods_are_not_bound_soon_after_start_is_torn_down_soo
     """Two bounds from the Start (A-14): pods kube-scheduler has not bound within the schedule timeout end the
     attempt then; bound pods that are still starting (image pulls) have until the start timeout."""
     clock = FakeClock()
-    b = await start_broker(tmp_path, clock=clock, gang_start_deadline_s=100, gang_schedule_timeout_s=30,
-                           cluster_stale_after_s=1000, lost_after_s=1000)
+    b = await start_broker(
+        tmp_path,
+        clock=clock,
+        gang_start_deadline_s=100,
+        gang_schedule_timeout_s=30,
+        cluster_stale_after_s=1000,
+        lost_after_s=1000,
+    )
     try:
         a = b.agent("c1")
         await a.connect([node("n1"), node("n2", rack="r2"), node("n3", rack="r3")])
@@ -180,8 +186,9 @@ async def test_a_gang_whose_pods_are_not_bound_soon_after_start_is_torn_down_soo
 
 async def test_job_start_timeout_overrides_the_default(tmp_path: Path) -> None:
     clock = FakeClock()
-    b = await start_broker(tmp_path, clock=clock, gang_start_deadline_s=1000, cluster_stale_after_s=5000,
-                           lost_after_s=5000)
+    b = await start_broker(
+        tmp_path, clock=clock, gang_start_deadline_s=1000, cluster_stale_after_s=5000, lost_after_s=5000
+    )
     try:
         a = b.agent("c1")
         await a.connect([node("n1")])
@@ -203,8 +210,9 @@ async def test_job_start_timeout_overrides_the_default(tmp_path: Path) -> None:
 
 async def test_unanswered_dispatch_expires_and_is_replanned(tmp_path: Path) -> None:
     clock = FakeClock()
-    b = await start_broker(tmp_path, clock=clock, dispatch_ack_timeout_s=30, cluster_stale_after_s=5000,
-                           lost_after_s=5000)
+    b = await start_broker(
+        tmp_path, clock=clock, dispatch_ack_timeout_s=30, cluster_stale_after_s=5000, lost_after_s=5000
+    )
     try:
         a = b.agent("c1")
         await a.connect([node("n1")])
@@ -234,8 +242,9 @@ async def test_min_available_is_a_dispatch_time_property_not_a_running_one(tmp_p
         [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8, replicas=2, min_available=1))])
         await _running(b, a, j.job_id, replicas=2)
         a.status(j.job_id, 1, cs.WORKLOAD_PHASE_RUNNING, replicas=2, running=1)
-        a.status(j.job_id, 1, cs.WORKLOAD_PHASE_FAILED, replicas=2, running=1,
-                 outcome=job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED)
+        a.status(
+            j.job_id, 1, cs.WORKLOAD_PHASE_FAILED, replicas=2, running=1, outcome=job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED
+        )
         job = await eventually(_job_when(c, j.job_id, lambda job: job.status.current_attempt == 2))
         assert job.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED
         assert job.status.infra_retries == 1
@@ -244,10 +253,13 @@ async def test_min_available_is_a_dispatch_time_property_not_a_running_one(tmp_p
         await b.close()
 
 
-def _job_when(c: BrokerClient, job_id: str, pred: Callable[[job_pb2.Job], bool]) -> Callable[[], Awaitable[job_pb2.Job | None]]:
+def _job_when(
+    c: BrokerClient, job_id: str, pred: Callable[[job_pb2.Job], bool]
+) -> Callable[[], Awaitable[job_pb2.Job | None]]:
     async def check() -> job_pb2.Job | None:
         job = await c.get(job_id)
         return job if pred(job) else None
+
     return check
 
 
@@ -264,8 +276,10 @@ async def test_watch_resumes_from_a_revision(tmp_path: Path) -> None:
             seen.append((ev.job_id, ev.type, ev.transition.to_state))
             if len(seen) == 2:
                 break
-        assert seen == [(second.job_id, svc.JOB_EVENT_TYPE_SUBMITTED, job_pb2.JOB_STATE_QUEUED),
-                        (first.job_id, svc.JOB_EVENT_TYPE_STATE_CHANGED, job_pb2.JOB_STATE_CANCELLED)]
+        assert seen == [
+            (second.job_id, svc.JOB_EVENT_TYPE_SUBMITTED, job_pb2.JOB_STATE_QUEUED),
+            (first.job_id, svc.JOB_EVENT_TYPE_STATE_CHANGED, job_pb2.JOB_STATE_CANCELLED),
+        ]
         # From 0: a bookmark with the current revision comes first.
         async for ev in c.watch(from_revision=0):
             assert ev.type == svc.JOB_EVENT_TYPE_BOOKMARK and ev.revision >= rev + 2
@@ -390,12 +404,17 @@ async def test_an_agent_cannot_accept_or_fail_another_clusters_attempt(tmp_path:
         d = await c1.expect("dispatch")
         await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_DISPATCHED))
         c2.accept(d)
-        c2.status(j.job_id, 1, cs.WORKLOAD_PHASE_FAILED, replicas=1, outcome=job_pb2.ATTEMPT_OUTCOME_APP_FAILED,
-                  exit_code=1)
+        c2.status(
+            j.job_id, 1, cs.WORKLOAD_PHASE_FAILED, replicas=1, outcome=job_pb2.ATTEMPT_OUTCOME_APP_FAILED, exit_code=1
+        )
         c2.cancel_ack(j.job_id, 1)
         c2.feedback(j.job_id, 1, "workers", 0, "p", time.time(), [("m1", [9], "no GPUs")])
-        await eventually(lambda: b.hub.metrics.registry.get_sample_value(
-            "tandem_broker_agent_foreign_messages_total", {"cluster": "c2"}) == 4)
+        await eventually(
+            lambda: (
+                b.hub.metrics.registry.get_sample_value("tandem_broker_agent_foreign_messages_total", {"cluster": "c2"})
+                == 4
+            )
+        )
         assert (await b.hub.store.get_job(j.job_id)).state.name == "DISPATCHED"
         c1.accept(d)  # the owner still can
         await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_ACCEPTED))
@@ -426,8 +445,16 @@ async def test_reconnect_reconciles_what_the_cluster_holds_with_what_the_broker_
         assert [(x.job_id, x.attempt) for x in welcome.obsolete_attempts] == [("gone-job", 3)]
         resent = await again.expect("dispatch")
         assert (resent.attempt.job_id, resent.attempt.attempt) == (pending.job_id, 1)
-        job = await eventually(_job_when(c, lost.job_id, lambda job: job.status.current_attempt == 1
-                                         and job.status.attempts[0].outcome != job_pb2.ATTEMPT_OUTCOME_UNSPECIFIED))
+        job = await eventually(
+            _job_when(
+                c,
+                lost.job_id,
+                lambda job: (
+                    job.status.current_attempt == 1
+                    and job.status.attempts[0].outcome != job_pb2.ATTEMPT_OUTCOME_UNSPECIFIED
+                ),
+            )
+        )
         assert job.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED
         assert "vanished" in job.status.attempts[0].outcome_message
         await again.close()
@@ -444,8 +471,9 @@ async def test_read_only_cluster_is_listed_never_placed_on_and_each_cluster_says
         await ro.connect([node("n1")], read_only=True)
         small = b.agent("c2")
         await small.connect([node("m1", free=4, rack="r2"), node("m2", free=4, rack="r3")])
-        await eventually(lambda: all(e.has_snapshot for e in b.hub.catalog.clusters.values())
-                         and len(b.hub.catalog.clusters) == 2)
+        await eventually(
+            lambda: all(e.has_snapshot for e in b.hub.catalog.clusters.values()) and len(b.hub.catalog.clusters) == 2
+        )
         c = b.client("alpha")
         [j] = await c.submit("s", [SubmitItem("k", spec(gpus=4, replicas=2, level="rack"))])
         await eventually(lambda: j.job_id in b.hub.placer.waits)
@@ -473,16 +501,19 @@ async def test_a_cluster_that_maps_no_namespace_to_the_tenant_is_never_chosen_fo
         c1, c2 = b.agent("c1"), b.agent("c2")
         await c1.connect([node("n1"), node("n2")], tenants={"beta": ["team-b"]})
         await c2.connect([node("m1"), node("m2", free=0)], tenants={"alpha": ["team-a"], "beta": ["team-b"]})
-        await eventually(lambda: all(e.has_snapshot for e in b.hub.catalog.clusters.values())
-                         and len(b.hub.catalog.clusters) == 2)
+        await eventually(
+            lambda: all(e.has_snapshot for e in b.hub.catalog.clusters.values()) and len(b.hub.catalog.clusters) == 2
+        )
         c = b.client("alpha")
         [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8, replicas=2))])  # only c1 has two free nodes
         assert j.job_id, j.error_message
         await eventually(lambda: j.job_id in b.hub.placer.waits)
         job = await c.get(j.job_id)
         verdicts = {v.cluster: v.reason for v in job.status.queue_info.clusters}
-        assert verdicts == {"c1": job_pb2.CLUSTER_VERDICT_REASON_TENANT_NOT_MAPPED,
-                            "c2": job_pb2.CLUSTER_VERDICT_REASON_INSUFFICIENT_CAPACITY}
+        assert verdicts == {
+            "c1": job_pb2.CLUSTER_VERDICT_REASON_TENANT_NOT_MAPPED,
+            "c2": job_pb2.CLUSTER_VERDICT_REASON_INSUFFICIENT_CAPACITY,
+        }
         [k] = await c.submit("s", [SubmitItem("k2", spec(gpus=8))])
         d = await c2.expect("dispatch")
         assert d.attempt.job_id == k.job_id

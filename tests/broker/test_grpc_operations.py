@@ -14,12 +14,11 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
+from broker.launcher import cli
+from broker.launcher.client import SubmitItem, status_details
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
-
-from broker.launcher import cli
-from broker.launcher.client import SubmitItem, status_details
 from tests.broker.hub_builders import H100, TOKENS, Broker, eventually, node, policy_doc, spec, start_broker
 
 pytestmark = pytest.mark.timeout(60)
@@ -124,8 +123,7 @@ async def test_export_counts_the_gpu_hours_of_a_job_that_ran(broker: Broker) -> 
     [open_attempt] = await broker.hub.store.list_attempts(job_id)
     assert open_attempt.running_time is not None
     await eventually(lambda: broker.hub.clock() > open_attempt.running_time)  # some running time to count
-    agent.status(job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1,
-                 outcome=S.ATTEMPT_OUTCOME_SUCCEEDED)
+    agent.status(job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1, outcome=S.ATTEMPT_OUTCOME_SUCCEEDED)
     await eventually(lambda: _is(broker, job_id, S.JOB_STATE_SUCCEEDED))
     [a] = await broker.hub.store.list_attempts(job_id)
     assert a.end_time is not None and a.running_time is not None
@@ -238,8 +236,10 @@ async def test_raised_band_is_used_by_the_next_placement(broker: Broker) -> None
     d = await agent.expect("dispatch")
     assert d.attempt.job_id == second
     full = await _job(broker, second)
-    assert any(h.reason == "PriorityChanged" and h.actor == "tenant/alpha" and "deadline" in h.message
-               for h in full.status.history)
+    assert any(
+        h.reason == "PriorityChanged" and h.actor == "tenant/alpha" and "deadline" in h.message
+        for h in full.status.history
+    )
     assert ("SetJobPriority", "alpha", "ok") in _audit(broker)
     await agent.close()
 
@@ -294,7 +294,8 @@ async def test_a_held_job_leaves_its_room_to_the_next_job(broker: Broker) -> Non
     async def decided() -> bool:
         w = broker.hub.placer.waits.get(other)
         return not await _is(broker, other, S.JOB_STATE_QUEUED) or (
-            w is not None and w.reason.value == "INSUFFICIENT_CAPACITY")
+            w is not None and w.reason.value == "INSUFFICIENT_CAPACITY"
+        )
 
     await eventually(decided)
     assert not await _is(broker, other, S.JOB_STATE_QUEUED)
@@ -386,4 +387,3 @@ def test_cli_times_accept_epoch_iso_and_durations_ago() -> None:
     assert cli.parse_time("24h", now=1767225600.0) == 1767225600.0 - 86400
     with pytest.raises(argparse.ArgumentTypeError):
         cli.parse_time("yesterday")
-

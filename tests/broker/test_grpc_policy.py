@@ -11,10 +11,9 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
+from broker.launcher.client import BrokerClient, SubmitItem, status_details
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
-
-from broker.launcher.client import BrokerClient, SubmitItem, status_details
 from tests.broker.hub_builders import (
     A100,
     H100,
@@ -217,8 +216,10 @@ async def test_agent_may_speak_only_for_its_own_cluster(broker: Broker) -> None:
 
 async def test_tenant_token_cannot_open_an_agent_stream(broker: Broker) -> None:
     channel = grpc.aio.secure_channel(
-        broker.agent_addr, grpc.ssl_channel_credentials(broker.pki.ca_pem),
-        options=[("grpc.ssl_target_name_override", "localhost")])
+        broker.agent_addr,
+        grpc.ssl_channel_credentials(broker.pki.ca_pem),
+        options=[("grpc.ssl_target_name_override", "localhost")],
+    )
     from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
 
     stub = cs_grpc.ClusterServiceStub(channel)
@@ -310,11 +311,21 @@ async def test_launcher_authenticated_by_client_certificate(tmp_path: Path) -> N
     b = await start_broker(tmp_path, policy=doc, tenant_client_certs=True)
     try:
         cert, key = b.pki.issue("launcher-alpha")
-        c = BrokerClient(b.tenant_addr, ca_pem=b.pki.ca_pem, client_cert_pem=cert.read_bytes(),
-                         client_key_pem=key.read_bytes(), server_name="localhost")
+        c = BrokerClient(
+            b.tenant_addr,
+            ca_pem=b.pki.ca_pem,
+            client_cert_pem=cert.read_bytes(),
+            client_key_pem=key.read_bytes(),
+            server_name="localhost",
+        )
         stranger_cert, stranger_key = b.pki.issue("someone-else")
-        s = BrokerClient(b.tenant_addr, ca_pem=b.pki.ca_pem, client_cert_pem=stranger_cert.read_bytes(),
-                         client_key_pem=stranger_key.read_bytes(), server_name="localhost")
+        s = BrokerClient(
+            b.tenant_addr,
+            ca_pem=b.pki.ca_pem,
+            client_cert_pem=stranger_cert.read_bytes(),
+            client_key_pem=stranger_key.read_bytes(),
+            server_name="localhost",
+        )
         b.clients += [c, s]
         [res] = await c.submit("s", [SubmitItem("k", spec(gpus=1))])
         assert res.job_id

@@ -10,13 +10,19 @@ from typing import Any
 
 import pytest
 
+from broker.config import FairnessConfig
+from broker.launcher.client import SubmitItem
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
-
-from broker.launcher.client import SubmitItem
-from broker.config import FairnessConfig
 from tests.broker.hub_builders import (
-    AutoCluster, Broker, ScriptedAgent, eventually, node, policy_doc, spec, start_broker,
+    AutoCluster,
+    Broker,
+    ScriptedAgent,
+    eventually,
+    node,
+    policy_doc,
+    spec,
+    start_broker,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -50,8 +56,7 @@ async def _start(agent: ScriptedAgent, d: cs.Dispatch) -> None:
     agent.accept(d)
     agent.status(d.attempt.job_id, d.attempt.attempt, cs.WORKLOAD_PHASE_GATED, replicas=replicas)
     await agent.expect("start")
-    agent.status(d.attempt.job_id, d.attempt.attempt, cs.WORKLOAD_PHASE_RUNNING, replicas=replicas,
-                 running=replicas)
+    agent.status(d.attempt.job_id, d.attempt.attempt, cs.WORKLOAD_PHASE_RUNNING, replicas=replicas, running=replicas)
 
 
 async def _run(agent: ScriptedAgent, d: cs.Dispatch, all_nodes: list[str], busy: set[str]) -> None:
@@ -111,8 +116,9 @@ async def test_the_owner_takes_borrowed_gpus_back_and_the_borrower_runs_again(tm
     assert victim.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_PREEMPTED
     # the owner finishes; the borrower runs again as attempt 2
     await _run(agent, d2, nodes, busy)
-    agent.status(owner.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=2, running=2,
-                 outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+    agent.status(
+        owner.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=2, running=2, outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+    )
     busy.clear()
     agent.snapshot([node(n) for n in nodes])
     d3 = await agent.expect("dispatch")
@@ -251,15 +257,17 @@ async def test_three_tenants_weighted_1_1_2_converge_to_their_shares(tmp_path: P
         samples.append((loop.time() - t0, {t: shares.usage.get(t, 0.0) for t in clients}))
         await asyncio.sleep(0.05)
     within = [all(abs(u[t] - fair[t]) <= 8.0 for t in fair) for _, u in samples]
-    late = samples[len(samples) // 2:]
+    late = samples[len(samples) // 2 :]
     mean = {t: sum(u[t] for _, u in late) / len(late) for t in fair}
     held = sum(mean.values())
     assert all(abs(mean[t] / held - fair[t] / 64.0) <= 0.05 for t in fair), mean  # the GPUs in use split 1:1:2
-    second_half = within[len(within) // 2:]
+    second_half = within[len(within) // 2 :]
     assert sum(second_half) >= 0.8 * len(second_half), late
     converged = next(ts for i, (ts, _) in enumerate(samples) if sum(within[i:]) >= 0.8 * len(within[i:]))
-    print(f"converged after {converged:.1f}s; {sum(second_half)}/{len(second_half)} late samples within one job;"
-          f" late mean {mean}")
+    print(
+        f"converged after {converged:.1f}s; {sum(second_half)}/{len(second_half)} late samples within one job;"
+        f" late mean {mean}"
+    )
     await cluster.stop()
     await agent.close()
     await b.close()
@@ -313,8 +321,9 @@ async def test_a_held_domain_drains_for_its_gang_and_backfill_cannot_starve_it(t
     # a job without max runtime cannot backfill; one that ends before the rack has drained can
     [unbounded] = await beta.submit("s", [SubmitItem("y", spec(gpus=8))])
     [short] = await beta.submit("s", [SubmitItem("z", _with_runtime(spec(gpus=8), 10))])
-    agent.status(first, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1,
-                 outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+    agent.status(
+        first, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1, outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+    )
     free = {where[first]}
     report(free, [x for x in bound if x[0] != first])
     # the cluster is told to keep the freed node for the gang too (its extender holds it against others) …
@@ -329,25 +338,32 @@ async def test_a_held_domain_drains_for_its_gang_and_backfill_cannot_starve_it(t
     bound = [x for x in bound if x[0] != first] + _bound(d)
     report(set(), bound)
     # the rest of the rack drains: its idle GPUs are charged to the gang while it waits
-    agent.status(second, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1,
-                 outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+    agent.status(
+        second, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1, outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+    )
     bound = [x for x in bound if x[0] != second]
     report({where[second]}, bound)
     await eventually(lambda: b.hub.placer.drains.holds[gang.job_id].idle_gpus == 8)
     waiting = await _job(b, gang.job_id)
-    assert job_pb2.WAIT_REASON_DRAINING_DOMAIN in (waiting.status.queue_info.reason,) or \
-        "holding a domain while it drains" in waiting.status.queue_info.message
+    assert (
+        job_pb2.WAIT_REASON_DRAINING_DOMAIN in (waiting.status.queue_info.reason,)
+        or "holding a domain while it drains" in waiting.status.queue_info.message
+    )
     assert await _state(b, unbounded.job_id) == job_pb2.JOB_STATE_QUEUED  # the idle node stays the gang's
-    agent.status(short.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1,
-                 outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+    agent.status(
+        short.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=1, running=1, outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+    )
     bound = [x for x in bound if x[0] != short.job_id]
     report({where[first], where[second]}, bound)
     log: list[tuple[str, Any]] = []
     d = await _expect_logging(agent, "dispatch", log)
     assert d.attempt.job_id == gang.job_id and sorted(_nodes(d)) == sorted(hold.domain.nodes)
     # the rack's idle GPUs were held in the cluster up to the gang's placement, then released for its dispatch
-    holds = [(k, sorted(n.node for ps in m.pod_sets for n in ps.nodes) if k == "hold" else None)
-             for k, m in log if k in ("hold", "release_hold") and m.drain]
+    holds = [
+        (k, sorted(n.node for ps in m.pod_sets for n in ps.nodes) if k == "hold" else None)
+        for k, m in log
+        if k in ("hold", "release_hold") and m.drain
+    ]
     assert holds[-2:] == [("hold", sorted(hold.domain.nodes)), ("release_hold", None)], holds
     await eventually(lambda: gang.job_id not in b.hub.placer.drains.holds)
     await agent.close()

@@ -8,9 +8,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tandem.v1 import job_pb2
-
 from broker.launcher.client import SubmitItem
+from tandem.v1 import job_pb2
 from tests.broker.hub_builders import spec, start_broker
 
 pytestmark = pytest.mark.timeout(60)

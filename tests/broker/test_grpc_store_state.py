@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tandem.v1 import cluster_service_pb2 as cs
-from tandem.v1 import job_pb2
-
-from broker.launcher.client import SubmitItem
 from broker.config import load_config
 from broker.hub import Hub
+from broker.launcher.client import SubmitItem
 from broker.store.postgres import PostgresStore
 from broker.store.sqlite import SqliteStore
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import job_pb2
 from tests.broker.hub_builders import Broker, eventually, node, spec, start_broker
 from tests.broker.store_builders import fresh_pg_database, pg_server  # noqa: F401
 
@@ -75,7 +74,7 @@ def test_db_flag_or_store_url_selects_the_backend(tmp_path: Path) -> None:
     assert isinstance(Hub.store_for(cfg), SqliteStore)
 
 
-async def test_hub_on_postgres_submit_dispatch_done(tmp_path: Path, pg_server: str) -> None:  # noqa: F811
+async def test_hub_on_postgres_submit_dispatch_done(tmp_path: Path, pg_server: str) -> None:
     dsn = await fresh_pg_database(pg_server)
     b = await start_broker(tmp_path, store_url=dsn)
     try:
@@ -92,8 +91,9 @@ async def test_hub_on_postgres_submit_dispatch_done(tmp_path: Path, pg_server: s
         await agent.expect("start")
         agent.status(res.job_id, 1, cs.WORKLOAD_PHASE_RUNNING, replicas=2, running=2)
         await eventually(lambda: _is(b, res.job_id, job_pb2.JOB_STATE_RUNNING))
-        agent.status(res.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=2, running=2,
-                     outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
+        agent.status(
+            res.job_id, 1, cs.WORKLOAD_PHASE_SUCCEEDED, replicas=2, running=2, outcome=job_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+        )
         await eventually(lambda: _is(b, res.job_id, job_pb2.JOB_STATE_SUCCEEDED))
         # The same key again returns the same job: the idempotency record is in PostgreSQL.
         [again] = await c.submit("pg-run", [SubmitItem("k1", spec(gpus=8, replicas=2, level="rack"))])

@@ -14,13 +14,12 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
+from broker.api import serde
+from broker.domain import errors
+from broker.launcher.client import BrokerClient, SubmitItem, status_details
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
-
-from broker.domain import errors
-from broker.api import serde
-from broker.launcher.client import BrokerClient, SubmitItem, status_details
 from tests.broker.hub_builders import Broker, ScriptedAgent, node, spec, start_broker, template
 from tests.protos import builders as pb
 from tests.protos import builders_cluster as pbc
@@ -58,8 +57,9 @@ def item_fields(status: status_pb2.Status) -> list[str]:
     raise AssertionError(f"no BadRequest in {status}")
 
 
-async def submit(b: Broker, *specs: job_pb2.JobSpec, job_set: str = "hardening",
-                 validate_only: bool = True) -> svc.SubmitJobsResponse:
+async def submit(
+    b: Broker, *specs: job_pb2.JobSpec, job_set: str = "hardening", validate_only: bool = True
+) -> svc.SubmitJobsResponse:
     req = svc.SubmitJobsRequest(job_set_id=job_set, validate_only=validate_only)
     for i, s in enumerate(specs):
         req.items.add(idempotency_key=f"k{i}", spec=s)
@@ -93,8 +93,9 @@ async def still_serving(b: Broker) -> None:
 @pytest.mark.parametrize("value", [999, -1])
 async def test_list_jobs_unknown_state_is_refused_naming_its_index(broker: Broker, value: int) -> None:
     c = broker.client("alpha")
-    err = await refused(c.jobs.ListJobs(svc.ListJobsRequest(states=[job_pb2.JOB_STATE_QUEUED, value]),
-                                        metadata=c.metadata))
+    err = await refused(
+        c.jobs.ListJobs(svc.ListJobsRequest(states=[job_pb2.JOB_STATE_QUEUED, value]), metadata=c.metadata)
+    )
     assert fields_of(err) == ["states[1]"]
     await still_serving(broker)
 
@@ -115,12 +116,16 @@ def _allocation_mode(s: job_pb2.JobSpec) -> None:
     s.pod_sets[0].shape.device_requests.add(name="gpu", device_class_name="gpu.nvidia.com", allocation_mode=7)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("mutate", "field"), [
-    (_framework, "items[0].spec.framework"),
-    (_allocation_mode, "items[0].spec.pod_sets[0].shape.device_requests[0].allocation_mode"),
-])
-async def test_unknown_spec_enums_fail_their_item_only(broker: Broker, mutate: Callable[[job_pb2.JobSpec], None],
-                                                       field: str) -> None:
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (_framework, "items[0].spec.framework"),
+        (_allocation_mode, "items[0].spec.pod_sets[0].shape.device_requests[0].allocation_mode"),
+    ],
+)
+async def test_unknown_spec_enums_fail_their_item_only(
+    broker: Broker, mutate: Callable[[job_pb2.JobSpec], None], field: str
+) -> None:
     bad = spec(gpus=1)
     mutate(bad)
     first, second = (await submit(broker, bad, spec(gpus=1))).results
@@ -132,8 +137,9 @@ async def test_unknown_spec_enums_fail_their_item_only(broker: Broker, mutate: C
 
 
 def _hello(cluster: str = "c1", **fields: Any) -> cs.AgentMessage:
-    return cs.AgentMessage(sequence=1, hello=cs.Hello(cluster_name=cluster, region="eu", role="training",
-                                                       protocol_version=1, **fields))
+    return cs.AgentMessage(
+        sequence=1, hello=cs.Hello(cluster_name=cluster, region="eu", role="training", protocol_version=1, **fields)
+    )
 
 
 async def raw_connect(agent: ScriptedAgent, frames: list[bytes]) -> grpc.aio.AioRpcError:
@@ -172,8 +178,9 @@ async def test_agent_message_with_unknown_enum_ends_the_stream_naming_it(broker:
     status = cs.AgentMessage(sequence=3, workload_status=cs.WorkloadStatus(phase=77))  # type: ignore[arg-type]
     snapshot = cs.AgentMessage(sequence=2)
     snapshot.inventory_snapshot.sequence = 1
-    err = await raw_connect(agent, [_hello().SerializeToString(), snapshot.SerializeToString(),
-                                    status.SerializeToString()])
+    err = await raw_connect(
+        agent, [_hello().SerializeToString(), snapshot.SerializeToString(), status.SerializeToString()]
+    )
     assert fields_of(err) == ["messages[2].workload_status.phase"]
     info = [d for d in status_details(err) if isinstance(d, error_details_pb2.ErrorInfo)]
     assert info and info[0].metadata["after_sequence"] == "2" and info[0].metadata["position"] == "2"
@@ -183,10 +190,13 @@ async def test_agent_message_with_unknown_enum_ends_the_stream_naming_it(broker:
     await again.close()
 
 
-@pytest.mark.parametrize("frames", [
-    [b"\xff\xff\xff"],
-    [b"\x1a\x05\x0a\x03c\xff1"],  # hello.cluster_name is not UTF-8
-])
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"\xff\xff\xff"],
+        [b"\x1a\x05\x0a\x03c\xff1"],  # hello.cluster_name is not UTF-8
+    ],
+)
 async def test_undecodable_hello_is_refused(broker: Broker, frames: list[bytes]) -> None:
     agent = broker.agent("c1")
     err = await raw_connect(agent, frames)
@@ -194,7 +204,9 @@ async def test_undecodable_hello_is_refused(broker: Broker, frames: list[bytes])
     await agent.close()
 
 
-@pytest.mark.parametrize("bad", [b"\xff\xff\xff", b"\x42\x03\x0a\x01", pbc.agent_messages()[5].SerializeToString()[:-3]])
+@pytest.mark.parametrize(
+    "bad", [b"\xff\xff\xff", b"\x42\x03\x0a\x01", pbc.agent_messages()[5].SerializeToString()[:-3]]
+)
 async def test_undecodable_message_after_hello_ends_the_stream_naming_its_position(broker: Broker, bad: bytes) -> None:
     agent = broker.agent("c1")
     err = await raw_connect(agent, [_hello().SerializeToString(), bad])
@@ -238,6 +250,7 @@ def _field(path: str, value: Any) -> Callable[[job_pb2.JobSpec], None]:
         for p in parents:
             obj = s.pod_sets[0] if p == "ps" else getattr(obj, p)
         setattr(obj, leaf, value)
+
     return apply
 
 
@@ -246,6 +259,7 @@ _RESOURCE = {"cpu_milli": "cpu", "memory_bytes": "memory"}
 
 def _requests(**shape: tuple[int, str]) -> Callable[[job_pb2.JobSpec], None]:
     """The shape and the template's container request the same (huge) amount, so only a bound refuses it."""
+
     def apply(s: job_pb2.JobSpec) -> None:
         ps = s.pod_sets[0]
         tpl = json.loads(ps.pod_template_json)
@@ -254,6 +268,7 @@ def _requests(**shape: tuple[int, str]) -> Callable[[job_pb2.JobSpec], None]:
             setattr(ps.shape, fname, value)
             limits[_RESOURCE[fname]] = quantity
         ps.pod_template_json = json.dumps(tpl)
+
     return apply
 
 
@@ -276,7 +291,11 @@ INTEGERS = [
     ("start_timeout nanos", _field("start_timeout.nanos", 2_000_000_000), f"{P}.start_timeout"),
     ("grace nanos negative", _field("termination_grace_period.nanos", -1), f"{P}.termination_grace_period"),
     ("max_infra_retries", _field("max_infra_retries", (1 << 32) - 1), f"{P}.max_infra_retries"),
-    ("min gpu memory", _field("ps.shape.min_gpu_memory_mib", (1 << 64) - 1), f"{P}.pod_sets[0].shape.min_gpu_memory_mib"),
+    (
+        "min gpu memory",
+        _field("ps.shape.min_gpu_memory_mib", (1 << 64) - 1),
+        f"{P}.pod_sets[0].shape.min_gpu_memory_mib",
+    ),
     ("cpu huge", _requests(cpu_milli=((1 << 63) - 1, f"{(1 << 63) - 1}m")), f"{P}.pod_sets[0].shape.cpu_milli"),
     ("memory huge", _requests(memory_bytes=((1 << 63) - 1, str((1 << 63) - 1))), f"{P}.pod_sets[0].shape.memory_bytes"),
     ("extended huge", _extended, f"{P}.pod_sets[0].shape.extended_resources['example.com/fpga']"),
@@ -287,7 +306,8 @@ INTEGERS = [
 
 @pytest.mark.parametrize(("name", "mutate", "field"), INTEGERS, ids=[c[0] for c in INTEGERS])
 async def test_out_of_range_integers_are_refused_naming_the_field(
-        broker: Broker, name: str, mutate: Callable[[job_pb2.JobSpec], None], field: str) -> None:
+    broker: Broker, name: str, mutate: Callable[[job_pb2.JobSpec], None], field: str
+) -> None:
     s = spec(gpus=1)
     mutate(s)
     [r] = (await submit(broker, s)).results
@@ -299,8 +319,15 @@ def _mig(s: job_pb2.JobSpec, profile: str = "1g.10gb", count: int = (1 << 32) - 
     s.pod_sets[0].shape.gpu_count = 0
     s.pod_sets[0].shape.mig_profile = profile
     s.pod_sets[0].shape.mig_count = count
-    s.pod_sets[0].pod_template_json = json.dumps({"spec": {"containers": [
-        {"name": "m", "image": "x", "resources": {"limits": {f"nvidia.com/mig-{profile}": str(count)}}}]}})
+    s.pod_sets[0].pod_template_json = json.dumps(
+        {
+            "spec": {
+                "containers": [
+                    {"name": "m", "image": "x", "resources": {"limits": {f"nvidia.com/mig-{profile}": str(count)}}}
+                ]
+            }
+        }
+    )
 
 
 async def test_mig_count_is_bounded(broker: Broker) -> None:
@@ -317,11 +344,14 @@ def _deep(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
-@pytest.mark.parametrize("text", [
-    '{"a":' * 50_000 + "1" + "}" * 50_000,
-    json.dumps({"spec": {"containers": [{"name": "m", "image": "x", "args": "@"}]}}).replace('"@"', _deep(50_000)),
-    json.dumps({"spec": {"containers": [{"name": "m", "image": "x", "args": "@"}]}}).replace('"@"', _deep(1000)),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a":' * 50_000 + "1" + "}" * 50_000,
+        json.dumps({"spec": {"containers": [{"name": "m", "image": "x", "args": "@"}]}}).replace('"@"', _deep(50_000)),
+        json.dumps({"spec": {"containers": [{"name": "m", "image": "x", "args": "@"}]}}).replace('"@"', _deep(1000)),
+    ],
+)
 async def test_deeply_nested_template_is_refused_naming_the_field(broker: Broker, text: str) -> None:
     s = spec(gpus=0)
     s.pod_sets[0].pod_template_json = text
@@ -374,11 +404,10 @@ def _payloads(example: Any) -> list[bytes]:
     longer parse (a cut at a field boundary still does)."""
     raw = example.SerializeToString()
     out = []
-    for payload in (b"\xff\xff\xff\xff", b"\x0a\x02\xff\xfe", raw[:len(raw) // 2], raw[:len(raw) // 3],
-                    raw[:-1]):
+    for payload in (b"\xff\xff\xff\xff", b"\x0a\x02\xff\xfe", raw[: len(raw) // 2], raw[: len(raw) // 3], raw[:-1]):
         try:
             type(example).FromString(payload)
-        except Exception:  # noqa: BLE001 - DecodeError: the kind of payload wanted
+        except Exception:
             out.append(payload)
     assert len(out) >= 2
     return out
@@ -396,8 +425,9 @@ async def test_undecodable_unary_requests_are_invalid_argument(broker: Broker, m
 
 async def test_undecodable_watch_request_is_invalid_argument(broker: Broker) -> None:
     c = broker.client("alpha")
-    call = c.channel.unary_stream("/tandem.v1.JobService/WatchJobs", request_serializer=None,
-                                  response_deserializer=None)
+    call = c.channel.unary_stream(
+        "/tandem.v1.JobService/WatchJobs", request_serializer=None, response_deserializer=None
+    )
     for payload in _payloads(pb.watch_jobs_request()):
         stream = call(payload, metadata=c.metadata, timeout=10)
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -411,21 +441,24 @@ async def test_bad_utf8_names_the_string_field(broker: Broker) -> None:
     m = svc.SubmitJobsRequest(job_set_id="s")
     m.items.add(idempotency_key="k", spec=spec(gpus=1)).spec.queue = "qqqq"
     raw = m.SerializeToString().replace(b"qqqq", b"q\xffqq")
-    call = c.channel.unary_unary("/tandem.v1.JobService/SubmitJobs", request_serializer=None,
-                                 response_deserializer=None)
+    call = c.channel.unary_unary(
+        "/tandem.v1.JobService/SubmitJobs", request_serializer=None, response_deserializer=None
+    )
     err = await refused(call(raw, metadata=c.metadata))
     assert fields_of(err) == ["items[0].spec.queue"]
 
 
 async def test_methods_of_the_other_listener_are_unimplemented(broker: Broker) -> None:
     agent = broker.agent("c1")
-    call = agent.channel.unary_unary("/tandem.v1.ClusterService/ListClusters", request_serializer=None,
-                                     response_deserializer=None)
+    call = agent.channel.unary_unary(
+        "/tandem.v1.ClusterService/ListClusters", request_serializer=None, response_deserializer=None
+    )
     for payload in (b"", b"\xff\xff"):
         assert (await refused(call(payload, timeout=10))).code() == grpc.StatusCode.UNIMPLEMENTED
     c = broker.client("admin")
     stream = c.channel.stream_stream(CONNECT, request_serializer=None, response_deserializer=None)(
-        iter([b"\xff"]), metadata=c.metadata, timeout=10)
+        iter([b"\xff"]), metadata=c.metadata, timeout=10
+    )
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in stream:
             pass
@@ -439,6 +472,7 @@ async def test_methods_of_the_other_listener_are_unimplemented(broker: Broker) -
 def _label(key: str, value: str) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         s.labels[key] = value
+
     return apply
 
 
@@ -449,6 +483,7 @@ def _append(path: str, value: str) -> Callable[[job_pb2.JobSpec], None]:
         for p in parents:
             obj = s.pod_sets[0] if p == "ps" else getattr(obj, p)
         getattr(obj, leaf).append(value)
+
     return apply
 
 
@@ -457,6 +492,7 @@ def _device(name: str, cls: str, selector: str = "") -> Callable[[job_pb2.JobSpe
         r = s.pod_sets[0].shape.device_requests.add(name=name, device_class_name=cls)
         if selector:
             r.selectors.append(selector)
+
     return apply
 
 
@@ -479,24 +515,41 @@ NAMES = [
     ("region charset", _append("cluster_selector.regions", "eu west"), f"{P}.cluster_selector.regions[0]"),
     ("region too long", _append("cluster_selector.regions", "r" * 64), f"{P}.cluster_selector.regions[0]"),
     ("role charset", _append("cluster_selector.roles", "train\x00"), f"{P}.cluster_selector.roles[0]"),
-    ("locality cluster", _append("data_locality.preferred_clusters", "EU_A"),
-     f"{P}.data_locality.preferred_clusters[0]"),
+    (
+        "locality cluster",
+        _append("data_locality.preferred_clusters", "EU_A"),
+        f"{P}.data_locality.preferred_clusters[0]",
+    ),
     ("locality region", _append("data_locality.preferred_regions", "eu\n"), f"{P}.data_locality.preferred_regions[0]"),
-    ("gpu model newline", _append("ps.shape.allowed_gpu_models", "H100\n"), f"{P}.pod_sets[0].shape.allowed_gpu_models[0]"),
+    (
+        "gpu model newline",
+        _append("ps.shape.allowed_gpu_models", "H100\n"),
+        f"{P}.pod_sets[0].shape.allowed_gpu_models[0]",
+    ),
     ("topology level newline", _field("topology.required_level", "rack\n"), f"{P}.topology.required_level"),
     ("device name newline", _device("gpu\n", "gpu.nvidia.com"), f"{P}.pod_sets[0].shape.device_requests[0].name"),
-    ("device class newline", _device("gpu", "gpu.nvidia.com\n"),
-     f"{P}.pod_sets[0].shape.device_requests[0].device_class_name"),
-    ("selector too long", _device("gpu", "gpu.nvidia.com", "1" + "+1" * 100_000 + " > 0"),
-     f"{P}.pod_sets[0].shape.device_requests[0].selectors[0]"),
-    ("selector does not compile", _device("gpu", "gpu.nvidia.com", "device.attributes["),
-     f"{P}.pod_sets[0].shape.device_requests[0].selectors[0]"),
+    (
+        "device class newline",
+        _device("gpu", "gpu.nvidia.com\n"),
+        f"{P}.pod_sets[0].shape.device_requests[0].device_class_name",
+    ),
+    (
+        "selector too long",
+        _device("gpu", "gpu.nvidia.com", "1" + "+1" * 100_000 + " > 0"),
+        f"{P}.pod_sets[0].shape.device_requests[0].selectors[0]",
+    ),
+    (
+        "selector does not compile",
+        _device("gpu", "gpu.nvidia.com", "device.attributes["),
+        f"{P}.pod_sets[0].shape.device_requests[0].selectors[0]",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("name", "mutate", "field"), NAMES, ids=[c[0] for c in NAMES])
-async def test_bad_names_are_refused_naming_the_field(broker: Broker, name: str,
-                                                      mutate: Callable[[job_pb2.JobSpec], None], field: str) -> None:
+async def test_bad_names_are_refused_naming_the_field(
+    broker: Broker, name: str, mutate: Callable[[job_pb2.JobSpec], None], field: str
+) -> None:
     agent = broker.agent("eu-a")  # a connected cluster: a bad name must not come back as UNFITTABLE
     await agent.connect([node("n1")])
     s = spec(gpus=1)
@@ -518,18 +571,21 @@ async def test_job_set_with_a_newline_fails_the_call(broker: Broker) -> None:
     assert fields_of(err) == ["job_set_id"]
 
 
-@pytest.mark.parametrize(("request_", "field"), [
-    (svc.ListJobsRequest(queue="default\n"), "queue"),
-    (svc.ListJobsRequest(tenant="alpha\x00"), "tenant"),
-    (svc.ListJobsRequest(job_set_id="js\n"), "job_set_id"),
-    (svc.ListJobsRequest(label_selector={"team": "llm\n"}), "label_selector['team']"),
-    (svc.ListJobsRequest(label_selector={f"k{i}": "v" for i in range(100)}), "label_selector"),
-    (svc.ListJobsRequest(page_token="not a token\n"), "page_token"),
-    (svc.ListJobsRequest(cluster="c" * 254), "cluster"),
-    (svc.ListJobsRequest(cluster="eu-a\n"), "cluster"),
-    (svc.ListJobsRequest(gpu_model="H" * 64), "gpu_model"),
-    (svc.ListJobsRequest(gpu_model="H100 80GB"), "gpu_model"),
-])
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (svc.ListJobsRequest(queue="default\n"), "queue"),
+        (svc.ListJobsRequest(tenant="alpha\x00"), "tenant"),
+        (svc.ListJobsRequest(job_set_id="js\n"), "job_set_id"),
+        (svc.ListJobsRequest(label_selector={"team": "llm\n"}), "label_selector['team']"),
+        (svc.ListJobsRequest(label_selector={f"k{i}": "v" for i in range(100)}), "label_selector"),
+        (svc.ListJobsRequest(page_token="not a token\n"), "page_token"),
+        (svc.ListJobsRequest(cluster="c" * 254), "cluster"),
+        (svc.ListJobsRequest(cluster="eu-a\n"), "cluster"),
+        (svc.ListJobsRequest(gpu_model="H" * 64), "gpu_model"),
+        (svc.ListJobsRequest(gpu_model="H100 80GB"), "gpu_model"),
+    ],
+)
 async def test_bad_list_filters_are_refused(broker: Broker, request_: svc.ListJobsRequest, field: str) -> None:
     c = broker.client("alpha")
     assert fields_of(await refused(c.jobs.ListJobs(request_, metadata=c.metadata))) == [field]
@@ -547,8 +603,9 @@ async def test_bad_free_text_and_names_elsewhere(broker: Broker) -> None:
     admin = broker.client("admin")
     assert fields_of(await refused(admin.get_cluster("eu-a\n"))) == ["name"]
     assert fields_of(await refused(admin.cordon("eu-a", "maintenance\x00"))) == ["reason"]
-    assert fields_of(await refused(admin.clusters.ListClusters(cs.ListClustersRequest(region="eu\n"),
-                                                               metadata=admin.metadata))) == ["region"]
+    assert fields_of(
+        await refused(admin.clusters.ListClusters(cs.ListClustersRequest(region="eu\n"), metadata=admin.metadata))
+    ) == ["region"]
 
 
 async def test_list_clusters_filters_by_region_and_role(broker: Broker) -> None:
@@ -588,8 +645,10 @@ async def test_a_thousand_failing_items_still_get_their_answers(broker: Broker) 
         req.items.add(idempotency_key=f"k{i}", spec=bad)
     resp = await broker.client("alpha").submit_raw(req)
     assert len(resp.results) == 1000 and resp.ByteSize() < broker.cfg.tenant_listener.max_message_bytes
-    assert all(item_fields(r.error) and item_fields(r.error)[0].startswith(f"items[{r.index}].spec.labels[")
-               for r in resp.results)
+    assert all(
+        item_fields(r.error) and item_fields(r.error)[0].startswith(f"items[{r.index}].spec.labels[")
+        for r in resp.results
+    )
 
 
 async def test_many_violations_stay_readable(broker: Broker) -> None:
@@ -599,17 +658,19 @@ async def test_many_violations_stay_readable(broker: Broker) -> None:
     assert 1 <= len(fields_of(err)) <= 8 and err.details().startswith("500 bad fields")
 
 
-
-
-@pytest.mark.parametrize("requests", [
-    {"memory": "9" * 4299 + "Ei"},
-    {"cpu": "9" * 4299 + "k"},
-    {"example.com/fpga": "9" * 4299 + "E"},
-])
+@pytest.mark.parametrize(
+    "requests",
+    [
+        {"memory": "9" * 4299 + "Ei"},
+        {"cpu": "9" * 4299 + "k"},
+        {"example.com/fpga": "9" * 4299 + "E"},
+    ],
+)
 async def test_huge_template_quantities_are_refused_not_internal(broker: Broker, requests: dict[str, str]) -> None:
     s = spec(gpus=0)
     s.pod_sets[0].pod_template_json = json.dumps(
-        {"spec": {"containers": [{"name": "m", "image": "x", "resources": {"requests": requests}}]}})
+        {"spec": {"containers": [{"name": "m", "image": "x", "resources": {"requests": requests}}]}}
+    )
     [r] = (await submit(broker, s)).results
     assert item_fields(r.error)
 
@@ -622,7 +683,8 @@ async def test_a_forged_page_token_names_the_page_token(broker: Broker) -> None:
     err = await refused(c.list(page_token="Zm9yZ2VkLXRva2VuLWZvcmdlZC10b2tlbg"))
     assert fields_of(err) == ["page_token"]
     assert [i.reason for i in status_details(err) if isinstance(i, error_details_pb2.ErrorInfo)] == [
-        "INVALID_PAGE_TOKEN"]
+        "INVALID_PAGE_TOKEN"
+    ]
 
 
 def test_every_invalid_argument_names_a_field() -> None:
@@ -653,14 +715,15 @@ async def test_a_reused_idempotency_key_with_another_body_is_already_exists(brok
 
 def test_proto_comment_and_readme_give_the_same_code_for_a_reused_key() -> None:
     proto = (ROOT / "protos/tandem/v1/job_service.proto").read_text()
-    item = proto[proto.index("message SubmitJobItem"):proto.index("message SubmitJobsRequest")]
+    item = proto[proto.index("message SubmitJobItem") : proto.index("message SubmitJobsRequest")]
     comment = " ".join(line.strip().lstrip("/").strip() for line in item.splitlines())
-    assert re.search(r"different spec it fails with ALREADY_EXISTS, ErrorInfo reason \"IDEMPOTENCY_KEY_REUSED\"",
-                     comment), comment
-    header = proto[:proto.index("service JobService")]
+    assert re.search(
+        r"different spec it fails with ALREADY_EXISTS, ErrorInfo reason \"IDEMPOTENCY_KEY_REUSED\"", comment
+    ), comment
+    header = proto[: proto.index("service JobService")]
     assert "ALREADY_EXISTS" in header and not re.search(r"FAILED_PRECONDITION[^*]*IDEMPOTENCY_KEY_REUSED", header)
     readme = (ROOT / "README.md").read_text()
-    sentence = " ".join(readme[readme.index("Idempotency keys are per tenant"):].split(". ")[0].split())
+    sentence = " ".join(readme[readme.index("Idempotency keys are per tenant") :].split(". ")[0].split())
     assert "another body is `ALREADY_EXISTS`" in sentence and "IDEMPOTENCY_KEY_REUSED" in sentence, sentence
 
 
@@ -681,12 +744,16 @@ def _large_spec(i: int, pod_sets: int, blob: int) -> job_pb2.JobSpec:
     return s
 
 
-@pytest.mark.parametrize(("view", "jobs", "pod_sets"), [
-    (svc.JOB_VIEW_FULL, 5, 5),  # each job ~1.4 MiB in full: a page of 100 would be ~7 MiB
-    (svc.JOB_VIEW_BASIC, 24, 1),  # ~200 KiB of annotations each: ~5 MiB in a default page
-])
-async def test_list_pages_are_cut_to_what_the_server_may_send(broker: Broker, view: int, jobs: int,
-                                                              pod_sets: int) -> None:
+@pytest.mark.parametrize(
+    ("view", "jobs", "pod_sets"),
+    [
+        (svc.JOB_VIEW_FULL, 5, 5),  # each job ~1.4 MiB in full: a page of 100 would be ~7 MiB
+        (svc.JOB_VIEW_BASIC, 24, 1),  # ~200 KiB of annotations each: ~5 MiB in a default page
+    ],
+)
+async def test_list_pages_are_cut_to_what_the_server_may_send(
+    broker: Broker, view: int, jobs: int, pod_sets: int
+) -> None:
     c = broker.client("alpha", timeout_s=30)
     ids = []
     for i in range(jobs):

@@ -19,7 +19,9 @@ NOW = T0 + 1000
 POLICY = lc.RetryPolicy(max_infra_retries=2, max_attempts=5, backoff_base_s=10, backoff_factor=2, backoff_max_s=35)
 
 
-def at(state: JobState, *, attempt: int = 1, started: bool | None = None, **kw: object) -> tuple[JobRecord, AttemptRecord | None]:
+def at(
+    state: JobState, *, attempt: int = 1, started: bool | None = None, **kw: object
+) -> tuple[JobRecord, AttemptRecord | None]:
     job = job_record(state=state, attempt=attempt, **kw)  # type: ignore[arg-type]
     if attempt == 0:
         return job, None
@@ -55,7 +57,14 @@ def _t(r: lc.Reaction) -> Transition:
         (S.RUNNING, ended(O.APP_FAILED, exit_code=137), S.FAILED, O.APP_FAILED, False, ()),
         (S.RUNNING, ended(O.INFRA_FAILED), S.QUEUED, O.INFRA_FAILED, True, ()),
         (S.STARTING, ended(O.GANG_TIMEOUT), S.QUEUED, O.GANG_TIMEOUT, True, ()),
-        (S.DISPATCHED, lc.DispatchRejected("job-1", 1, "DOES_NOT_FIT", "full", ("n1",)), S.QUEUED, O.REJECTED, False, ()),
+        (
+            S.DISPATCHED,
+            lc.DispatchRejected("job-1", 1, "DOES_NOT_FIT", "full", ("n1",)),
+            S.QUEUED,
+            O.REJECTED,
+            False,
+            (),
+        ),
         (S.RUNNING, ended(O.CANCELLED), S.QUEUED, O.INFRA_FAILED, True, ()),  # deleted behind our back
         (S.CANCELLING, ended(O.CANCELLED), S.CANCELLED, O.CANCELLED, False, ()),
         (S.CANCELLING, ended(O.APP_FAILED, exit_code=143), S.CANCELLED, O.CANCELLED, False, ()),
@@ -79,7 +88,11 @@ def _t(r: lc.Reaction) -> Transition:
     ],
 )
 def test_reactions(
-    state: JobState, event: lc.Event, new_state: JobState, outcome: AttemptOutcome | None, spent: bool,
+    state: JobState,
+    event: lc.Event,
+    new_state: JobState,
+    outcome: AttemptOutcome | None,
+    spent: bool,
     orders: tuple[OrderKind, ...],
 ) -> None:
     kw: dict[str, object] = {"attempt": 0} if state is S.QUEUED else {}
@@ -93,8 +106,15 @@ def test_reactions(
 
 def test_reserve_opens_the_next_attempt_and_orders_dispatch() -> None:
     job, _ = at(S.QUEUED, attempt=2)
-    t = _t(lc.react(job, attempt_record(number=2, outcome=O.REJECTED),
-                    lc.Reserve("job-1", 2, "c3", ("z",), (), "A100", 4.0, expires_at=NOW + 60), POLICY, NOW))
+    t = _t(
+        lc.react(
+            job,
+            attempt_record(number=2, outcome=O.REJECTED),
+            lc.Reserve("job-1", 2, "c3", ("z",), (), "A100", 4.0, expires_at=NOW + 60),
+            POLICY,
+            NOW,
+        )
+    )
     assert t.new_attempt is not None
     assert (t.new_attempt.number, t.new_attempt.cluster, t.new_attempt.expires_at) == (3, "c3", NOW + 60)
     assert [(o.kind, o.cluster, o.attempt) for o in t.orders] == [(OrderKind.DISPATCH, "c3", 3)]
@@ -154,7 +174,8 @@ def test_attempt_cap_ends_rejection_loops() -> None:
 
 
 @pytest.mark.parametrize(
-    "n,expected", [(0, 0.0), (1, 10.0), (2, 20.0), (3, 35.0), (10, 35.0)],
+    "n,expected",
+    [(0, 0.0), (1, 10.0), (2, 20.0), (3, 35.0), (10, 35.0)],
 )
 def test_backoff(n: int, expected: float) -> None:
     assert lc.backoff_s(POLICY, n) == expected
@@ -169,8 +190,20 @@ def test_app_failure_keeps_exit_code() -> None:
 # -- invariants --------------------------------------------------------------------------------
 
 
-_KINDS = ("reserve", "sent", "accepted", "rejected", "ready", "running", "ended", "cancel", "preempt",
-          "silent", "expired", "abandon")
+_KINDS = (
+    "reserve",
+    "sent",
+    "accepted",
+    "rejected",
+    "ready",
+    "running",
+    "ended",
+    "cancel",
+    "preempt",
+    "silent",
+    "expired",
+    "abandon",
+)
 _DRAW = st.tuples(st.sampled_from(_KINDS), st.integers(min_value=-1, max_value=1), st.sampled_from(list(O)))
 
 
@@ -202,7 +235,10 @@ def _apply(job: JobRecord, attempt: AttemptRecord | None, t: Transition) -> tupl
     if t.new_attempt is not None:
         attempt, number = t.new_attempt, t.new_attempt.number
     job = dataclasses.replace(
-        job, state=t.new_state, attempt=number, infra_retries=job.infra_retries + int(t.spend_retry),
+        job,
+        state=t.new_state,
+        attempt=number,
+        infra_retries=job.infra_retries + int(t.spend_retry),
         not_before=job.not_before if t.not_before is None else t.not_before,
     )
     return job, attempt

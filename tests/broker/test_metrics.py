@@ -5,19 +5,21 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-from broker.metrics import Metrics
 from broker.domain.records import JobRecord
+from broker.metrics import Metrics
 from tests.broker.store_builders import T0, FakeClock, job_record
 
 
 def _placer(clock: FakeClock, *jobs: JobRecord) -> SimpleNamespace:
-    return SimpleNamespace(queued={j.job_id: j for j in jobs}, catalog=SimpleNamespace(reservations={}), held={},
-                           clock=clock)
+    return SimpleNamespace(
+        queued={j.job_id: j for j in jobs}, catalog=SimpleNamespace(reservations={}), held={}, clock=clock
+    )
 
 
 def _queued(job_id: str, tenant: str, created: float, updated: float | None = None) -> JobRecord:
-    return dataclasses.replace(job_record(job_id, tenant=tenant), create_time=created,
-                               update_time=created if updated is None else updated)
+    return dataclasses.replace(
+        job_record(job_id, tenant=tenant), create_time=created, update_time=created if updated is None else updated
+    )
 
 
 def test_oldest_wait_is_now_minus_the_oldest_submission_per_tenant_and_empty_tenants_drop_out() -> None:

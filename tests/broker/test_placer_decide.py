@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from placement.model import Gpu, JobRequest, Node, PodSet, PodShape
-
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Level, Reservation, ReservedReplica
 from fleetplan.decide import WaitReason, could_ever_fit, decide
 from fleetplan.view import FleetView
+from placement.model import Gpu, JobRequest, Node, PodSet, PodShape
 
 LEVELS = (Level("zone", "z"), Level("rack", "r"), Level("host", "h"))
 H100, A100 = "H100", "A100"
@@ -16,9 +15,15 @@ H100, A100 = "H100", "A100"
 
 def mk(name: str, *, gpus: int = 8, free: int | None = None, model: str = H100, rack: str = "r1") -> Node:
     free = gpus if free is None else free
-    return Node(name=name, cpu_milli_allocatable=64000, cpu_milli_free=64000, memory_allocatable=1 << 40,
-                memory_free=1 << 40, gpus=tuple(Gpu(i, model, 81920, 0 if i < free else 1000) for i in range(gpus)),
-                topology=("z1", rack, name))
+    return Node(
+        name=name,
+        cpu_milli_allocatable=64000,
+        cpu_milli_free=64000,
+        memory_allocatable=1 << 40,
+        memory_free=1 << 40,
+        gpus=tuple(Gpu(i, model, 81920, 0 if i < free else 1000) for i in range(gpus)),
+        topology=("z1", rack, name),
+    )
 
 
 def fleet(**clusters: list[Node]) -> Catalog:
@@ -29,11 +34,24 @@ def fleet(**clusters: list[Node]) -> Catalog:
     return c
 
 
-def job(gpus: int = 8, replicas: int = 1, *, level: str | None = None, models: tuple[str, ...] = (),
-        min_available: int | None = None, locality: tuple[str, ...] = ()) -> JobRequest:
+def job(
+    gpus: int = 8,
+    replicas: int = 1,
+    *,
+    level: str | None = None,
+    models: tuple[str, ...] = (),
+    min_available: int | None = None,
+    locality: tuple[str, ...] = (),
+) -> JobRequest:
     shape = PodShape(gpus=gpus, gpu_models=frozenset(models))
-    return JobRequest("j", (PodSet("w", replicas, shape),), tenant="t", required_level=level,
-                      min_available=min_available, locality=locality)
+    return JobRequest(
+        "j",
+        (PodSet("w", replicas, shape),),
+        tenant="t",
+        required_level=level,
+        min_available=min_available,
+        locality=locality,
+    )
 
 
 @pytest.mark.parametrize(
@@ -42,8 +60,15 @@ def job(gpus: int = 8, replicas: int = 1, *, level: str | None = None, models: t
         # 16 free GPUs as 2 per node do not hold one 8-GPU pod; one whole node elsewhere does.
         ({"frag": [mk(f"f{i}", free=2) for i in range(8)], "whole": [mk("w1")]}, job(8), "whole", ["w1"]),
         # One rack must hold the gang: spread nodes lose to a full rack.
-        ({"spread": [mk(f"s{i}", rack=f"r{i}") for i in range(4)], "rack": [mk(f"k{i}", rack="rA") for i in range(4)]},
-         job(8, 4, level="rack"), "rack", ["k0", "k1", "k2", "k3"]),
+        (
+            {
+                "spread": [mk(f"s{i}", rack=f"r{i}") for i in range(4)],
+                "rack": [mk(f"k{i}", rack="rA") for i in range(4)],
+            },
+            job(8, 4, level="rack"),
+            "rack",
+            ["k0", "k1", "k2", "k3"],
+        ),
         # Best fit: a 4-GPU pod goes to the node with 4 free, keeping the whole node whole.
         ({"c": [mk("big"), mk("half", free=4, rack="r2")]}, job(4), "c", ["half"]),
         # Model constraint.
@@ -52,8 +77,9 @@ def job(gpus: int = 8, replicas: int = 1, *, level: str | None = None, models: t
         ({"c": [mk("x", rack="r1"), mk("y", rack="r2"), mk("z", rack="r2")]}, job(8, 2, level="r"), "c", ["y", "z"]),
     ],
 )
-def test_decisions(clusters: dict[str, list[Node]], request_: JobRequest, want_cluster: str,
-                   want_nodes: list[str]) -> None:
+def test_decisions(
+    clusters: dict[str, list[Node]], request_: JobRequest, want_cluster: str, want_nodes: list[str]
+) -> None:
     d = decide(FleetView(fleet(**clusters), 1.0), request_)
     assert d.choice is not None, d
     assert d.choice.cluster == want_cluster
@@ -66,7 +92,11 @@ def test_decisions(clusters: dict[str, list[Node]], request_: JobRequest, want_c
     ("clusters", "request_", "wait"),
     [
         ({"frag": [mk(f"f{i}", free=2) for i in range(8)]}, job(8), WaitReason.INSUFFICIENT_CAPACITY),
-        ({"spread": [mk(f"s{i}", rack=f"r{i}") for i in range(4)]}, job(8, 2, level="rack"), WaitReason.TOPOLOGY_FRAGMENTED),
+        (
+            {"spread": [mk(f"s{i}", rack=f"r{i}") for i in range(4)]},
+            job(8, 2, level="rack"),
+            WaitReason.TOPOLOGY_FRAGMENTED,
+        ),
         ({}, job(8), WaitReason.NO_FRESH_INVENTORY),
     ],
 )

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import grpc
-from tandem.v1 import job_pb2
 
 from broker.launcher.client import SubmitItem
+from tandem.v1 import job_pb2
 from tests.broker.hub_builders import A100, H100, eventually, node, policy_doc, spec, start_broker, write_policy
 
 L40S = "NVIDIA-L40S"
@@ -27,8 +27,13 @@ async def test_a_job_naming_no_model_gets_only_a_model_its_tenant_may_use(tmp_pa
     b = await start_broker(tmp_path, policy=policy_doc(alpha={"gpu_models": [L40S, H100], "quotas": {H100: 8}}))
     try:
         a = b.agent("c1")
-        await a.connect([node("a100-1", model=A100), node("a100-2", model=A100, rack="r2"),
-                         node("h100-1", model=H100, free=0, rack="r3")])
+        await a.connect(
+            [
+                node("a100-1", model=A100),
+                node("a100-2", model=A100, rack="r2"),
+                node("h100-1", model=H100, free=0, rack="r3"),
+            ]
+        )
         c = b.client("alpha")
         [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])  # no model named
         assert j.job_id, j.error_message
@@ -36,8 +41,9 @@ async def test_a_job_naming_no_model_gets_only_a_model_its_tenant_may_use(tmp_pa
         assert b.hub.placer.waits[j.job_id].reason.name == "INSUFFICIENT_CAPACITY"
         job = await c.get(j.job_id)
         assert not job.status.attempts  # never dispatched onto the free A100s
-        a.snapshot([node("a100-1", model=A100), node("a100-2", model=A100, rack="r2"),
-                    node("h100-1", model=H100, rack="r3")])  # the H100 frees up
+        a.snapshot(
+            [node("a100-1", model=A100), node("a100-2", model=A100, rack="r2"), node("h100-1", model=H100, rack="r3")]
+        )  # the H100 frees up
         d = await a.expect("dispatch")
         assert [n.node for ps in d.pod_sets for n in ps.nodes] == ["h100-1"]
         assert _held_model(b, j.job_id) == H100
@@ -80,11 +86,14 @@ async def test_a_reloaded_policy_applies_to_jobs_already_queued(tmp_path: Path) 
         [first] = await c.submit("s", [SubmitItem("k1", spec(gpus=8))])
         [second] = await c.submit("s", [SubmitItem("k2", spec(gpus=8, band="high"))])
         await eventually(lambda: first.job_id in b.hub.placer.waits and second.job_id in b.hub.placer.waits)
-        write_policy(tmp_path / "policy.yaml",
-                     policy_doc(alpha={"gpu_models": [H100], "priority_bands": ["default"]}))
+        write_policy(tmp_path / "policy.yaml", policy_doc(alpha={"gpu_models": [H100], "priority_bands": ["default"]}))
         a.snapshot([node("a100-1", model=A100)])  # an A100 frees up: alpha may no longer have it
-        await eventually(lambda: b.hub.placer.waits.get(second.job_id) is not None
-                         and b.hub.placer.waits[second.job_id].reason.name == "NOT_ALLOWED")
+        await eventually(
+            lambda: (
+                b.hub.placer.waits.get(second.job_id) is not None
+                and b.hub.placer.waits[second.job_id].reason.name == "NOT_ALLOWED"
+            )
+        )
         job = await c.get(second.job_id)
         assert job.status.queue_info.reason == job_pb2.WAIT_REASON_NOT_ALLOWED
         assert not (await c.get(first.job_id)).status.attempts  # the A100 is not given

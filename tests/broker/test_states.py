@@ -69,8 +69,16 @@ def test_selected_edges(src: JobState, dst: JobState, allowed: bool) -> None:
 
 
 def test_capacity_is_held_from_reservation_until_confirmation() -> None:
-    assert HOLDS_CAPACITY == {S.RESERVED, S.DISPATCHED, S.ACCEPTED, S.STARTING, S.RUNNING, S.LOST,
-                              S.CANCELLING, S.PREEMPTED}
+    assert HOLDS_CAPACITY == {
+        S.RESERVED,
+        S.DISPATCHED,
+        S.ACCEPTED,
+        S.STARTING,
+        S.RUNNING,
+        S.LOST,
+        S.CANCELLING,
+        S.PREEMPTED,
+    }
 
 
 @pytest.mark.parametrize(

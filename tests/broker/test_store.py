@@ -11,7 +11,6 @@ import pytest
 
 from broker.domain import errors, lifecycle
 from broker.domain.errors import Code
-from fleetplan.catalog import ReplicaPlacement
 from broker.domain.records import (
     AttemptRecord,
     JobFilter,
@@ -24,6 +23,7 @@ from broker.domain.records import (
 from broker.domain.states import AttemptOutcome, JobState
 from broker.store.migrations import LATEST, MIGRATIONS
 from broker.store.sqlite import SqliteStore
+from fleetplan.catalog import ReplicaPlacement
 from tests.broker.store_builders import (  # noqa: F401
     FakeClock,
     clock,
@@ -39,16 +39,28 @@ S = JobState
 
 
 async def _reserve(s: SqliteStore, job_id: str, attempt: int = 0, cluster: str = "c1", model: str = "H100") -> None:
-    _, r = await s.apply_event(lifecycle.Reserve(
-        job_id, attempt, cluster, ("z1", "r1"), (ReplicaPlacement("w", 0, "n1"), ReplicaPlacement("w", 1, "n2")),
-        model, 16.0, expires_at=None,
-    ))
+    _, r = await s.apply_event(
+        lifecycle.Reserve(
+            job_id,
+            attempt,
+            cluster,
+            ("z1", "r1"),
+            (ReplicaPlacement("w", 0, "n1"), ReplicaPlacement("w", 1, "n2")),
+            model,
+            16.0,
+            expires_at=None,
+        )
+    )
     assert r.transition is not None
 
 
 async def _run(s: SqliteStore, job_id: str, attempt: int = 1) -> None:
-    for ev in (lifecycle.DispatchSent(job_id, attempt), lifecycle.DispatchAccepted(job_id, attempt, "ns1"),
-               lifecycle.WorkloadReady(job_id, attempt), lifecycle.AllRunning(job_id, attempt)):
+    for ev in (
+        lifecycle.DispatchSent(job_id, attempt),
+        lifecycle.DispatchAccepted(job_id, attempt, "ns1"),
+        lifecycle.WorkloadReady(job_id, attempt),
+        lifecycle.AllRunning(job_id, attempt),
+    ):
         _, r = await s.apply_event(ev)
         assert r.transition is not None, ev
 
@@ -234,7 +246,14 @@ async def test_reserve_persists_attempt_event_and_dispatch_order_together(store:
     job = await store.get_job(j.job_id)
     assert (job.state, job.attempt, job.revision) == (S.RESERVED, 1, rev0 + 1)
     [a] = await store.list_attempts(j.job_id)
-    assert (a.number, a.cluster, a.domain, a.gpu_model, a.gpus, a.outcome) == (1, "c1", ("z1", "r1"), "H100", 16.0, None)
+    assert (a.number, a.cluster, a.domain, a.gpu_model, a.gpus, a.outcome) == (
+        1,
+        "c1",
+        ("z1", "r1"),
+        "H100",
+        16.0,
+        None,
+    )
     assert a.assignments == (ReplicaPlacement("w", 0, "n1"), ReplicaPlacement("w", 1, "n2"))
     [o] = await store.pending_orders("c1")
     assert (o.job_id, o.attempt, o.kind) == (j.job_id, 1, OrderKind.DISPATCH)
@@ -257,9 +276,17 @@ async def test_cas_refuses_stale_state_or_attempt(store: SqliteStore) -> None:
 
 async def test_concurrent_cas_has_exactly_one_winner(store: SqliteStore) -> None:
     j = (await store.submit(new_job())).job
-    attempts = [Transition(j.job_id, S.QUEUED, 0, S.RESERVED, reason="Placed",
-                           new_attempt=AttemptRecord(j.job_id, 1, f"c{i}", (), (), "H100", 8.0, 0.0))
-                for i in range(20)]
+    attempts = [
+        Transition(
+            j.job_id,
+            S.QUEUED,
+            0,
+            S.RESERVED,
+            reason="Placed",
+            new_attempt=AttemptRecord(j.job_id, 1, f"c{i}", (), (), "H100", 8.0, 0.0),
+        )
+        for i in range(20)
+    ]
     results = await asyncio.gather(*(store.transition(t) for t in attempts), return_exceptions=True)
     winners = [r for r in results if not isinstance(r, BaseException)]
     assert len(winners) == 1
@@ -304,9 +331,15 @@ async def test_full_lifecycle_records_attempt_times(store: SqliteStore, clock: F
     assert a.dispatch_time == a.accept_time == a.start_time == a.running_time == clock() - 100
     assert [o.kind for o in await store.pending_orders("c1")] == [OrderKind.DISPATCH, OrderKind.START]
     history = [(e.from_state, e.to_state) for e in await store.job_history(j.job_id)]
-    assert history == [(None, S.QUEUED), (S.QUEUED, S.RESERVED), (S.RESERVED, S.DISPATCHED),
-                       (S.DISPATCHED, S.ACCEPTED), (S.ACCEPTED, S.STARTING), (S.STARTING, S.RUNNING),
-                       (S.RUNNING, S.SUCCEEDED)]
+    assert history == [
+        (None, S.QUEUED),
+        (S.QUEUED, S.RESERVED),
+        (S.RESERVED, S.DISPATCHED),
+        (S.DISPATCHED, S.ACCEPTED),
+        (S.ACCEPTED, S.STARTING),
+        (S.STARTING, S.RUNNING),
+        (S.RUNNING, S.SUCCEEDED),
+    ]
     assert await store.active_attempts() == []
 
 
@@ -327,7 +360,9 @@ async def test_infra_failure_backs_off_and_spends_budget(store: SqliteStore, clo
     j = (await store.submit(new_job(max_infra_retries=1))).job
     await _reserve(store, j.job_id)
     await _run(store, j.job_id)
-    job, _ = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED, message="node down"))
+    job, _ = await store.apply_event(
+        lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED, message="node down")
+    )
     assert (job.state, job.infra_retries, job.not_before) == (S.QUEUED, 1, clock() + 10.0)
     await _reserve(store, j.job_id, attempt=1)
     await _run(store, j.job_id, attempt=2)
@@ -404,14 +439,26 @@ async def test_orders_are_acked_per_cluster(store: SqliteStore) -> None:
 
 async def test_transition_with_explicit_orders(store: SqliteStore) -> None:
     j = (await store.submit(new_job())).job
-    t = Transition(j.job_id, S.QUEUED, 0, S.RESERVED, reason="Placed",
-                   new_attempt=AttemptRecord(j.job_id, 1, "c9", (), (), "A100", 1.0, 0.0),
-                   orders=(OrderSpec(OrderKind.DISPATCH, "c9"),))
+    t = Transition(
+        j.job_id,
+        S.QUEUED,
+        0,
+        S.RESERVED,
+        reason="Placed",
+        new_attempt=AttemptRecord(j.job_id, 1, "c9", (), (), "A100", 1.0, 0.0),
+        orders=(OrderSpec(OrderKind.DISPATCH, "c9"),),
+    )
     await store.transition(t)
     [o] = await store.pending_orders("c9")
     assert (o.attempt, o.kind) == (1, OrderKind.DISPATCH)
-    bad = Transition(j.job_id, S.RESERVED, 1, S.QUEUED, reason="x",
-                     new_attempt=AttemptRecord(j.job_id, 5, "c9", (), (), "A100", 1.0, 0.0))
+    bad = Transition(
+        j.job_id,
+        S.RESERVED,
+        1,
+        S.QUEUED,
+        reason="x",
+        new_attempt=AttemptRecord(j.job_id, 5, "c9", (), (), "A100", 1.0, 0.0),
+    )
     with pytest.raises(errors.InvalidTransition):
         await store.transition(bad)
 
@@ -567,10 +614,18 @@ async def test_compaction_is_bounded_per_call(store: SqliteStore, clock: FakeClo
 async def test_list_pages_with_filters(store: SqliteStore) -> None:
     made = []
     for i in range(7):
-        made.append((await store.submit(new_job(
-            "t1" if i % 2 == 0 else "t2", queue="q1" if i < 4 else "q2", job_set=f"s{i % 3}",
-            labels={"team": "a" if i < 5 else "b", "i": str(i)},
-        ))).job)
+        made.append(
+            (
+                await store.submit(
+                    new_job(
+                        "t1" if i % 2 == 0 else "t2",
+                        queue="q1" if i < 4 else "q2",
+                        job_set=f"s{i % 3}",
+                        labels={"team": "a" if i < 5 else "b", "i": str(i)},
+                    )
+                )
+            ).job
+        )
     flt = JobFilter(tenant="t1")
     page1 = await store.list_jobs(flt, page_size=2)
     page2 = await store.list_jobs(flt, page_size=2, page_token=page1.next_page_token)
@@ -640,9 +695,13 @@ async def test_tampered_or_foreign_page_tokens_are_invalid_argument(store: Sqlit
     page = await store.list_jobs(JobFilter(tenant="t1"), page_size=1)
     token = page.next_page_token
     forged = token[:-2] + ("AA" if token[-2:] != "AA" else "BB")
-    for bad, flt in ((forged, JobFilter(tenant="t1")), ("garbage!", JobFilter(tenant="t1")),
-                     (token, JobFilter(tenant="t2")),  # from here: a real token, used with another filter
-                     (token, JobFilter(tenant="t1", cluster="c1")), (token, JobFilter(tenant="t1", gpu_model="H100"))):
+    for bad, flt in (
+        (forged, JobFilter(tenant="t1")),
+        ("garbage!", JobFilter(tenant="t1")),
+        (token, JobFilter(tenant="t2")),  # from here: a real token, used with another filter
+        (token, JobFilter(tenant="t1", cluster="c1")),
+        (token, JobFilter(tenant="t1", gpu_model="H100")),
+    ):
         with pytest.raises(errors.InvalidPageToken) as ei:
             await store.list_jobs(flt, page_size=1, page_token=bad)
         assert ei.value.code is Code.INVALID_ARGUMENT
@@ -695,19 +754,32 @@ def test_error_codes_match_grpc() -> None:
 
     for code in Code:
         assert grpc.StatusCode[code.name].value[0] == code.value
-    e = errors.QuotaExceeded("no", details=errors.ErrorDetails(
-        quota_violations=(errors.QuotaViolation("tenant/a", "gpu/H100", 16, 16, 8),)), job_id="j1")
+    e = errors.QuotaExceeded(
+        "no",
+        details=errors.ErrorDetails(quota_violations=(errors.QuotaViolation("tenant/a", "gpu/H100", 16, 16, 8),)),
+        job_id="j1",
+    )
     assert (e.code, e.http_status, e.details.reason, e.meta("job_id")) == (
-        Code.RESOURCE_EXHAUSTED, 429, "QUOTA_EXCEEDED", "j1")
+        Code.RESOURCE_EXHAUSTED,
+        429,
+        "QUOTA_EXCEEDED",
+        "j1",
+    )
     assert errors.BatchFailed("x").retryable and not errors.InvalidArgument("x").retryable
     bad = errors.InvalidArgument.fields(errors.FieldViolation("pod_sets[0].count", "must be >= 1"))
-    assert bad.message == "pod_sets[0].count: must be >= 1" and bad.details.field_violations[0].field == "pod_sets[0].count"
+    assert (
+        bad.message == "pod_sets[0].count: must be >= 1"
+        and bad.details.field_violations[0].field == "pod_sets[0].count"
+    )
 
 
 async def test_new_migrations_apply_once_in_order_and_a_failing_one_rolls_back(
-    tmp_path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    tmp_path,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     from broker.store import sql
+
     path = str(tmp_path / "m.db")
     async with SqliteStore(path, clock=clock) as s:
         await s.submit(new_job(key="before"))
@@ -719,8 +791,9 @@ async def test_new_migrations_apply_once_in_order_and_a_failing_one_rolls_back(
     with pytest.raises(errors.StoreUnavailable):
         await SqliteStore(path, clock=clock).open()
     conn = sqlite3.connect(path)
-    assert [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY version")] == \
-        [v for v, _ in MIGRATIONS] + [nxt]
+    assert [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY version")] == [
+        v for v, _ in MIGRATIONS
+    ] + [nxt]
     assert conn.execute("SELECT name FROM sqlite_master WHERE name='extra'").fetchall() == []  # rolled back
     conn.close()
     monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS + (v_next,))
@@ -739,8 +812,10 @@ async def test_replica_status_rendezvous_and_feedback_are_kept_per_attempt(store
     await _reserve(store, j.job_id)
     first = [ReplicaRecord("w", 1, "p-1", "n2", "PENDING"), ReplicaRecord("w", 0, "p-0", "n1", "RUNNING")]
     assert await store.record_workload(j.job_id, 1, first, "j-1.ns.svc:29500")
-    later = [ReplicaRecord("w", 0, "p-0", "n1", "FAILED", 137, "OOMKilled", "out of memory"),
-             ReplicaRecord("w", 1, "p-1", "n2", "RUNNING")]
+    later = [
+        ReplicaRecord("w", 0, "p-0", "n1", "FAILED", 137, "OOMKilled", "out of memory"),
+        ReplicaRecord("w", 1, "p-1", "n2", "RUNNING"),
+    ]
     assert await store.record_workload(j.job_id, 1, later)  # replaces the replicas, keeps the address
     assert await store.record_feedback(j.job_id, 1, "n3: INSUFFICIENT_GPU", 12.5)
     assert not await store.record_feedback(j.job_id, 2, "stale", 13.0)
@@ -770,14 +845,17 @@ async def test_active_runs_pair_each_open_attempt_with_its_job(store: SqliteStor
 # -- operator requeue --------------------------------------------------------------------------------
 
 
-async def test_requeue_of_a_running_job_preempts_it_even_if_not_preemptible(store: SqliteStore, clock: FakeClock) -> None:
+async def test_requeue_of_a_running_job_preempts_it_even_if_not_preemptible(
+    store: SqliteStore, clock: FakeClock
+) -> None:
     j = (await store.submit(new_job(preemptible=False))).job
     await _reserve(store, j.job_id)
     await _run(store, j.job_id)
     _, refused = await store.apply_event(lifecycle.PreemptRequested(j.job_id, 1))
     assert refused.ignored is lifecycle.IgnoreReason.NOT_PREEMPTIBLE  # what the new event does differently
-    job, r = await store.apply_event(lifecycle.RequeueRequested(j.job_id, 1, actor="admin/ops", grace_s=20,
-                                                                message="maintenance"))
+    job, r = await store.apply_event(
+        lifecycle.RequeueRequested(j.job_id, 1, actor="admin/ops", grace_s=20, message="maintenance")
+    )
     assert r.transition is not None and job.state is S.PREEMPTED
     order = (await store.pending_orders("c1"))[-1]
     assert (order.kind, order.attempt, order.grace_s) == (OrderKind.PREEMPT, 1, 20)
@@ -813,14 +891,21 @@ def _respec(raw: bytes, priority: int, band: str) -> bytes:
 async def test_set_priority_updates_columns_spec_and_history(store: SqliteStore, clock: FakeClock) -> None:
     j = (await store.submit(new_job(key="k", priority=3))).job
     clock.advance(10)
-    out = await store.set_priority(j.job_id, tenant="t1", actor="tenant/t1", priority=7, message="deadline",
-                                   respec=_respec)
+    out = await store.set_priority(
+        j.job_id, tenant="t1", actor="tenant/t1", priority=7, message="deadline", respec=_respec
+    )
     assert (out.priority, out.priority_band, out.spec, out.state) == (7, "default", b"spec|7|default", S.QUEUED)
     assert out.revision > j.revision and out.update_time == j.update_time  # not a state change
     assert await store.get_job(j.job_id) == out
     ev = (await store.job_history(j.job_id))[-1]
     assert (ev.kind.value, ev.from_state, ev.to_state, ev.reason, ev.actor, ev.revision) == (
-        "UPDATED", S.QUEUED, S.QUEUED, "PriorityChanged", "tenant/t1", out.revision)
+        "UPDATED",
+        S.QUEUED,
+        S.QUEUED,
+        "PriorityChanged",
+        "tenant/t1",
+        out.revision,
+    )
     assert ev.message == "priority 3 -> 7: deadline"
     both = await store.set_priority(j.job_id, tenant=None, actor="admin/a", priority=1, band="high", respec=_respec)
     assert (both.priority, both.priority_band, both.spec) == (1, "high", b"spec|1|high")
@@ -841,8 +926,9 @@ async def test_a_held_job_gets_no_reservation_until_released(store: SqliteStore)
     assert await store.get_job(j.job_id) == held
     again, changed = await store.set_hold(j.job_id, held=True, tenant="t1", actor="tenant/t1")
     assert not changed and again == held  # idempotent: the first holder stays
-    _, r = await store.apply_event(lifecycle.Reserve(j.job_id, 0, "c1", ("z1",), (ReplicaPlacement("w", 0, "n1"),),
-                                                     "H100", 8.0))
+    _, r = await store.apply_event(
+        lifecycle.Reserve(j.job_id, 0, "c1", ("z1",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8.0)
+    )
     assert r.ignored is lifecycle.IgnoreReason.NOT_APPLICABLE and await store.pending_orders("c1") == []
     with pytest.raises(errors.PermissionDenied) as ei:
         await store.set_hold(j.job_id, held=False, tenant="t1", actor="tenant/t1")
@@ -852,7 +938,9 @@ async def test_a_held_job_gets_no_reservation_until_released(store: SqliteStore)
     released, changed = await store.set_hold(j.job_id, held=False, tenant=None, actor="admin/ops")
     assert changed and (released.held, released.held_by) == (False, "")
     assert [(e.reason, e.message) for e in (await store.job_history(j.job_id))[1:]] == [
-        ("Held", "held by admin/ops: audit"), ("Released", "released by admin/ops (held by admin/ops)")]
+        ("Held", "held by admin/ops: audit"),
+        ("Released", "released by admin/ops (held by admin/ops)"),
+    ]
     await _reserve(store, j.job_id)
     assert (await store.get_job(j.job_id)).state is S.RESERVED
     # a tenant lifts its own hold
@@ -877,8 +965,11 @@ async def test_gpu_hours_sum_each_attempts_overlap_with_the_window(store: Sqlite
     await store.apply_event(lifecycle.AllRunning(ran.job_id, 1))  # running t0+120
     never_ran = (await store.submit(new_job("t2"))).job  # t2, c2: started at t0+120, never all running
     await _reserve(store, never_ran.job_id, cluster="c2")
-    for ev in (lifecycle.DispatchSent(never_ran.job_id, 1), lifecycle.DispatchAccepted(never_ran.job_id, 1),
-               lifecycle.WorkloadReady(never_ran.job_id, 1)):
+    for ev in (
+        lifecycle.DispatchSent(never_ran.job_id, 1),
+        lifecycle.DispatchAccepted(never_ran.job_id, 1),
+        lifecycle.WorkloadReady(never_ran.job_id, 1),
+    ):
         await store.apply_event(ev)
     placed_only = (await store.submit(new_job())).job  # reserved, never started: no GPU-hours
     await _reserve(store, placed_only.job_id)
@@ -911,7 +1002,11 @@ async def test_gpu_hours_sum_each_attempts_overlap_with_the_window(store: Sqlite
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_a_version_2_database_opens_with_its_jobs_unchanged(
-    backend: str, tmp_path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest  # type: ignore[no-untyped-def]
+    backend: str,
+    tmp_path,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,  # type: ignore[no-untyped-def]
 ) -> None:
     from broker.store import pg_sql, sql
     from broker.store.migrations import PG_MIGRATIONS
@@ -936,8 +1031,7 @@ async def test_a_version_2_database_opens_with_its_jobs_unchanged(
         m.setattr(pg_sql, "PG_LATEST", 2)
         async with open_store("old") as old:
             assert old.schema_version == 2
-            written = [(await old.submit(new_job(key=f"k{i}", priority=i, labels={"i": str(i)}))).job
-                       for i in range(3)]
+            written = [(await old.submit(new_job(key=f"k{i}", priority=i, labels={"i": str(i)}))).job for i in range(3)]
     async with open_store("new") as s:
         assert s.schema_version == 3 and LATEST == 3
         assert list((await s.list_jobs(JobFilter())).jobs) == written  # every field as it was, none held

@@ -8,16 +8,27 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.domain import lifecycle as lc
-from fleetplan.catalog import ReplicaPlacement
 from broker.domain.states import HOLDS_CAPACITY, AttemptOutcome, JobState
-from broker.store.base import StoreOptions
-from broker.store.base import Store
+from broker.store.base import Store, StoreOptions
 from broker.store.sqlite import SqliteStore
+from fleetplan.catalog import ReplicaPlacement
 from tests.broker.store_builders import FakeClock, fresh_pg_database, id_gen, new_job, pg_server  # noqa: F401
 
 O = AttemptOutcome
-KINDS = ("reserve", "sent", "accepted", "rejected", "ready", "running", "ended", "cancel", "preempt", "silent",
-         "expired", "abandon")
+KINDS = (
+    "reserve",
+    "sent",
+    "accepted",
+    "rejected",
+    "ready",
+    "running",
+    "ended",
+    "cancel",
+    "preempt",
+    "silent",
+    "expired",
+    "abandon",
+)
 # progress events more often than cancels, so runs get deep into the state machine
 WEIGHTED = KINDS[:6] * 4 + ("ended",) * 3 + KINDS[7:]
 STEP = st.tuples(st.integers(0, 2), st.sampled_from(WEIGHTED), st.sampled_from((0, 0, 0, -1)), st.sampled_from(list(O)))
@@ -80,13 +91,13 @@ async def _scenario(steps: list[tuple[int, str, int, AttemptOutcome]], pg_server
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(STEP, min_size=1, max_size=60))
-def test_store_stays_consistent_under_random_lifecycle_traffic(steps: list[tuple[int, str, int, AttemptOutcome]]) -> None:
+def test_store_stays_consistent_under_random_lifecycle_traffic(
+    steps: list[tuple[int, str, int, AttemptOutcome]],
+) -> None:
     asyncio.run(_scenario(steps))
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(STEP, min_size=1, max_size=60))
-def test_postgres_store_stays_consistent_too(
-    pg_server: str, steps: list[tuple[int, str, int, AttemptOutcome]]  # noqa: F811
-) -> None:
+def test_postgres_store_stays_consistent_too(pg_server: str, steps: list[tuple[int, str, int, AttemptOutcome]]) -> None:
     asyncio.run(_scenario(steps, pg_server))

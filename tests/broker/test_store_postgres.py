@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from broker.domain import errors, lifecycle
-from fleetplan.catalog import ReplicaPlacement
 from broker.domain.records import JobFilter, OrderKind
 from broker.store.migrations import PG_LATEST
 from broker.store.postgres import PostgresStore
+from fleetplan.catalog import ReplicaPlacement
 from tests.broker.store_builders import FakeClock, fresh_pg_database, id_gen, new_job, pg_server  # noqa: F401
 
 
-async def test_one_leader_per_database_and_state_survives_a_takeover(pg_server: str) -> None:  # noqa: F811
+async def test_one_leader_per_database_and_state_survives_a_takeover(pg_server: str) -> None:
     dsn = await fresh_pg_database(pg_server)
     clock = FakeClock()
     leader = PostgresStore(dsn, clock=clock, id_gen=id_gen("a"))
@@ -22,8 +22,9 @@ async def test_one_leader_per_database_and_state_survives_a_takeover(pg_server: 
     with pytest.raises(errors.StoreUnavailable):
         await standby.open()
     j = (await leader.submit(new_job(key="k"))).job
-    _, r = await leader.apply_event(lifecycle.Reserve(j.job_id, 0, "c1", ("z",), (ReplicaPlacement("w", 0, "n1"),),
-                                                      "H100", 8.0))
+    _, r = await leader.apply_event(
+        lifecycle.Reserve(j.job_id, 0, "c1", ("z",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8.0)
+    )
     assert r.transition is not None
     for _ in range(3):
         await leader.submit(new_job())
@@ -45,7 +46,7 @@ async def test_one_leader_per_database_and_state_survives_a_takeover(pg_server: 
         await standby.close()
 
 
-async def test_losing_the_writer_connection_stops_writes(pg_server: str) -> None:  # noqa: F811
+async def test_losing_the_writer_connection_stops_writes(pg_server: str) -> None:
     dsn = await fresh_pg_database(pg_server)
     store = PostgresStore(dsn, clock=FakeClock(), id_gen=id_gen())
     await store.open()

@@ -10,16 +10,13 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from tandem.v1 import job_pb2
-from tandem.v1 import job_service_pb2 as svc
-
 from broker.api import validation
 from broker.launcher.client import status_details
+from tandem.v1 import job_pb2
+from tandem.v1 import job_service_pb2 as svc
 from tests.broker.hub_builders import Broker, spec, start_broker, template
 
 pytestmark = pytest.mark.timeout(60)
-
-
 
 
 @pytest.fixture
@@ -36,18 +33,21 @@ def _set(path: str, value: object) -> Callable[[job_pb2.JobSpec], None]:
         for p in parents:
             obj = s.pod_sets[0] if p == "ps" else getattr(obj, p)
         setattr(obj, leaf, value)
+
     return apply
 
 
 def _tpl(**spec_fields: object) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         s.pod_sets[0].pod_template_json = template(8, **spec_fields)
+
     return apply
 
 
 def _raw_tpl(text: str) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         s.pod_sets[0].pod_template_json = text
+
     return apply
 
 
@@ -55,6 +55,7 @@ def _container(**fields: object) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         c = {"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}, **fields}
         s.pod_sets[0].pod_template_json = json.dumps({"spec": {"containers": [c]}})
+
     return apply
 
 
@@ -69,24 +70,28 @@ def _no_pod_sets(s: job_pb2.JobSpec) -> None:
 def _min_available(n: int) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         s.min_available = n
+
     return apply
 
 
 def _label(k: str, v: str) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         s.labels[k] = v
+
     return apply
 
 
 def _extended(k: str, v: int) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         s.pod_sets[0].shape.extended_resources[k] = v
+
     return apply
 
 
 def _model(m: str) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         s.pod_sets[0].shape.allowed_gpu_models.append(m)
+
     return apply
 
 
@@ -97,12 +102,14 @@ def _negative_runtime(s: job_pb2.JobSpec) -> None:
 def _cluster(name: str) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         s.cluster_selector.clusters.append(name)
+
     return apply
 
 
 def _device(name: str, cls: str) -> Callable[[job_pb2.JobSpec], None]:
     def apply(s: job_pb2.JobSpec) -> None:
         s.pod_sets[0].shape.device_requests.add(name=name, device_class_name=cls)
+
     return apply
 
 
@@ -146,21 +153,38 @@ CASES: list[tuple[str, Callable[[job_pb2.JobSpec], None], str]] = [
     ("node name", _tpl(nodeName="n1"), f"{P}.pod_sets[0].pod_template_json.spec.nodeName"),
     ("scheduler name", _tpl(schedulerName="mine"), f"{P}.pod_sets[0].pod_template_json.spec.schedulerName"),
     ("priority class", _tpl(priorityClassName="top"), f"{P}.pod_sets[0].pod_template_json.spec.priorityClassName"),
-    ("scheduling gates", _tpl(schedulingGates=[{"name": "x"}]), f"{P}.pod_sets[0].pod_template_json.spec.schedulingGates"),
-    ("host path", _tpl(volumes=[{"name": "v", "hostPath": {"path": "/"}}]),
-     f"{P}.pod_sets[0].pod_template_json.spec.volumes[0].hostPath"),
-    ("privileged", _container(securityContext={"privileged": True}),
-     f"{P}.pod_sets[0].pod_template_json.spec.containers[0].securityContext.privileged"),
-    ("host port", _container(ports=[{"containerPort": 1, "hostPort": 80}]),
-     f"{P}.pod_sets[0].pod_template_json.spec.containers[0].ports[0].hostPort"),
-    ("template gpus disagree", _container(resources={"limits": {"nvidia.com/gpu": "2"}}),
-     f"{P}.pod_sets[0].shape.gpu_count"),
+    (
+        "scheduling gates",
+        _tpl(schedulingGates=[{"name": "x"}]),
+        f"{P}.pod_sets[0].pod_template_json.spec.schedulingGates",
+    ),
+    (
+        "host path",
+        _tpl(volumes=[{"name": "v", "hostPath": {"path": "/"}}]),
+        f"{P}.pod_sets[0].pod_template_json.spec.volumes[0].hostPath",
+    ),
+    (
+        "privileged",
+        _container(securityContext={"privileged": True}),
+        f"{P}.pod_sets[0].pod_template_json.spec.containers[0].securityContext.privileged",
+    ),
+    (
+        "host port",
+        _container(ports=[{"containerPort": 1, "hostPort": 80}]),
+        f"{P}.pod_sets[0].pod_template_json.spec.containers[0].ports[0].hostPort",
+    ),
+    (
+        "template gpus disagree",
+        _container(resources={"limits": {"nvidia.com/gpu": "2"}}),
+        f"{P}.pod_sets[0].shape.gpu_count",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("name", "mutate", "field"), CASES, ids=[c[0] for c in CASES])
-async def test_bad_spec_field_is_named(broker: Broker, name: str, mutate: Callable[[job_pb2.JobSpec], None],
-                                       field: str) -> None:
+async def test_bad_spec_field_is_named(
+    broker: Broker, name: str, mutate: Callable[[job_pb2.JobSpec], None], field: str
+) -> None:
     s = spec(gpus=8)
     mutate(s)
     req = svc.SubmitJobsRequest(job_set_id="s")
@@ -209,8 +233,9 @@ async def test_job_ids_must_be_dns1035_labels(broker: Broker, job_id: str) -> No
 
 async def test_oversized_messages_are_refused_by_the_server(broker: Broker) -> None:
     s = spec(gpus=1)
-    s.pod_sets[0].pod_template_json = json.dumps({"spec": {"containers": [{"name": "m", "image": "x"}]},
-                                                  "metadata": {"annotations": {"a": "x" * (5 << 20)}}})
+    s.pod_sets[0].pod_template_json = json.dumps(
+        {"spec": {"containers": [{"name": "m", "image": "x"}]}, "metadata": {"annotations": {"a": "x" * (5 << 20)}}}
+    )
     req = svc.SubmitJobsRequest(job_set_id="s")
     req.items.add(idempotency_key="k", spec=s)
     from broker.launcher.client import BrokerClient

@@ -12,12 +12,18 @@ import aiohttp
 import orjson
 import pytest
 
-from tandem.v1 import job_pb2
-
-from broker.launcher.client import BrokerClient, SubmitItem
 from broker.config import TlsConfig, WebConfig
+from broker.launcher.client import BrokerClient, SubmitItem
+from tandem.v1 import job_pb2
 from tests.broker.hub_builders import (
-    TOKENS, Broker, eventually, node, policy_doc, spec, start_broker, write_policy,
+    TOKENS,
+    Broker,
+    eventually,
+    node,
+    policy_doc,
+    spec,
+    start_broker,
+    write_policy,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,10 +54,15 @@ class Browser:
         async with self.http.get(f"{self.base}{path}", params=params) as r:
             return r.status, await r.json()
 
-    async def post(self, path: str, body: Any = None, *, csrf: bool = True, raw: bytes | None = None) -> tuple[int, Any]:
+    async def post(
+        self, path: str, body: Any = None, *, csrf: bool = True, raw: bytes | None = None
+    ) -> tuple[int, Any]:
         headers = {"X-CSRF-Token": self.csrf} if csrf else {}
-        kw: dict[str, Any] = {"data": raw, "headers": {**headers, "Content-Type": "application/json"}} if raw \
-            is not None else {"json": body or {}, "headers": headers}
+        kw: dict[str, Any] = (
+            {"data": raw, "headers": {**headers, "Content-Type": "application/json"}}
+            if raw is not None
+            else {"json": body or {}, "headers": headers}
+        )
         async with self.http.post(f"{self.base}{path}", **kw) as r:
             text = await r.text()
             return r.status, (orjson.loads(text) if text else None)
@@ -76,8 +87,9 @@ async def _submit(client: BrokerClient, job_set: str, job: job_pb2.JobSpec) -> s
 async def _connect(broker: Broker, cluster: str = "east") -> Any:
     agent = broker.agent(cluster)
     # two racks of two 8-GPU nodes; one node of r2 is half busy
-    await agent.connect([node("n1", rack="r1"), node("n2", rack="r1"), node("n3", rack="r2"),
-                         node("n4", rack="r2", free=4)])
+    await agent.connect(
+        [node("n1", rack="r1"), node("n2", rack="r1"), node("n3", rack="r2"), node("n4", rack="r2", free=4)]
+    )
     await eventually(lambda: cluster in broker.hub.catalog.clusters and broker.hub.catalog.clusters[cluster].arrays)
     return agent
 
@@ -141,8 +153,9 @@ async def test_fleet_picture_counts_free_reserved_and_room_for_the_probe_gang(br
         assert racks[("z1", "r2")]["probe_replicas"] == 1 and racks[("z1", "r2")]["gpus_free"] == 12
         assert racks[("z1", "r1")]["level"] == "rack"
         assert east["largest_probe_replicas"] == 2
-        assert fleet["totals"] == [{"model": gpus["model"], "total": 32, "free": 28, "reserved": 0, "used": 4,
-                                    "unavailable": 0}]
+        assert fleet["totals"] == [
+            {"model": gpus["model"], "total": 32, "free": 28, "reserved": 0, "used": 4, "unavailable": 0}
+        ]
     finally:
         await b.close()
 
@@ -202,8 +215,11 @@ async def test_cancel_needs_the_csrf_header_and_the_job_s_own_tenant(broker: Bro
         await bb.login("beta")
         status, body = await a.post(f"/api/jobs/{job_id}/cancel", {"reason": "x"}, csrf=False)
         assert status == 403 and "X-CSRF-Token" in body["error"]["message"]
-        async with a.http.post(f"{a.base}/api/jobs/{job_id}/cancel", json={},
-                               headers={"X-CSRF-Token": a.csrf, "Origin": "http://evil.example"}) as r:
+        async with a.http.post(
+            f"{a.base}/api/jobs/{job_id}/cancel",
+            json={},
+            headers={"X-CSRF-Token": a.csrf, "Origin": "http://evil.example"},
+        ) as r:
             assert r.status == 403
         status, body = await bb.post(f"/api/jobs/{job_id}/cancel", {"reason": "not mine"})
         assert status == 404
@@ -350,7 +366,6 @@ def test_sessions_expire_and_are_bounded() -> None:
     assert not third.csrf_ok(None) and not third.csrf_ok("x") and third.csrf_ok(third.csrf)
 
 
-
 async def test_per_cluster_verdicts_leave_the_event_loop_between_clusters(broker: Broker) -> None:
     """One exact gang fit per cluster, one cluster per turn of the loop: a job page at fleet scale must not
     stall placement and every other call while it is computed."""
@@ -383,8 +398,9 @@ async def test_served_over_tls_with_a_secure_cookie(tmp_path: Path) -> None:
     (tmp_path / "web-pki").mkdir()
     pki = Pki.create(tmp_path / "web-pki")
     cert, key = pki.issue("fleet-view", server=True)
-    broker = await start_broker(tmp_path, web=WebConfig(address="127.0.0.1:0", tls=TlsConfig(
-        cert_file=str(cert), key_file=str(key))))
+    broker = await start_broker(
+        tmp_path, web=WebConfig(address="127.0.0.1:0", tls=TlsConfig(cert_file=str(cert), key_file=str(key)))
+    )
     trust = ssl.create_default_context(cadata=pki.ca_pem.decode())
     try:
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:

@@ -19,18 +19,25 @@ from typing import Any
 import pytest
 from playwright.async_api import async_playwright
 
-from tandem.v1 import job_pb2
-
-from broker.launcher.client import SubmitItem
 from broker.config import WebConfig
+from broker.launcher.client import SubmitItem
+from tandem.v1 import job_pb2
 from tests.broker.hub_builders import A100, H100, TOKENS, AutoCluster, Broker, eventually, node, spec, start_broker
 from tests.needs import missing
 
 pytestmark = pytest.mark.timeout(120)
 
 # Flags Chromium needs on a machine without a network or a screen (see the README, "Fleet view").
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def chromium_path() -> str:
@@ -197,7 +204,9 @@ async def test_a_tenant_never_sees_another_tenant_s_jobs(fleet: Fleet, browser: 
     await tab.page.goto(f"{fleet.base}/#/jobs/{fleet.secret}")
     await tab.page.wait_for_selector('[data-testid="job-not-found"]')
     assert "beta-secret-set" not in await tab.page.content()
-    assert tab.problems == ["console error: Failed to load resource: the server responded with a status of 404 (Not Found)"]
+    assert tab.problems == [
+        "console error: Failed to load resource: the server responded with a status of 404 (Not Found)"
+    ]
     tab.problems.clear()  # the one expected: the API's 404 for a job that is not alpha's
     for path in ("#/jobs", "#/queues", "#/fleet"):
         await tab.page.goto(f"{fleet.base}/{path}")

@@ -57,8 +57,15 @@ CONTRACT_LABEL = "tandem.dev/contract"
 watches of ConfigMaps select this label."""
 
 
-def configmap(name: str, namespace: str, *, labels: dict[str, str] | None = None, data: dict[str, str] | None = None,
-              finalizers: list[str] | None = None, owners: list[Obj] | None = None) -> Obj:
+def configmap(
+    name: str,
+    namespace: str,
+    *,
+    labels: dict[str, str] | None = None,
+    data: dict[str, str] | None = None,
+    finalizers: list[str] | None = None,
+    owners: list[Obj] | None = None,
+) -> Obj:
     meta: Obj = {"name": name, "namespace": namespace, "labels": {CONTRACT_LABEL: "yes", **(labels or {})}}
     if finalizers:
         meta["finalizers"] = finalizers
@@ -68,8 +75,12 @@ def configmap(name: str, namespace: str, *, labels: dict[str, str] | None = None
 
 
 def owner_ref(owner: Obj, *, controller: bool = False, block: bool = False) -> Obj:
-    ref: Obj = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
-                "uid": owner["metadata"]["uid"]}
+    ref: Obj = {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+    }
     if controller:
         ref["controller"] = True
     if block:
@@ -77,11 +88,22 @@ def owner_ref(owner: Obj, *, controller: bool = False, block: bool = False) -> O
     return ref
 
 
-def pod(name: str, namespace: str, *, gates: tuple[str, ...] = (), node_name: str | None = None,
-        gpus: int = 0, cpu: str | None = None, memory: str | None = None, labels: dict[str, str] | None = None,
-        priority_class: str | None = None, scheduler: str = "tandem-scheduler",
-        affinity_nodes: tuple[str, ...] = (), owners: list[Obj] | None = None,
-        finalizers: list[str] | None = None) -> Obj:
+def pod(
+    name: str,
+    namespace: str,
+    *,
+    gates: tuple[str, ...] = (),
+    node_name: str | None = None,
+    gpus: int = 0,
+    cpu: str | None = None,
+    memory: str | None = None,
+    labels: dict[str, str] | None = None,
+    priority_class: str | None = None,
+    scheduler: str = "tandem-scheduler",
+    affinity_nodes: tuple[str, ...] = (),
+    owners: list[Obj] | None = None,
+    finalizers: list[str] | None = None,
+) -> Obj:
     """A pod as the Tandem agent renders gang members: gated, GPU limits, a required node affinity term."""
     limits: Obj = {}
     if gpus:
@@ -93,8 +115,14 @@ def pod(name: str, namespace: str, *, gates: tuple[str, ...] = (), node_name: st
     spec: Obj = {
         "restartPolicy": "Never",
         "schedulerName": scheduler,
-        "containers": [{"name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.10-py3",
-                        "command": ["torchrun", "train.py"], "resources": {"limits": limits} if limits else {}}],
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "nvcr.io/nvidia/pytorch:25.10-py3",
+                "command": ["torchrun", "train.py"],
+                "resources": {"limits": limits} if limits else {},
+            }
+        ],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     }
     if gates:
@@ -104,9 +132,19 @@ def pod(name: str, namespace: str, *, gates: tuple[str, ...] = (), node_name: st
     if priority_class:
         spec["priorityClassName"] = priority_class
     if affinity_nodes:
-        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "network.example.com/rack", "operator": "In", "values": ["r1", "r2"]}]},
-        ]}}}
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "network.example.com/rack", "operator": "In", "values": ["r1", "r2"]}
+                            ]
+                        },
+                    ]
+                }
+            }
+        }
     meta: Obj = {"name": name, "namespace": namespace, "labels": labels or {"app": "trainer"}}
     if owners:
         meta["ownerReferences"] = owners
@@ -115,22 +153,44 @@ def pod(name: str, namespace: str, *, gates: tuple[str, ...] = (), node_name: st
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def job(name: str, namespace: str, *, count: int = 2, suspend: bool = False, restart: str = "Never",
-        indexed: bool = True) -> Obj:
+def job(
+    name: str, namespace: str, *, count: int = 2, suspend: bool = False, restart: str = "Never", indexed: bool = True
+) -> Obj:
     """An Indexed Job as A-4 prescribes (or a bare one with indexed=False to see the defaults)."""
-    spec: Obj = {"template": {"metadata": {"labels": {"tandem.dev/job": name}}, "spec": {
-        "restartPolicy": restart,
-        "containers": [{"name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.10-py3"}],
-    }}}
+    spec: Obj = {
+        "template": {
+            "metadata": {"labels": {"tandem.dev/job": name}},
+            "spec": {
+                "restartPolicy": restart,
+                "containers": [{"name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.10-py3"}],
+            },
+        }
+    }
     if indexed:
-        spec.update({"completionMode": "Indexed", "completions": count, "parallelism": count, "backoffLimit": 0,
-                     "podReplacementPolicy": "Failed"})
+        spec.update(
+            {
+                "completionMode": "Indexed",
+                "completions": count,
+                "parallelism": count,
+                "backoffLimit": 0,
+                "podReplacementPolicy": "Failed",
+            }
+        )
     if suspend:
         spec["suspend"] = True
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
 def lease(name: str, namespace: str, *, holder: str, renew_time: str, duration: int = 15) -> Obj:
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration, "acquireTime": renew_time,
-                     "renewTime": renew_time, "leaseTransitions": 0}}
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration,
+            "acquireTime": renew_time,
+            "renewTime": renew_time,
+            "leaseTransitions": 0,
+        },
+    }

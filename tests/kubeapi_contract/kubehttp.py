@@ -84,7 +84,7 @@ class WatchStream:
         while (left := deadline - time.monotonic()) > 0:
             try:
                 event = await self.next(left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
             if event is None:
                 break
@@ -113,13 +113,27 @@ class KubeHTTP:
     async def close(self) -> None:
         await self.session.close()
 
-    async def request(self, method: str, path: str, body: Any = None, *, content_type: str = JSON,
-                      params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
-                      timeout: float = 30.0) -> Reply:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = JSON,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> Reply:
         data = None if body is None else (body if isinstance(body, (bytes, str)) else json.dumps(body))
         hdrs = {"Content-Type": content_type, **(headers or {})}
-        async with self.session.request(method, self.base_url + path, data=data, params=params, headers=hdrs,
-                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with self.session.request(
+            method,
+            self.base_url + path,
+            data=data,
+            params=params,
+            headers=hdrs,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
             raw = await resp.read()
             try:
                 parsed: Any = json.loads(raw) if raw else None
@@ -144,8 +158,9 @@ class KubeHTTP:
 
     async def watch(self, path: str, **params: str) -> WatchStream:
         query = {"watch": "true", **params}
-        resp = await self.session.get(self.base_url + path, params=query,
-                                      timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
+        resp = await self.session.get(
+            self.base_url + path, params=query, timeout=aiohttp.ClientTimeout(total=None, sock_read=None)
+        )
         if resp.status != 200:
             body = await resp.text()
             resp.close()

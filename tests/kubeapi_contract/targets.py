@@ -26,8 +26,15 @@ REAL_ENV = "TANDEM_REAL_KUBECONFIG"
 class Target:
     """One API server under test, with cleanup of what the test created."""
 
-    def __init__(self, kind: str, url: str, admin: KubeHTTP, server: KubeAPIServer | None,
-                 ssl_context: ssl.SSLContext | None, aio_config: Any) -> None:
+    def __init__(
+        self,
+        kind: str,
+        url: str,
+        admin: KubeHTTP,
+        server: KubeAPIServer | None,
+        ssl_context: ssl.SSLContext | None,
+        aio_config: Any,
+    ) -> None:
         self.kind = kind
         self.url = url
         self.admin = admin
@@ -50,8 +57,9 @@ class Target:
 
     async def namespace(self, prefix: str = "kc") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        reply = await self.admin.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                             "metadata": {"name": name}})
+        reply = await self.admin.post(
+            "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        )
         assert reply.status == 201, reply.body
         self._namespaces.append(name)
         # A real ServiceAccount controller adds "default" a moment later; pods need it (ServiceAccount admission).
@@ -72,12 +80,15 @@ class Target:
 
     async def service_account_client(self, namespace: str, name: str) -> KubeHTTP:
         """A client holding a token of that ServiceAccount, made as `kubectl create token` does (TokenRequest)."""
-        created = await self.admin.post(f"/api/v1/namespaces/{namespace}/serviceaccounts",
-                                        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
+        created = await self.admin.post(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+        )
         assert created.status in (201, 409), created.body
-        reply = await self.admin.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-                                      {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                       "spec": {"expirationSeconds": 3600}})
+        reply = await self.admin.post(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+        )
         assert reply.status == 201, reply.body
         return self.client(str(reply.obj["status"]["token"]))
 
@@ -86,8 +97,9 @@ class Target:
         from kubernetes.aio import client as kclient
 
         if self.server is not None:
-            return kclient.Configuration(host=self.url,
-                                         api_key={"authorization": f"Bearer {token or self.server.admin_token}"})
+            return kclient.Configuration(
+                host=self.url, api_key={"authorization": f"Bearer {token or self.server.admin_token}"}
+            )
         cfg = kclient.Configuration()
         cfg.host = self._aio_config.host
         cfg.ssl_ca_cert = self._aio_config.ssl_ca_cert

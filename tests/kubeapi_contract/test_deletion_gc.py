@@ -7,11 +7,13 @@ import functools
 from typing import Any
 
 from tests.kubeapi_contract.builders import CONTRACT_LABEL, configmap, job, owner_ref, pod
-from tests.kubeapi_contract.kubehttp import JSON_PATCH, MERGE_PATCH, KubeHTTP, expect, eventually
+from tests.kubeapi_contract.kubehttp import JSON_PATCH, MERGE_PATCH, KubeHTTP, eventually, expect
 from tests.kubeapi_contract.targets import Target
 
-JOB_WARNING = ("child pods are preserved by default when jobs are deleted; set propagationPolicy=Background to "
-               "remove them or set propagationPolicy=Orphan to suppress this warning")
+JOB_WARNING = (
+    "child pods are preserved by default when jobs are deleted; set propagationPolicy=Background to "
+    "remove them or set propagationPolicy=Orphan to suppress this warning"
+)
 
 
 def cm_path(ns: str, name: str = "") -> str:
@@ -26,8 +28,9 @@ async def test_finalizers_hold_the_object_until_removed(target: Target) -> None:
     ns = await target.namespace()
     expect(await target.admin.post(cm_path(ns), configmap("held", ns, finalizers=["example.com/hold"])), 201)
     listed = expect(await target.admin.get(cm_path(ns), labelSelector=CONTRACT_LABEL), 200)
-    watch = await target.admin.watch(cm_path(ns), resourceVersion=listed["metadata"]["resourceVersion"],
-                                     labelSelector=CONTRACT_LABEL)
+    watch = await target.admin.watch(
+        cm_path(ns), resourceVersion=listed["metadata"]["resourceVersion"], labelSelector=CONTRACT_LABEL
+    )
     try:
         deleting = expect(await target.admin.delete(cm_path(ns, "held")), 200)
         assert deleting["metadata"]["deletionTimestamp"] and deleting["metadata"]["deletionGracePeriodSeconds"] == 0
@@ -41,7 +44,9 @@ async def test_finalizers_hold_the_object_until_removed(target: Target) -> None:
         expect(await target.admin.patch(cm_path(ns, "held"), remove, JSON_PATCH), 200)
         [deleted] = await watch.until(lambda e: True)
         assert deleted["type"] == "DELETED"
-        assert int(deleted["object"]["metadata"]["resourceVersion"]) > int(modified["object"]["metadata"]["resourceVersion"])
+        assert int(deleted["object"]["metadata"]["resourceVersion"]) > int(
+            modified["object"]["metadata"]["resourceVersion"]
+        )
     finally:
         watch.close()
     expect(await target.admin.get(cm_path(ns, "held")), 404)
@@ -88,8 +93,12 @@ async def test_foreground_deletion_waits_for_blocking_dependents(target: Target)
     ns = await target.namespace()
     owner = expect(await target.admin.post(cm_path(ns), configmap("owner", ns)), 201)
     pods = f"/api/v1/namespaces/{ns}/pods"
-    expect(await target.admin.post(pods, pod("worker", ns, node_name="n1",
-                                             owners=[owner_ref(owner, controller=True, block=True)])), 201)
+    expect(
+        await target.admin.post(
+            pods, pod("worker", ns, node_name="n1", owners=[owner_ref(owner, controller=True, block=True)])
+        ),
+        201,
+    )
     deleting = expect(await target.admin.delete(cm_path(ns, "owner"), propagationPolicy="Foreground"), 200)
     assert "foregroundDeletion" in deleting["metadata"]["finalizers"] and deleting["metadata"]["deletionTimestamp"]
 
@@ -160,13 +169,19 @@ async def test_a_deleted_unscheduled_pod_is_held_by_a_finalizer(target: Target) 
     (a stand-in name: a real Job controller strips batch.kubernetes.io/job-tracking from orphan pods)."""
     ns = await target.namespace()
     path = f"/api/v1/namespaces/{ns}/pods"
-    expect(await target.admin.post(path, pod("gang-0", ns, gates=("tandem.dev/gang",),
-                                             finalizers=["example.com/job-tracking"])), 201)
+    expect(
+        await target.admin.post(
+            path, pod("gang-0", ns, gates=("tandem.dev/gang",), finalizers=["example.com/job-tracking"])
+        ),
+        201,
+    )
     deleting = expect(await target.admin.delete(f"{path}/gang-0"), 200)
     assert deleting["metadata"]["deletionGracePeriodSeconds"] == 0 and deleting["metadata"]["deletionTimestamp"]
     held = expect(await target.admin.get(f"{path}/gang-0"), 200)
     assert held["metadata"]["finalizers"] == ["example.com/job-tracking"]
-    expect(await target.admin.patch(f"{path}/gang-0", [{"op": "remove", "path": "/metadata/finalizers"}], JSON_PATCH), 200)
+    expect(
+        await target.admin.patch(f"{path}/gang-0", [{"op": "remove", "path": "/metadata/finalizers"}], JSON_PATCH), 200
+    )
     expect(await target.admin.get(f"{path}/gang-0"), 404)
 
 
@@ -176,8 +191,14 @@ async def test_a_terminating_namespace_refuses_new_content(target: Target) -> No
     deleting = expect(await target.admin.delete(f"/api/v1/namespaces/{ns}"), 200)
     assert deleting["status"]["phase"] == "Terminating" and deleting["metadata"]["deletionTimestamp"]
     status = expect(await target.admin.post(cm_path(ns), configmap("late", ns)), 403)
-    assert status["message"] == (f'configmaps "late" is forbidden: unable to create new content in namespace {ns} '
-                                 "because it is being terminated")
-    assert status["details"]["causes"] == [{"reason": "NamespaceTerminating", "field": "metadata.namespace",
-                                            "message": f"namespace {ns} is being terminated"}]
+    assert status["message"] == (
+        f'configmaps "late" is forbidden: unable to create new content in namespace {ns} because it is being terminated'
+    )
+    assert status["details"]["causes"] == [
+        {
+            "reason": "NamespaceTerminating",
+            "field": "metadata.namespace",
+            "message": f"namespace {ns} is being terminated",
+        }
+    ]
     expect(await target.admin.patch(cm_path(ns, "held"), {"metadata": {"finalizers": None}}, MERGE_PATCH), 200)

@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-
 from tests.kubeapi_contract.builders import configmap
 from tests.kubeapi_contract.kubehttp import KubeHTTP, expect
 from tests.kubeapi_contract.targets import MANIFESTS, REPO, Target
@@ -39,18 +38,24 @@ async def test_health_endpoints_answer_without_credentials(target: Target) -> No
 async def test_only_json_is_served(target: Target) -> None:
     target.fake("a real server also speaks protobuf")
     ns = await target.namespace()
-    reply = await target.admin.request("GET", f"/api/v1/namespaces/{ns}/configmaps",
-                                       headers={"Accept": "application/vnd.kubernetes.protobuf"})
+    reply = await target.admin.request(
+        "GET", f"/api/v1/namespaces/{ns}/configmaps", headers={"Accept": "application/vnd.kubernetes.protobuf"}
+    )
     assert expect(reply, 406)["reason"] == "NotAcceptable"
-    mixed = await target.admin.request("GET", f"/api/v1/namespaces/{ns}/configmaps",
-                                       headers={"Accept": "application/vnd.kubernetes.protobuf, application/json"})
+    mixed = await target.admin.request(
+        "GET",
+        f"/api/v1/namespaces/{ns}/configmaps",
+        headers={"Accept": "application/vnd.kubernetes.protobuf, application/json"},
+    )
     assert expect(mixed, 200)["kind"] == "ConfigMapList"
-    reply = await target.admin.request("POST", f"/api/v1/namespaces/{ns}/configmaps", b"\x0a\x00",
-                                       content_type="application/vnd.kubernetes.protobuf")
+    reply = await target.admin.request(
+        "POST", f"/api/v1/namespaces/{ns}/configmaps", b"\x0a\x00", content_type="application/vnd.kubernetes.protobuf"
+    )
     assert expect(reply, 415)["reason"] == "UnsupportedMediaType"
     yaml_body = f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-yaml\n  namespace: {ns}\ndata:\n  k: v\n"
-    created = await target.admin.request("POST", f"/api/v1/namespaces/{ns}/configmaps", yaml_body,
-                                         content_type="application/yaml")
+    created = await target.admin.request(
+        "POST", f"/api/v1/namespaces/{ns}/configmaps", yaml_body, content_type="application/yaml"
+    )
     assert expect(created, 201)["data"] == {"k": "v"}
 
 
@@ -58,8 +63,18 @@ async def test_standalone_server_prints_its_url_and_admin_token(tmp_path: Path) 
     token_file = tmp_path / "token"
     token_file.write_text("fixed-admin-token\n")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sim.kubeapi", "--port", "0", "--rbac", str(MANIFESTS),
-        "--admin-token-file", str(token_file), cwd=REPO, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "sim.kubeapi",
+        "--port",
+        "0",
+        "--rbac",
+        str(MANIFESTS),
+        "--admin-token-file",
+        str(token_file),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         info = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))

@@ -24,9 +24,18 @@ async def test_resource_version_is_one_increasing_integer_across_resources(targe
     a = expect(await target.admin.post(cm_path(ns_a), configmap("a", ns_a)), 201)
     b = expect(await target.admin.post(cm_path(ns_b), configmap("b", ns_b)), 201)
     a2 = expect(await target.admin.put(cm_path(ns_a, "a"), {**a, "data": {"k": "changed"}}), 200)
-    svc = expect(await target.admin.post(f"/api/v1/namespaces/{ns_a}/services", {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "gang"},
-        "spec": {"clusterIP": "None", "selector": {"app": "x"}}}), 201)
+    svc = expect(
+        await target.admin.post(
+            f"/api/v1/namespaces/{ns_a}/services",
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "gang"},
+                "spec": {"clusterIP": "None", "selector": {"app": "x"}},
+            },
+        ),
+        201,
+    )
     rvs = [int(o["metadata"]["resourceVersion"]) for o in (a, b, a2, svc)]
     assert rvs == sorted(rvs) and len(set(rvs)) == 4
     listed = expect(await target.admin.get(cm_path(ns_a)), 200)
@@ -42,9 +51,14 @@ async def test_watch_from_a_list_resource_version_delivers_only_later_events(tar
     watch = await target.admin.watch(cm_path(ns), resourceVersion=listed["metadata"]["resourceVersion"], **OURS)
     try:
         expect(await target.admin.post(cm_path(ns), configmap("after", ns)), 201)
-        expect(await target.admin.patch(cm_path(ns, "before"), {"data": {"k": "2"}}, "application/merge-patch+json"), 200)
+        expect(
+            await target.admin.patch(cm_path(ns, "before"), {"data": {"k": "2"}}, "application/merge-patch+json"), 200
+        )
         events = await watch.until(lambda e: e["type"] == "MODIFIED")
-        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "after"), ("MODIFIED", "before")]
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+            ("ADDED", "after"),
+            ("MODIFIED", "before"),
+        ]
         assert events[0]["object"]["kind"] == "ConfigMap" and events[0]["object"]["apiVersion"] == "v1"
     finally:
         watch.close()
@@ -75,7 +89,9 @@ async def test_events_of_one_watch_arrive_in_resource_version_order(target: Targ
     watch = await target.admin.watch(cm_path(ns), resourceVersion=listed["metadata"]["resourceVersion"], **OURS)
     try:
         for i in range(10):
-            expect(await target.admin.patch(cm_path(ns, "c"), {"data": {"k": str(i)}}, "application/merge-patch+json"), 200)
+            expect(
+                await target.admin.patch(cm_path(ns, "c"), {"data": {"k": str(i)}}, "application/merge-patch+json"), 200
+            )
         events = await watch.until(lambda e: e["object"].get("data", {}).get("k") == "9")
         rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
         assert rvs == sorted(rvs) and len(events) == 10
@@ -90,7 +106,9 @@ async def test_watch_from_a_compacted_resource_version_is_an_expired_error_event
     old_rv = first["metadata"]["resourceVersion"]
     if target.is_fake:
         for i in range(25):  # more writes than the fake's 20-event window
-            expect(await target.admin.patch(cm_path(ns, "c"), {"data": {"k": str(i)}}, "application/merge-patch+json"), 200)
+            expect(
+                await target.admin.patch(cm_path(ns, "c"), {"data": {"k": str(i)}}, "application/merge-patch+json"), 200
+            )
     else:
         old_rv = "1"  # long compacted on any real cluster
     watch = await target.admin.watch(cm_path(ns), resourceVersion=old_rv, **OURS)
@@ -99,7 +117,12 @@ async def test_watch_from_a_compacted_resource_version_is_an_expired_error_event
         assert event is not None and event["type"] == "ERROR"
         status = event["object"]
         assert (status["kind"], status["apiVersion"], status["status"], status["code"], status["reason"]) == (
-            "Status", "v1", "Failure", 410, "Expired")
+            "Status",
+            "v1",
+            "Failure",
+            410,
+            "Expired",
+        )
         assert status["message"].startswith("too old resource version: ")
         assert await watch.next() is None  # the server ends the stream after the error
     finally:
@@ -121,8 +144,13 @@ async def test_kubernetes_aio_watch_raises_410_for_a_compacted_version(small_win
         core = kclient.CoreV1Api(api)
         with pytest.raises(ApiException) as raised:
             watcher = kwatch.Watch()  # type: ignore[no-untyped-call]
-            async for _ in watcher.stream(core.list_namespaced_config_map, ns,  # type: ignore[no-untyped-call]
-                                          resource_version=old_rv, timeout_seconds=5, label_selector=CONTRACT_LABEL):
+            async for _ in watcher.stream(
+                core.list_namespaced_config_map,
+                ns,  # type: ignore[no-untyped-call]
+                resource_version=old_rv,
+                timeout_seconds=5,
+                label_selector=CONTRACT_LABEL,
+            ):
                 pass
         assert raised.value.status == 410
 
@@ -136,11 +164,15 @@ async def test_an_expired_continue_token_is_http_410(small_window: Target) -> No
     page = expect(await target.admin.get(cm_path(ns), limit="2", **OURS), 200)
     token = page["metadata"]["continue"]
     for i in range(25):
-        expect(await target.admin.patch(cm_path(ns, "c0"), {"data": {"k": str(i)}}, "application/merge-patch+json"), 200)
+        expect(
+            await target.admin.patch(cm_path(ns, "c0"), {"data": {"k": str(i)}}, "application/merge-patch+json"), 200
+        )
     reply = await target.admin.get(cm_path(ns), limit="2", **OURS, **{"continue": token})
     status = expect(reply, 410)
     assert (status["kind"], status["reason"], status["code"]) == ("Status", "Expired", 410)
-    assert status["message"].startswith("The provided continue parameter is too old to display a consistent list result.")
+    assert status["message"].startswith(
+        "The provided continue parameter is too old to display a consistent list result."
+    )
 
 
 async def test_bookmarks_only_when_allowed_and_carry_only_the_resource_version(small_window: Target) -> None:
@@ -149,15 +181,24 @@ async def test_bookmarks_only_when_allowed_and_carry_only_the_resource_version(s
     ns = await target.namespace()
     expect(await target.admin.post(cm_path(ns), configmap("c", ns)), 201)
     listed = expect(await target.admin.get(cm_path(ns), **OURS), 200)
-    with_bm = await target.admin.watch(cm_path(ns), resourceVersion=listed["metadata"]["resourceVersion"], **OURS,
-                                       allowWatchBookmarks="true", timeoutSeconds="3")
-    without = await target.admin.watch(cm_path(ns), resourceVersion=listed["metadata"]["resourceVersion"], **OURS,
-                                       timeoutSeconds="3")
+    with_bm = await target.admin.watch(
+        cm_path(ns),
+        resourceVersion=listed["metadata"]["resourceVersion"],
+        **OURS,
+        allowWatchBookmarks="true",
+        timeoutSeconds="3",
+    )
+    without = await target.admin.watch(
+        cm_path(ns), resourceVersion=listed["metadata"]["resourceVersion"], **OURS, timeoutSeconds="3"
+    )
     try:
         events = await with_bm.until(lambda e: e["type"] == "BOOKMARK")
         bookmark = events[-1]["object"]
-        assert bookmark == {"kind": "ConfigMap", "apiVersion": "v1",
-                            "metadata": {"resourceVersion": bookmark["metadata"]["resourceVersion"]}}
+        assert bookmark == {
+            "kind": "ConfigMap",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": bookmark["metadata"]["resourceVersion"]},
+        }
         assert int(bookmark["metadata"]["resourceVersion"]) >= int(listed["metadata"]["resourceVersion"])
         rest = await without.quiet(4.0)  # the stream ends at timeoutSeconds=3 with nothing in it
         assert rest == [] and without.ended
@@ -182,7 +223,9 @@ async def test_limit_and_continue_page_through_a_consistent_snapshot(target: Tar
     path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
     names = [f"lease-{i}" for i in range(7)]
     for name in names:
-        expect(await target.admin.post(path, lease(name, ns, holder="a", renew_time="2026-12-01T10:00:00.000000Z")), 201)
+        expect(
+            await target.admin.post(path, lease(name, ns, holder="a", renew_time="2026-12-01T10:00:00.000000Z")), 201
+        )
     first = expect(await target.admin.get(path, limit="3"), 200)
     assert len(first["items"]) == 3 and first["metadata"]["remainingItemCount"] == 4
     late = lease("lease-late", ns, holder="a", renew_time="2026-12-01T10:00:00.000000Z")
@@ -226,8 +269,11 @@ async def test_kubernetes_aio_list_and_watch_of_nodes(target: Target) -> None:
         resp = await core.list_node_without_preload_content(label_selector="tandem.dev/contract=watch")
         listed = json.loads(await resp.read())
         stream = await core.list_node_without_preload_content(
-            watch=True, resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=10,
-            label_selector="tandem.dev/contract=watch")
+            watch=True,
+            resource_version=listed["metadata"]["resourceVersion"],
+            timeout_seconds=10,
+            label_selector="tandem.dev/contract=watch",
+        )
         try:
             model = kclient.V1Node.from_dict(body)
             assert model is not None
@@ -245,8 +291,9 @@ async def test_send_initial_events_ends_with_an_annotated_bookmark(target: Targe
     ns = await target.namespace()
     for name in ("a", "b"):
         expect(await target.admin.post(cm_path(ns), configmap(name, ns)), 201)
-    watch = await target.admin.watch(cm_path(ns), sendInitialEvents="true", resourceVersionMatch="NotOlderThan", **OURS,
-                                     allowWatchBookmarks="true")
+    watch = await target.admin.watch(
+        cm_path(ns), sendInitialEvents="true", resourceVersionMatch="NotOlderThan", **OURS, allowWatchBookmarks="true"
+    )
     try:
         events = await watch.until(lambda e: e["type"] == "BOOKMARK")
         assert sorted(e["object"]["metadata"]["name"] for e in events[:-1]) == ["a", "b"]

@@ -8,15 +8,26 @@ from tests.kubeapi_contract.builders import configmap, pod
 from tests.kubeapi_contract.kubehttp import JSON_PATCH, MERGE_PATCH, STRATEGIC, expect
 from tests.kubeapi_contract.targets import Target
 
-UNAPPLIED = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-             "message": "the server rejected our request due to an error in our request", "reason": "Invalid",
-             "details": {}, "code": 422}
+UNAPPLIED = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Failure",
+    "message": "the server rejected our request due to an error in our request",
+    "reason": "Invalid",
+    "details": {},
+    "code": 422,
+}
 
 
 async def _two_gates(target: Target) -> str:
     ns = await target.namespace()
-    expect(await target.admin.post(f"/api/v1/namespaces/{ns}/pods",
-                                   pod("p", ns, gates=("tandem.dev/gang", "example.com/other"))), 201)
+    expect(
+        await target.admin.post(
+            f"/api/v1/namespaces/{ns}/pods", pod("p", ns, gates=("tandem.dev/gang", "example.com/other"))
+        ),
+        201,
+    )
     return f"/api/v1/namespaces/{ns}/pods/p"
 
 
@@ -26,8 +37,10 @@ def gate_names(obj: dict[str, Any]) -> list[str]:
 
 async def test_json_patch_test_and_remove_ungates(target: Target) -> None:
     path = await _two_gates(target)
-    ungate = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": "tandem.dev/gang"},
-              {"op": "remove", "path": "/spec/schedulingGates/0"}]
+    ungate = [
+        {"op": "test", "path": "/spec/schedulingGates/0/name", "value": "tandem.dev/gang"},
+        {"op": "remove", "path": "/spec/schedulingGates/0"},
+    ]
     assert gate_names(expect(await target.admin.patch(path, ungate, JSON_PATCH), 200)) == ["example.com/other"]
     assert expect(await target.admin.patch(path, ungate, JSON_PATCH), 422) == UNAPPLIED  # the test now fails
     missing = [{"op": "remove", "path": "/spec/affinity"}]
@@ -36,16 +49,22 @@ async def test_json_patch_test_and_remove_ungates(target: Target) -> None:
 
 async def test_json_patch_add_append_replace_move_copy(target: Target) -> None:
     ns = await target.namespace()
-    expect(await target.admin.post(f"/api/v1/namespaces/{ns}/configmaps",
-                                   configmap("c", ns, labels={"a": "1"}, data={"x": "1"})), 201)
+    expect(
+        await target.admin.post(
+            f"/api/v1/namespaces/{ns}/configmaps", configmap("c", ns, labels={"a": "1"}, data={"x": "1"})
+        ),
+        201,
+    )
     path = f"/api/v1/namespaces/{ns}/configmaps/c"
-    ops = [{"op": "add", "path": "/metadata/annotations", "value": {"tandem.dev/dispatch": "s/j/1"}},
-           {"op": "copy", "from": "/data/x", "path": "/data/y"},
-           {"op": "move", "from": "/data/x", "path": "/data/z"},
-           {"op": "replace", "path": "/metadata/labels/a", "value": "2"},
-           {"op": "add", "path": "/metadata/finalizers", "value": []},
-           {"op": "add", "path": "/metadata/finalizers/-", "value": "example.com/one"},
-           {"op": "add", "path": "/metadata/finalizers/-", "value": "example.com/two"}]
+    ops = [
+        {"op": "add", "path": "/metadata/annotations", "value": {"tandem.dev/dispatch": "s/j/1"}},
+        {"op": "copy", "from": "/data/x", "path": "/data/y"},
+        {"op": "move", "from": "/data/x", "path": "/data/z"},
+        {"op": "replace", "path": "/metadata/labels/a", "value": "2"},
+        {"op": "add", "path": "/metadata/finalizers", "value": []},
+        {"op": "add", "path": "/metadata/finalizers/-", "value": "example.com/one"},
+        {"op": "add", "path": "/metadata/finalizers/-", "value": "example.com/two"},
+    ]
     patched = expect(await target.admin.patch(path, ops, JSON_PATCH), 200)
     assert patched["data"] == {"y": "1", "z": "1"}
     assert patched["metadata"]["labels"]["a"] == "2"
@@ -56,8 +75,9 @@ async def test_json_patch_add_append_replace_move_copy(target: Target) -> None:
 
 async def test_merge_patch_replaces_lists_whole(target: Target) -> None:
     path = await _two_gates(target)
-    patched = expect(await target.admin.patch(path, {"spec": {"schedulingGates": [{"name": "example.com/other"}]}},
-                                              MERGE_PATCH), 200)
+    patched = expect(
+        await target.admin.patch(path, {"spec": {"schedulingGates": [{"name": "example.com/other"}]}}, MERGE_PATCH), 200
+    )
     assert gate_names(patched) == ["example.com/other"]  # the other controller's gate list was replaced
 
 
@@ -71,24 +91,44 @@ async def test_strategic_merge_of_maps_finalizers_and_owner_references(target: T
     path = await _two_gates(target)
     ns = path.split("/")[4]
     expect(await target.admin.patch(path, {"spec": {"nodeSelector": {"a": "1"}}}, STRATEGIC), 200)
-    merged = expect(await target.admin.patch(path, {"spec": {"nodeSelector": {"b": "2"}},
-                                                    "metadata": {"labels": {"extra": "x"}}}, STRATEGIC), 200)
+    merged = expect(
+        await target.admin.patch(
+            path, {"spec": {"nodeSelector": {"b": "2"}}, "metadata": {"labels": {"extra": "x"}}}, STRATEGIC
+        ),
+        200,
+    )
     assert merged["spec"]["nodeSelector"] == {"a": "1", "b": "2"}
     assert merged["metadata"]["labels"] == {"app": "trainer", "extra": "x"}
-    cm = expect(await target.admin.post(f"/api/v1/namespaces/{ns}/configmaps",
-                                        configmap("c", ns, finalizers=["example.com/one"])), 201)
+    expect(
+        await target.admin.post(
+            f"/api/v1/namespaces/{ns}/configmaps", configmap("c", ns, finalizers=["example.com/one"])
+        ),
+        201,
+    )
     cm_path = f"/api/v1/namespaces/{ns}/configmaps/c"
     fin = expect(await target.admin.patch(cm_path, {"metadata": {"finalizers": ["example.com/two"]}}, STRATEGIC), 200)
     assert fin["metadata"]["finalizers"] == ["example.com/one", "example.com/two"]
     owner = expect(await target.admin.post(f"/api/v1/namespaces/{ns}/configmaps", configmap("o", ns)), 201)
     ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": owner["metadata"]["uid"]}
     with_ref = expect(await target.admin.patch(cm_path, {"metadata": {"ownerReferences": [ref]}}, STRATEGIC), 200)
-    flagged = expect(await target.admin.patch(cm_path, {"metadata": {"ownerReferences": [
-        {"uid": owner["metadata"]["uid"], "blockOwnerDeletion": True}]}}, STRATEGIC), 200)
+    flagged = expect(
+        await target.admin.patch(
+            cm_path,
+            {"metadata": {"ownerReferences": [{"uid": owner["metadata"]["uid"], "blockOwnerDeletion": True}]}},
+            STRATEGIC,
+        ),
+        200,
+    )
     assert with_ref["metadata"]["ownerReferences"] == [ref]
     assert flagged["metadata"]["ownerReferences"] == [{**ref, "blockOwnerDeletion": True}]
-    expect(await target.admin.patch(cm_path, {"metadata": {"$deleteFromPrimitiveList/finalizers":
-                                                           ["example.com/one", "example.com/two"]}}, STRATEGIC), 200)
+    expect(
+        await target.admin.patch(
+            cm_path,
+            {"metadata": {"$deleteFromPrimitiveList/finalizers": ["example.com/one", "example.com/two"]}},
+            STRATEGIC,
+        ),
+        200,
+    )
     assert "finalizers" not in expect(await target.admin.get(cm_path), 200)["metadata"]
 
 
@@ -97,8 +137,10 @@ async def test_strategic_merge_replaces_lists_without_a_merge_strategy(target: T
     path = await _two_gates(target)
     current = expect(await target.admin.get(path), 200)
     extra = {"key": "example.com/x", "operator": "Exists", "effect": "NoSchedule"}
-    patched = expect(await target.admin.patch(path, {"spec": {"tolerations": [*current["spec"]["tolerations"], extra]}},
-                                              STRATEGIC), 200)
+    patched = expect(
+        await target.admin.patch(path, {"spec": {"tolerations": [*current["spec"]["tolerations"], extra]}}, STRATEGIC),
+        200,
+    )
     assert patched["spec"]["tolerations"][-1] == extra
     assert len(patched["spec"]["tolerations"]) == len(current["spec"]["tolerations"]) + 1
 
@@ -106,8 +148,13 @@ async def test_strategic_merge_replaces_lists_without_a_merge_strategy(target: T
 async def test_apply_patches_are_unsupported_media_type(target: Target) -> None:
     target.fake("a real server implements server-side apply; the fake refuses it")
     path = await _two_gates(target)
-    reply = await target.admin.request("PATCH", path, "metadata:\n  labels:\n    a: b\n",
-                                       content_type="application/apply-patch+yaml", params={"fieldManager": "t"})
+    reply = await target.admin.request(
+        "PATCH",
+        path,
+        "metadata:\n  labels:\n    a: b\n",
+        content_type="application/apply-patch+yaml",
+        params={"fieldManager": "t"},
+    )
     status = expect(reply, 415)
     assert status["reason"] == "UnsupportedMediaType"
 
@@ -119,12 +166,15 @@ async def test_kubernetes_aio_sends_dicts_as_strategic_merge_and_lists_as_json_p
     ns = path.split("/")[4]
     async with kclient.ApiClient(target.aio_configuration()) as api:
         core = kclient.CoreV1Api(api)
-        smp = await core.patch_namespaced_pod("p", ns, {"spec": {"schedulingGates": [
-            {"name": "example.com/other", "$patch": "delete"}]}})
+        smp = await core.patch_namespaced_pod(
+            "p", ns, {"spec": {"schedulingGates": [{"name": "example.com/other", "$patch": "delete"}]}}
+        )
         assert smp.spec is not None and smp.spec.scheduling_gates is not None
         assert [g.name for g in smp.spec.scheduling_gates] == ["tandem.dev/gang"]
-        ops = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": "tandem.dev/gang"},
-               {"op": "remove", "path": "/spec/schedulingGates/0"}]
+        ops = [
+            {"op": "test", "path": "/spec/schedulingGates/0/name", "value": "tandem.dev/gang"},
+            {"op": "remove", "path": "/spec/schedulingGates/0"},
+        ]
         ungated = await core.patch_namespaced_pod("p", ns, ops, _content_type="application/json-patch+json")
         assert ungated.spec is not None and not ungated.spec.scheduling_gates
 

@@ -17,14 +17,22 @@ def causes(status: dict[str, Any]) -> list[tuple[str, str]]:
 
 async def test_service_names_are_dns1035_labels(target: Target) -> None:
     ns = await target.namespace()
-    svc: dict[str, Any] = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "1-gang"},
-           "spec": {"clusterIP": "None", "selector": {"tandem.dev/job": "x"}}}
+    svc: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "1-gang"},
+        "spec": {"clusterIP": "None", "selector": {"tandem.dev/job": "x"}},
+    }
     status = expect(await target.admin.post(f"/api/v1/namespaces/{ns}/services", svc), 422)
     assert causes(status) == [("metadata.name", "FieldValueInvalid")]
-    assert "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic " \
-           "character, and end with an alphanumeric character" in status["message"]
+    assert (
+        "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic "
+        "character, and end with an alphanumeric character" in status["message"]
+    )
     svc["metadata"]["name"] = "j" * 64
-    assert causes(expect(await target.admin.post(f"/api/v1/namespaces/{ns}/services", svc), 422))[0][0] == "metadata.name"
+    assert (
+        causes(expect(await target.admin.post(f"/api/v1/namespaces/{ns}/services", svc), 422))[0][0] == "metadata.name"
+    )
     svc["metadata"]["name"] = "gang-1"
     created = expect(await target.admin.post(f"/api/v1/namespaces/{ns}/services", svc), 201)
     assert created["spec"]["clusterIP"] == "None" and created["spec"]["type"] == "ClusterIP"
@@ -44,7 +52,9 @@ async def test_pod_hostname_and_subdomain_are_dns1123_labels(target: Target) -> 
 @pytest.mark.parametrize("labels", [{"bad key!": "v"}, {"ok": "bad value!"}, {"a/b/c": "v"}, {"ok": "v" * 64}])
 async def test_label_keys_and_values_are_checked(target: Target, labels: dict[str, str]) -> None:
     ns = await target.namespace()
-    status = expect(await target.admin.post(f"/api/v1/namespaces/{ns}/configmaps", configmap("c", ns, labels=labels)), 422)
+    status = expect(
+        await target.admin.post(f"/api/v1/namespaces/{ns}/configmaps", configmap("c", ns, labels=labels)), 422
+    )
     assert causes(status) and all(f == "metadata.labels" for f, _ in causes(status))
 
 
@@ -53,12 +63,19 @@ async def test_job_defaults_and_generated_selector(target: Target) -> None:
     body = job("bare", ns, indexed=False, suspend=True)
     created = expect(await target.admin.post(f"/apis/batch/v1/namespaces/{ns}/jobs", body), 201)
     spec, uid = created["spec"], created["metadata"]["uid"]
-    assert (spec["parallelism"], spec["completions"], spec["backoffLimit"], spec["completionMode"]) == (1, 1, 6, "NonIndexed")
+    assert (spec["parallelism"], spec["completions"], spec["backoffLimit"], spec["completionMode"]) == (
+        1,
+        1,
+        6,
+        "NonIndexed",
+    )
     assert spec["suspend"] is True and spec["podReplacementPolicy"] == "TerminatingOrFailed"
     assert spec["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
     labels = spec["template"]["metadata"]["labels"]
     assert {k: labels[k] for k in ("batch.kubernetes.io/controller-uid", "controller-uid")} == {
-        "batch.kubernetes.io/controller-uid": uid, "controller-uid": uid}
+        "batch.kubernetes.io/controller-uid": uid,
+        "controller-uid": uid,
+    }
     assert labels["batch.kubernetes.io/job-name"] == "bare" and labels["job-name"] == "bare"
     assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == 30
     assert spec["template"]["spec"]["dnsPolicy"] == "ClusterFirst"
@@ -66,9 +83,13 @@ async def test_job_defaults_and_generated_selector(target: Target) -> None:
 
 async def test_job_restart_policy_must_be_never_or_on_failure(target: Target) -> None:
     ns = await target.namespace()
-    status = expect(await target.admin.post(f"/apis/batch/v1/namespaces/{ns}/jobs", job("j", ns, restart="Always")), 422)
-    assert status["message"] == ('Job.batch "j" is invalid: spec.template.spec.restartPolicy: Unsupported value: '
-                                 '"Always": supported values: "OnFailure", "Never"')
+    status = expect(
+        await target.admin.post(f"/apis/batch/v1/namespaces/{ns}/jobs", job("j", ns, restart="Always")), 422
+    )
+    assert status["message"] == (
+        'Job.batch "j" is invalid: spec.template.spec.restartPolicy: Unsupported value: '
+        '"Always": supported values: "OnFailure", "Never"'
+    )
     assert status["details"]["kind"] == "Job" and status["details"]["group"] == "batch"
 
 
@@ -94,8 +115,12 @@ async def test_job_template_is_immutable(target: Target) -> None:
     ns = await target.namespace()
     expect(await target.admin.post(f"/apis/batch/v1/namespaces/{ns}/jobs", job("j", ns)), 201)
     patch = {"spec": {"template": {"spec": {"containers": [{"name": "trainer", "image": "other:1"}]}}}}
-    status = expect(await target.admin.patch(f"/apis/batch/v1/namespaces/{ns}/jobs/j", patch,
-                                             "application/strategic-merge-patch+json"), 422)
+    status = expect(
+        await target.admin.patch(
+            f"/apis/batch/v1/namespaces/{ns}/jobs/j", patch, "application/strategic-merge-patch+json"
+        ),
+        422,
+    )
     assert ("spec.template", "FieldValueInvalid") in causes(status)
     assert "field is immutable" in status["message"]
 
@@ -105,11 +130,17 @@ async def test_lease_micro_time_needs_six_fractional_digits(target: Target) -> N
     path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
     status = expect(await target.admin.post(path, lease("l", ns, holder="a", renew_time="2026-12-01T10:00:00Z")), 400)
     assert status["reason"] == "BadRequest"
-    assert status["message"] == ('Lease in version "v1" cannot be handled as a Lease: parsing time '
-                                 '"2026-12-01T10:00:00Z" as "2006-01-02T15:04:05.000000Z07:00": cannot parse "Z" as ".000000"')
-    short = expect(await target.admin.post(path, lease("l", ns, holder="a", renew_time="2026-12-01T10:00:00.123Z")), 400)
+    assert status["message"] == (
+        'Lease in version "v1" cannot be handled as a Lease: parsing time '
+        '"2026-12-01T10:00:00Z" as "2006-01-02T15:04:05.000000Z07:00": cannot parse "Z" as ".000000"'
+    )
+    short = expect(
+        await target.admin.post(path, lease("l", ns, holder="a", renew_time="2026-12-01T10:00:00.123Z")), 400
+    )
     assert 'cannot parse ".123Z" as ".000000"' in short["message"]
-    ok = expect(await target.admin.post(path, lease("l", ns, holder="a", renew_time="2026-12-01T10:00:00.000000Z")), 201)
+    ok = expect(
+        await target.admin.post(path, lease("l", ns, holder="a", renew_time="2026-12-01T10:00:00.000000Z")), 201
+    )
     assert ok["spec"]["renewTime"] == "2026-12-01T10:00:00.000000Z"
     assert ok["spec"]["acquireTime"] == "2026-12-01T10:00:00.000000Z"
 
@@ -120,8 +151,9 @@ async def test_strict_field_validation_refuses_unknown_fields_and_default_drops_
     body["spec"]["foo"] = 1
     path = f"/api/v1/namespaces/{ns}/pods"
     status = expect(await target.admin.post(path, body, fieldValidation="Strict"), 400)
-    assert status["message"] == ('Pod in version "v1" cannot be handled as a Pod: strict decoding error: '
-                                 'unknown field "spec.foo"')
+    assert status["message"] == (
+        'Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown field "spec.foo"'
+    )
     reply = await target.admin.post(path, body)
     created = expect(reply, 201)
     assert "foo" not in created["spec"]
@@ -133,8 +165,10 @@ async def test_wrong_json_type_is_bad_request(target: Target) -> None:
     body = pod("p", ns)
     body["spec"]["activeDeadlineSeconds"] = "soon"
     status = expect(await target.admin.post(f"/api/v1/namespaces/{ns}/pods", body), 400)
-    assert status["message"].startswith('Pod in version "v1" cannot be handled as a Pod: json: cannot unmarshal string '
-                                        "into Go struct field PodSpec.spec.activeDeadlineSeconds of type int64")
+    assert status["message"].startswith(
+        'Pod in version "v1" cannot be handled as a Pod: json: cannot unmarshal string '
+        "into Go struct field PodSpec.spec.activeDeadlineSeconds of type int64"
+    )
 
 
 async def test_quantities_are_stored_in_canonical_form(target: Target) -> None:
@@ -142,10 +176,16 @@ async def test_quantities_are_stored_in_canonical_form(target: Target) -> None:
     body = pod("q", ns)
     body["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "0.5", "memory": "2048Mi", "nvidia.com/gpu": 1}}
     created = expect(await target.admin.post(f"/api/v1/namespaces/{ns}/pods", body), 201)
-    assert created["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "500m", "memory": "2Gi",
-                                                                       "nvidia.com/gpu": "1"}
-    assert created["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "500m", "memory": "2Gi",
-                                                                         "nvidia.com/gpu": "1"}
+    assert created["spec"]["containers"][0]["resources"]["limits"] == {
+        "cpu": "500m",
+        "memory": "2Gi",
+        "nvidia.com/gpu": "1",
+    }
+    assert created["spec"]["containers"][0]["resources"]["requests"] == {
+        "cpu": "500m",
+        "memory": "2Gi",
+        "nvidia.com/gpu": "1",
+    }
 
 
 async def test_dry_run_validates_defaults_admits_and_persists_nothing(target: Target) -> None:
@@ -159,7 +199,9 @@ async def test_dry_run_validates_defaults_admits_and_persists_nothing(target: Ta
     bad["spec"]["restartPolicy"] = "Sometimes"
     assert expect(await target.admin.post(path, bad, dryRun="All"), 422)["reason"] == "Invalid"
     expect(await target.admin.post(path, pod("real", ns)), 201)
-    expect(await target.admin.patch(f"{path}/real", {"metadata": {"labels": {"x": "y"}}}, MERGE_PATCH, dryRun="All"), 200)
+    expect(
+        await target.admin.patch(f"{path}/real", {"metadata": {"labels": {"x": "y"}}}, MERGE_PATCH, dryRun="All"), 200
+    )
     assert "x" not in expect(await target.admin.get(f"{path}/real"), 200)["metadata"]["labels"]
     expect(await target.admin.delete(f"{path}/real", dryRun="All"), 200)
     expect(await target.admin.get(f"{path}/real"), 200)
@@ -192,4 +234,5 @@ async def test_kubernetes_aio_creates_a_job_and_reads_the_defaults(target: Targe
         assert created.spec is not None and created.metadata is not None
         assert (created.spec.completion_mode, created.spec.completions, created.spec.parallelism) == ("Indexed", 4, 4)
         assert created.spec.selector is not None and created.spec.selector.match_labels == {
-            "batch.kubernetes.io/controller-uid": created.metadata.uid}
+            "batch.kubernetes.io/controller-uid": created.metadata.uid
+        }

@@ -20,9 +20,16 @@ async def test_create_of_an_existing_name_is_already_exists(target: Target) -> N
     ns = await target.namespace()
     expect(await target.admin.post(cm_path(ns), configmap("dup", ns)), 201)
     status = expect(await target.admin.post(cm_path(ns), configmap("dup", ns)), 409)
-    assert status == {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                      "message": 'configmaps "dup" already exists', "reason": "AlreadyExists",
-                      "details": {"name": "dup", "kind": "configmaps"}, "code": 409}
+    assert status == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'configmaps "dup" already exists',
+        "reason": "AlreadyExists",
+        "details": {"name": "dup", "kind": "configmaps"},
+        "code": 409,
+    }
     jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
     expect(await target.admin.post(jobs, job("j", ns, suspend=True)), 201)
     status = expect(await target.admin.post(jobs, job("j", ns, suspend=True)), 409)
@@ -36,15 +43,21 @@ async def test_stale_resource_version_on_put_or_patch_is_conflict(target: Target
     expect(await target.admin.put(cm_path(ns, "c"), {**created, "data": {"k": "1"}}), 200)
     status = expect(await target.admin.put(cm_path(ns, "c"), {**created, "data": {"k": "2"}}), 409)
     assert status["reason"] == "Conflict"
-    assert status["message"] == ('Operation cannot be fulfilled on configmaps "c": the object has been modified; '
-                                 "please apply your changes to the latest version and try again")
+    assert status["message"] == (
+        'Operation cannot be fulfilled on configmaps "c": the object has been modified; '
+        "please apply your changes to the latest version and try again"
+    )
     assert status["details"] == {"name": "c", "kind": "configmaps"}
     stale = created["metadata"]["resourceVersion"]
-    patched = await target.admin.patch(cm_path(ns, "c"), {"metadata": {"resourceVersion": stale}, "data": {"k": "3"}},
-                                       MERGE_PATCH)
+    patched = await target.admin.patch(
+        cm_path(ns, "c"), {"metadata": {"resourceVersion": stale}, "data": {"k": "3"}}, MERGE_PATCH
+    )
     assert expect(patched, 409)["reason"] == "Conflict"
-    unconditional = {**created, "metadata": {k: v for k, v in created["metadata"].items() if k != "resourceVersion"},
-                     "data": {"k": "4"}}
+    unconditional = {
+        **created,
+        "metadata": {k: v for k, v in created["metadata"].items() if k != "resourceVersion"},
+        "data": {"k": "4"},
+    }
     assert expect(await target.admin.put(cm_path(ns, "c"), unconditional), 200)["data"] == {"k": "4"}
 
 
@@ -59,14 +72,22 @@ async def test_delete_preconditions_on_uid_and_resource_version(target: Target) 
     ns = await target.namespace()
     created = expect(await target.admin.post(cm_path(ns), configmap("c", ns)), 201)
     uid, rv = created["metadata"]["uid"], created["metadata"]["resourceVersion"]
-    wrong_uid = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": "00000000-0000-0000-0000-000000000000"}}
+    wrong_uid = {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "preconditions": {"uid": "00000000-0000-0000-0000-000000000000"},
+    }
     status = expect(await target.admin.delete(cm_path(ns, "c"), wrong_uid), 409)
-    assert status["message"] == ('Operation cannot be fulfilled on configmaps "c": Precondition failed: UID in '
-                                 f"precondition: 00000000-0000-0000-0000-000000000000, UID in object meta: {uid}")
+    assert status["message"] == (
+        'Operation cannot be fulfilled on configmaps "c": Precondition failed: UID in '
+        f"precondition: 00000000-0000-0000-0000-000000000000, UID in object meta: {uid}"
+    )
     expect(await target.admin.patch(cm_path(ns, "c"), {"data": {"k": "new"}}, MERGE_PATCH), 200)
     stale_rv = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": rv}}
     status = expect(await target.admin.delete(cm_path(ns, "c"), stale_rv), 409)
-    assert status["reason"] == "Conflict" and "Precondition failed: ResourceVersion in precondition" in status["message"]
+    assert (
+        status["reason"] == "Conflict" and "Precondition failed: ResourceVersion in precondition" in status["message"]
+    )
     done = expect(await target.admin.delete(cm_path(ns, "c"), {"preconditions": {"uid": uid}}), 200)
     assert done["status"] == "Success" and done["details"] == {"name": "c", "kind": "configmaps", "uid": uid}
     expect(await target.admin.get(cm_path(ns, "c")), 404)
@@ -110,15 +131,29 @@ async def test_server_sets_uid_timestamp_generation(target: Target) -> None:
 async def test_invalid_name_is_422_with_causes_naming_the_field(target: Target) -> None:
     ns = await target.namespace()
     status = expect(await target.admin.post(cm_path(ns), configmap("Bad_Name", ns)), 422)
-    detail = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
-              "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
-              "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+    detail = (
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+        "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+        "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+    )
     assert status == {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
         "message": f'ConfigMap "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name": {detail}',
         "reason": "Invalid",
-        "details": {"name": "Bad_Name", "kind": "ConfigMap", "causes": [
-            {"reason": "FieldValueInvalid", "message": f'Invalid value: "Bad_Name": {detail}', "field": "metadata.name"}]},
+        "details": {
+            "name": "Bad_Name",
+            "kind": "ConfigMap",
+            "causes": [
+                {
+                    "reason": "FieldValueInvalid",
+                    "message": f'Invalid value: "Bad_Name": {detail}',
+                    "field": "metadata.name",
+                }
+            ],
+        },
         "code": 422,
     }
 
@@ -126,9 +161,16 @@ async def test_invalid_name_is_422_with_causes_naming_the_field(target: Target) 
 async def test_not_found_and_missing_namespace(target: Target) -> None:
     ns = await target.namespace()
     status = expect(await target.admin.get(cm_path(ns, "nope")), 404)
-    assert status == {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                      "message": 'configmaps "nope" not found', "reason": "NotFound",
-                      "details": {"name": "nope", "kind": "configmaps"}, "code": 404}
+    assert status == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'configmaps "nope" not found',
+        "reason": "NotFound",
+        "details": {"name": "nope", "kind": "configmaps"},
+        "code": 404,
+    }
     status = expect(await target.admin.post(cm_path("no-such-ns"), configmap("c", "no-such-ns")), 404)
     assert status["message"] == 'namespaces "no-such-ns" not found'
     assert status["details"] == {"name": "no-such-ns", "kind": "namespaces"}
@@ -142,9 +184,16 @@ async def test_injected_429_with_retry_after_then_recovery(target: Target) -> No
     reply = await target.admin.get(f"/api/v1/namespaces/{ns}/pods")
     status = expect(reply, 429)
     assert reply.headers["Retry-After"] == "2"
-    assert status == {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                      "message": "Too many requests, please try again later.", "reason": "TooManyRequests",
-                      "details": {"retryAfterSeconds": 2}, "code": 429}
+    assert status == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "Too many requests, please try again later.",
+        "reason": "TooManyRequests",
+        "details": {"retryAfterSeconds": 2},
+        "code": 429,
+    }
     expect(await target.admin.get(f"/api/v1/namespaces/{ns}/pods"), 200)
 
 
@@ -161,24 +210,28 @@ async def test_injected_500_counts_and_namespace_filter(target: Target) -> None:
 
 
 async def test_a_partitioned_client_hangs_and_its_lost_writes_never_apply(target: Target) -> None:
-    import asyncio
 
     server = target.fake("partitions are simulated by the fake")
     ns = await target.namespace()
     agent = target.client(server.service_account_token(ns, "agent"))
-    rb = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "agent"},
-          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-          "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": ns}]}
+    rb = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "agent"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": ns}],
+    }
     expect(await target.admin.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", rb), 201)
     listed = expect(await agent.get(cm_path(ns)), 200)
-    watch = await agent.watch(cm_path(ns), resourceVersion=listed["metadata"]["resourceVersion"],
-                              labelSelector="tandem.dev/contract")
+    watch = await agent.watch(
+        cm_path(ns), resourceVersion=listed["metadata"]["resourceVersion"], labelSelector="tandem.dev/contract"
+    )
     try:
         server.drop_requests_from(agent.token or "")
         try:
             await agent.request("POST", cm_path(ns), configmap("lost", ns), timeout=0.5)
             raise AssertionError("a partitioned client got an answer")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         expect(await target.admin.post(cm_path(ns), configmap("seen-later", ns)), 201)
         assert await watch.quiet(0.5) == []  # nothing reaches the partitioned watch

@@ -265,7 +265,10 @@ def gpu_device() -> inv.GpuDevice:
         milli_in_use=250,
         health=inv.GPU_HEALTH_UNHEALTHY,
         mig_mode=inv.MIG_MODE_ENABLED,
-        mig_instances=[mig_instance(), inv.MigInstance(profile="1g.10gb", gi_profile_id=0, placement_start=0, placement_size=2)],
+        mig_instances=[
+            mig_instance(),
+            inv.MigInstance(profile="1g.10gb", gi_profile_id=0, placement_start=0, placement_size=2),
+        ],
         mig_memory_slices=8,
     )
 
@@ -466,9 +469,14 @@ def get_usage_request() -> js.GetUsageRequest:
 
 def tenant_usage() -> js.TenantUsage:
     return js.TenantUsage(
-        tenant="acme", weight=2.0, gpus={"NVIDIA-H100-80GB-HBM3": 24.0, "NVIDIA-A100-SXM4-80GB": 0.5},
-        quotas={"NVIDIA-H100-80GB-HBM3": 16.0, "*": 8.0}, borrowed={"NVIDIA-H100-80GB-HBM3": 8.0},
-        usage_cost=48.25, fair_share_cost=40.0, demand_cost=96.0,
+        tenant="acme",
+        weight=2.0,
+        gpus={"NVIDIA-H100-80GB-HBM3": 24.0, "NVIDIA-A100-SXM4-80GB": 0.5},
+        quotas={"NVIDIA-H100-80GB-HBM3": 16.0, "*": 8.0},
+        borrowed={"NVIDIA-H100-80GB-HBM3": 8.0},
+        usage_cost=48.25,
+        fair_share_cost=40.0,
+        demand_cost=96.0,
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import common_pb2 as c
 from tandem.v1 import job_pb2 as j
-
 from tests.protos import builders as b
 
 # --------------------------------------------------------------------------- agent -> broker
@@ -16,8 +15,7 @@ def topology_level(name: str = "rack", key: str = "example.com/rack") -> cs.Topo
 
 
 def known_attempt() -> cs.KnownAttempt:
-    return cs.KnownAttempt(attempt=b.attempt_ref(), phase=cs.WORKLOAD_PHASE_GATED,
-                           dispatch_id="4f1c2d/train-7f3k/2")
+    return cs.KnownAttempt(attempt=b.attempt_ref(), phase=cs.WORKLOAD_PHASE_GATED, dispatch_id="4f1c2d/train-7f3k/2")
 
 
 def agent_capabilities() -> cs.AgentCapabilities:
@@ -199,8 +197,13 @@ def resync_request() -> cs.ResyncRequest:
 
 
 def hold_nodes() -> cs.HoldNodes:
-    return cs.HoldNodes(attempt=b.attempt_ref(), pod_sets=[pod_set_dispatch()], expires_at=b.ts(960),
-                        dispatch_id="4f1c2d/train-7f3k/2", drain=True)
+    return cs.HoldNodes(
+        attempt=b.attempt_ref(),
+        pod_sets=[pod_set_dispatch()],
+        expires_at=b.ts(960),
+        dispatch_id="4f1c2d/train-7f3k/2",
+        drain=True,
+    )
 
 
 def release_hold() -> cs.ReleaseHold:
@@ -288,4 +291,3 @@ def uncordon_request() -> cs.UncordonRequest:
 
 def uncordon_response() -> cs.UncordonResponse:
     return cs.UncordonResponse(cluster=cluster_summary())
-

@@ -14,7 +14,6 @@ from google.protobuf.descriptor import EnumDescriptor
 
 from placement.reasons import Reason
 from tandem.v1 import common_pb2
-
 from tests.protos import cases
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +54,16 @@ _ENUM_VALUE, _SERVICE_METHOD = 2, 2
 def _elements(file: descriptor_pb2.FileDescriptorProto) -> Iterator[tuple[str, tuple[int, ...]]]:
     """(readable name, source path) of every message, field, oneof, enum, value, service and method."""
 
-    def enum(e: descriptor_pb2.EnumDescriptorProto, name: str, path: tuple[int, ...]) -> Iterator[tuple[str, tuple[int, ...]]]:
+    def enum(
+        e: descriptor_pb2.EnumDescriptorProto, name: str, path: tuple[int, ...]
+    ) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield name, path
         for i, v in enumerate(e.value):
             yield f"{name}.{v.name}", (*path, _ENUM_VALUE, i)
 
-    def message(m: descriptor_pb2.DescriptorProto, name: str, path: tuple[int, ...]) -> Iterator[tuple[str, tuple[int, ...]]]:
+    def message(
+        m: descriptor_pb2.DescriptorProto, name: str, path: tuple[int, ...]
+    ) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield name, path
         for i, f in enumerate(m.field):
             yield f"{name}.{f.name}", (*path, _MSG_FIELD, i)
@@ -99,7 +102,9 @@ def test_every_file_has_a_header_comment_and_the_v1_package(
         assert file.package == "tandem.v1"
         assert file.syntax == "proto3"
         header = [loc for loc in file.source_code_info.location if tuple(loc.path) == syntax_path]
-        assert header and (header[0].leading_comments or header[0].leading_detached_comments), f"{file.name} lacks a header comment"
+        assert header and (header[0].leading_comments or header[0].leading_detached_comments), (
+            f"{file.name} lacks a header comment"
+        )
 
 
 def _all_enums() -> list[EnumDescriptor]:
@@ -134,6 +139,9 @@ def test_no_field_is_named_after_a_python_keyword() -> None:
     import keyword
 
     clashes = [
-        f"{d.full_name}.{f.name}" for d in cases.all_message_descriptors() for f in d.fields if keyword.iskeyword(f.name)
+        f"{d.full_name}.{f.name}"
+        for d in cases.all_message_descriptors()
+        for f in d.fields
+        if keyword.iskeyword(f.name)
     ]
     assert not clashes

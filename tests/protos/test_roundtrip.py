@@ -9,7 +9,6 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from tandem.v1 import common_pb2, inventory_pb2, job_pb2, job_service_pb2
-
 from tests.protos import builders as b
 from tests.protos import cases
 

@@ -15,7 +15,6 @@ from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
 from tandem.v1 import job_service_pb2 as js
 from tandem.v1 import job_service_pb2_grpc as js_grpc
-
 from tests.protos import builders as b
 from tests.protos import builders_cluster as bc
 
@@ -23,27 +22,33 @@ UNARY, SERVER_STREAM, BIDI = (False, False), (False, True), (True, True)
 
 Methods = dict[str, tuple[tuple[bool, bool], str, str]]
 EXPECTED: dict[str, tuple[ModuleType, Methods]] = {
-    "JobService": (js, {
-        "SubmitJobs": (UNARY, "SubmitJobsRequest", "SubmitJobsResponse"),
-        "GetJob": (UNARY, "GetJobRequest", "GetJobResponse"),
-        "ListJobs": (UNARY, "ListJobsRequest", "ListJobsResponse"),
-        "WatchJobs": (SERVER_STREAM, "WatchJobsRequest", "JobEvent"),
-        "CancelJob": (UNARY, "CancelJobRequest", "CancelJobResponse"),
-        "CancelJobSet": (UNARY, "CancelJobSetRequest", "CancelJobSetResponse"),
-        "GetUsage": (UNARY, "GetUsageRequest", "GetUsageResponse"),
-        "ExportUsage": (UNARY, "ExportUsageRequest", "ExportUsageResponse"),
-        "RequeueJob": (UNARY, "RequeueJobRequest", "RequeueJobResponse"),
-        "SetJobPriority": (UNARY, "SetJobPriorityRequest", "SetJobPriorityResponse"),
-        "HoldJob": (UNARY, "HoldJobRequest", "HoldJobResponse"),
-        "ReleaseJob": (UNARY, "ReleaseJobRequest", "ReleaseJobResponse"),
-    }),
-    "ClusterService": (cs, {
-        "Connect": (BIDI, "AgentMessage", "BrokerMessage"),
-        "ListClusters": (UNARY, "ListClustersRequest", "ListClustersResponse"),
-        "GetCluster": (UNARY, "GetClusterRequest", "GetClusterResponse"),
-        "Cordon": (UNARY, "CordonRequest", "CordonResponse"),
-        "Uncordon": (UNARY, "UncordonRequest", "UncordonResponse"),
-    }),
+    "JobService": (
+        js,
+        {
+            "SubmitJobs": (UNARY, "SubmitJobsRequest", "SubmitJobsResponse"),
+            "GetJob": (UNARY, "GetJobRequest", "GetJobResponse"),
+            "ListJobs": (UNARY, "ListJobsRequest", "ListJobsResponse"),
+            "WatchJobs": (SERVER_STREAM, "WatchJobsRequest", "JobEvent"),
+            "CancelJob": (UNARY, "CancelJobRequest", "CancelJobResponse"),
+            "CancelJobSet": (UNARY, "CancelJobSetRequest", "CancelJobSetResponse"),
+            "GetUsage": (UNARY, "GetUsageRequest", "GetUsageResponse"),
+            "ExportUsage": (UNARY, "ExportUsageRequest", "ExportUsageResponse"),
+            "RequeueJob": (UNARY, "RequeueJobRequest", "RequeueJobResponse"),
+            "SetJobPriority": (UNARY, "SetJobPriorityRequest", "SetJobPriorityResponse"),
+            "HoldJob": (UNARY, "HoldJobRequest", "HoldJobResponse"),
+            "ReleaseJob": (UNARY, "ReleaseJobRequest", "ReleaseJobResponse"),
+        },
+    ),
+    "ClusterService": (
+        cs,
+        {
+            "Connect": (BIDI, "AgentMessage", "BrokerMessage"),
+            "ListClusters": (UNARY, "ListClustersRequest", "ListClustersResponse"),
+            "GetCluster": (UNARY, "GetClusterRequest", "GetClusterResponse"),
+            "Cordon": (UNARY, "CordonRequest", "CordonResponse"),
+            "Uncordon": (UNARY, "UncordonRequest", "UncordonResponse"),
+        },
+    ),
 }
 
 
@@ -92,7 +97,9 @@ class _Jobs(js_grpc.JobServiceServicer):
         await context.abort_with_status(_invalid_argument_status())
         raise AssertionError("unreachable")
 
-    async def WatchJobs(self, request: js.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[js.JobEvent]:
+    async def WatchJobs(
+        self, request: js.WatchJobsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[js.JobEvent]:
         if request.from_revision < 100:
             info = error_details_pb2.ErrorInfo(
                 reason="REVISION_COMPACTED", domain="tandem.dev", metadata={"compact_revision": "100"}

@@ -9,16 +9,15 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from tandem.v1 import cluster_service_pb2 as cs
-from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
-
-from broker.domain import errors
 from broker.api import handlers, serde_agent, validation
-from broker.tenancy.auth import Caller, Listener, Method
-from broker.clusters.dispatcher import Session
-from broker.hub import Hub
 from broker.api.services.edge import Edge, abort, request_violations
 from broker.api.services.wire import Undecodable
+from broker.clusters.dispatcher import Session
+from broker.domain import errors
+from broker.hub import Hub
+from broker.tenancy.auth import Caller, Listener, Method
+from tandem.v1 import cluster_service_pb2 as cs
+from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
 
 __all__ = ["AgentServicer", "ClusterAdminServicer", "cordon"]
 
@@ -41,8 +40,9 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
         self.hub = hub
         self.edge = Edge(hub, Listener.AGENT)
 
-    async def Connect(self, request_iterator: AsyncIterator[cs.AgentMessage],
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[cs.BrokerMessage]:
+    async def Connect(
+        self, request_iterator: AsyncIterator[cs.AgentMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cs.BrokerMessage]:
         caller: Caller | None = None
         session: Session | None = None
         reader: asyncio.Task[None] | None = None
@@ -55,13 +55,16 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
                 raise _refusal(0, 0, bad)
             assert isinstance(first, cs.AgentMessage)
             if first.WhichOneof("body") != "hello":
-                raise errors.InvalidArgument.fields(errors.FieldViolation("messages[0].hello",
-                                                                          "the first message must be a Hello"))
-            session = await self.hub.dispatcher.open_session(caller, serde_agent.hello_from_proto(first.hello),
-                                                             first.sequence)
+                raise errors.InvalidArgument.fields(
+                    errors.FieldViolation("messages[0].hello", "the first message must be a Hello")
+                )
+            session = await self.hub.dispatcher.open_session(
+                caller, serde_agent.hello_from_proto(first.hello), first.sequence
+            )
             self.hub.audit.record(caller, Method.CONNECT, "ok", session=session.session_id)
             reader = asyncio.get_running_loop().create_task(
-                self._read(session, request_iterator, first.sequence, refused))
+                self._read(session, request_iterator, first.sequence, refused)
+            )
             sequence = 0
             while True:
                 out = await session.out.get()
@@ -72,11 +75,12 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
             if refused:
                 await abort(context, refused[0])
             if session.aborted:  # a newer leader's stream took over: tell this agent why (ABORTED)
-                await abort(context, errors.Aborted(session.aborted,
-                                                    details=errors.ErrorDetails(reason="STREAM_SUPERSEDED")))
+                await abort(
+                    context, errors.Aborted(session.aborted, details=errors.ErrorDetails(reason="STREAM_SUPERSEDED"))
+                )
         except grpc.aio.AbortError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if session is None:
                 await self.edge.fail(context, exc, Method.CONNECT, caller)
             _log.warning("agent stream ended with error", extra={"cluster": session.cluster, "error": repr(exc)})
@@ -88,8 +92,13 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
             if session is not None:
                 self.hub.dispatcher.close_session(session)
 
-    async def _read(self, session: Session, it: AsyncIterator[cs.AgentMessage | Undecodable], last: int,
-                    refused: list[errors.InvalidArgument]) -> None:
+    async def _read(
+        self,
+        session: Session,
+        it: AsyncIterator[cs.AgentMessage | Undecodable],
+        last: int,
+        refused: list[errors.InvalidArgument],
+    ) -> None:
         """Apply the agent's messages after the Hello; stop at the first one the broker cannot read (the
         servicer then ends the stream with `refused`)."""
         position = 0
@@ -99,21 +108,29 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
                 bad = _unreadable(msg, position)
                 if bad:
                     refused.append(_refusal(position, last, bad))
-                    _log.warning("unreadable agent message ends the stream",
-                                 extra={"cluster": session.cluster, "position": position, "after_sequence": last,
-                                        "fields": [v.field for v in bad]})
+                    _log.warning(
+                        "unreadable agent message ends the stream",
+                        extra={
+                            "cluster": session.cluster,
+                            "position": position,
+                            "after_sequence": last,
+                            "fields": [v.field for v in bad],
+                        },
+                    )
                     return
                 assert isinstance(msg, cs.AgentMessage)
                 last = msg.sequence
                 try:
                     body = serde_agent.agent_message(msg, session.cluster, self.hub.clock())
                     await self.hub.dispatcher.receive(session, msg.sequence, body)
-                except Exception:  # noqa: BLE001 - one bad message must not drop the cluster
+                except Exception:
                     _log.exception("agent message failed", extra={"cluster": session.cluster})
         except grpc.aio.AbortError:
             _log.info("agent stream aborted by the broker", extra={"cluster": session.cluster})
-        except Exception as exc:  # noqa: BLE001 - a broken stream closes the session
-            _log.warning("agent stream read ended", extra={"cluster": session.cluster, "error": repr(exc)}, exc_info=True)
+        except Exception as exc:
+            _log.warning(
+                "agent stream read ended", extra={"cluster": session.cluster, "error": repr(exc)}, exc_info=True
+            )
         finally:
             session.close()
 
@@ -130,8 +147,12 @@ def _refusal(position: int, last_sequence: int, bad: list[errors.FieldViolation]
     what = "; ".join(f"{v.field}: {v.description}" for v in bad)
     return errors.InvalidArgument(
         f"agent message {position} (after sequence {last_sequence}) cannot be read: {what}",
-        details=errors.ErrorDetails(reason="AGENT_MESSAGE_UNREADABLE", field_violations=tuple(bad),
-                                    metadata=(("position", str(position)), ("after_sequence", str(last_sequence)))))
+        details=errors.ErrorDetails(
+            reason="AGENT_MESSAGE_UNREADABLE",
+            field_violations=tuple(bad),
+            metadata=(("position", str(position)), ("after_sequence", str(last_sequence))),
+        ),
+    )
 
 
 class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
@@ -142,35 +163,41 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
         self.edge = Edge(hub, Listener.TENANT)
 
     def _summary(self, view: handlers.ClusterView, domains: bool) -> cs.ClusterSummary:
-        return serde_agent.cluster_summary(view.entry, self.hub.clock(), view.stale, view.active_attempts,
-                                           view.cordon_reason, domains)
+        return serde_agent.cluster_summary(
+            view.entry, self.hub.clock(), view.stale, view.active_attempts, view.cordon_reason, domains
+        )
 
-    async def ListClusters(self, request: cs.ListClustersRequest, context: grpc.aio.ServicerContext) -> cs.ListClustersResponse:
+    async def ListClusters(
+        self, request: cs.ListClustersRequest, context: grpc.aio.ServicerContext
+    ) -> cs.ListClustersResponse:
         try:
             caller = self.edge.caller(context, Method.LIST_CLUSTERS)
             validation.raise_if(validation.check_list_clusters(request))
             views = handlers.list_clusters(self.hub, caller, region=request.region, role=request.role)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.LIST_CLUSTERS)
         return cs.ListClustersResponse(clusters=[self._summary(v, False) for v in views])
 
-    async def GetCluster(self, request: cs.GetClusterRequest, context: grpc.aio.ServicerContext) -> cs.GetClusterResponse:
+    async def GetCluster(
+        self, request: cs.GetClusterRequest, context: grpc.aio.ServicerContext
+    ) -> cs.GetClusterResponse:
         try:
             caller = self.edge.caller(context, Method.GET_CLUSTER)
             validation.raise_if(validation.check_cluster_request(request))
             view = handlers.get_cluster(self.hub, caller, request.name)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.GET_CLUSTER)
         return cs.GetClusterResponse(cluster=self._summary(view, True))
 
-    async def _cordon(self, request: cs.CordonRequest | cs.UncordonRequest, on: bool,
-                      context: grpc.aio.ServicerContext) -> cs.ClusterSummary:
+    async def _cordon(
+        self, request: cs.CordonRequest | cs.UncordonRequest, on: bool, context: grpc.aio.ServicerContext
+    ) -> cs.ClusterSummary:
         method = Method.CORDON if on else Method.UNCORDON
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, method)
             return await cordon(self.hub, caller, request, on)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, method, caller, cluster=request.name)
 
     async def Cordon(self, request: cs.CordonRequest, context: grpc.aio.ServicerContext) -> cs.CordonResponse:
@@ -180,8 +207,9 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
         return cs.UncordonResponse(cluster=await self._cordon(request, False, context))
 
 
-async def cordon(hub: Hub, caller: Caller, request: cs.CordonRequest | cs.UncordonRequest,
-                 on: bool) -> cs.ClusterSummary:
+async def cordon(
+    hub: Hub, caller: Caller, request: cs.CordonRequest | cs.UncordonRequest, on: bool
+) -> cs.ClusterSummary:
     """Cordon (`on`) or uncordon, for either edge (gRPC here, the fleet view's HTTP in broker.web)."""
     method = Method.CORDON if on else Method.UNCORDON
     validation.raise_if(validation.check_cluster_request(request, reason=True))

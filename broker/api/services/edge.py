@@ -16,12 +16,12 @@ from typing import Any, NoReturn
 import grpc
 from grpc_status import rpc_status
 
-from broker.domain import errors
 from broker.api import validation
-from broker.tenancy.auth import AUDITED, Caller, Credentials, Listener, Method, credentials_from_metadata
-from broker.hub import Hub
 from broker.api.serde_status import status_from_error
 from broker.api.services.wire import Undecodable, decoder
+from broker.domain import errors
+from broker.hub import Hub
+from broker.tenancy.auth import AUDITED, Caller, Credentials, Listener, Method, credentials_from_metadata
 
 __all__ = ["abort", "Edge", "register", "request_violations"]
 
@@ -62,23 +62,31 @@ class Edge:
             raise
         return caller
 
-    async def refuse(self, context: grpc.aio.ServicerContext, method: Method,
-                     violations: list[errors.FieldViolation]) -> NoReturn:
+    async def refuse(
+        self, context: grpc.aio.ServicerContext, method: Method, violations: list[errors.FieldViolation]
+    ) -> NoReturn:
         """INVALID_ARGUMENT naming `violations`, after authentication (an unknown caller learns nothing about
         the request) and with the audit record of an audited method."""
         caller: Caller | None = None
         try:
             caller = self.caller(context, method)
             raise errors.InvalidArgument.fields(*violations)
-        except Exception as exc:  # noqa: BLE001 - mapped by fail
+        except Exception as exc:
             await self.fail(context, exc, method, caller)
 
-    async def fail(self, context: grpc.aio.ServicerContext, exc: BaseException, method: Method,
-                   caller: Caller | None = None, **audit: Any) -> NoReturn:
+    async def fail(
+        self,
+        context: grpc.aio.ServicerContext,
+        exc: BaseException,
+        method: Method,
+        caller: Caller | None = None,
+        **audit: Any,
+    ) -> NoReturn:
         await abort(context, self.failed(exc, method, caller, context.peer(), **audit))
 
-    def failed(self, exc: BaseException, method: Method, caller: Caller | None, peer: str,
-               **audit: Any) -> errors.TandemError:
+    def failed(
+        self, exc: BaseException, method: Method, caller: Caller | None, peer: str, **audit: Any
+    ) -> errors.TandemError:
         """The error a failed call answers with (an unexpected exception is logged, the caller told only
         "internal error"), with the audit record of an audited method."""
         err = exc if isinstance(exc, errors.TandemError) else errors.Internal("internal error")
@@ -99,9 +107,11 @@ def request_violations(request: object, skip: Collection[str] = (), root: str = 
     if isinstance(request, Undecodable):
         path = ".".join(p for p in (root, request.field) if p) or "request"
         return [errors.FieldViolation(path, f"{request.description} (the bytes are not a {request.type_name})")]
-    return [errors.FieldViolation(f"{root}.{v.field}" if root else v.field, v.description)
-            for v in validation.unknown_enums(request)
-            if v.field.partition(".")[0].partition("[")[0] not in skip]
+    return [
+        errors.FieldViolation(f"{root}.{v.field}" if root else v.field, v.description)
+        for v in validation.unknown_enums(request)
+        if v.field.partition(".")[0].partition("[")[0] not in skip
+    ]
 
 
 class _Capture:
@@ -118,8 +128,15 @@ class _Capture:
         self.service, self.handlers = service, dict(handlers)
 
 
-def register(add: Callable[[Any, Any], None], servicer: Any, base: type, edge: Edge, server: grpc.aio.Server,
-             *, checked_per_item: Mapping[str, Collection[str]] | None = None) -> None:
+def register(
+    add: Callable[[Any, Any], None],
+    servicer: Any,
+    base: type,
+    edge: Edge,
+    server: grpc.aio.Server,
+    *,
+    checked_per_item: Mapping[str, Collection[str]] | None = None,
+) -> None:
     """Serve `servicer` on `server` like `add(servicer, server)` would, with never-raising request decoding,
     requests refused at the edge when they are not what the method takes, and UNIMPLEMENTED (without a
     traceback) for the methods `base` declares but the servicer does not override. `checked_per_item`: per
@@ -141,12 +158,17 @@ def _guarded(name: str, handler: Any, edge: Edge, served: bool, skip: Collection
     decode = decoder(handler.request_deserializer.__self__)
     method = _METHODS[name]
     if not served:
+
         async def unimplemented(request: object, context: grpc.aio.ServicerContext) -> NoReturn:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not served on this listener")
             raise AssertionError("unreachable")
 
-        kind = {(False, False): "unary_unary", (False, True): "unary_stream", (True, False): "stream_unary",
-                (True, True): "stream_stream"}[(handler.request_streaming, handler.response_streaming)]
+        kind = {
+            (False, False): "unary_unary",
+            (False, True): "unary_stream",
+            (True, False): "stream_unary",
+            (True, True): "stream_stream",
+        }[(handler.request_streaming, handler.response_streaming)]
         return handler._replace(request_deserializer=decode, **{kind: unimplemented})
     if handler.request_streaming:
         return handler._replace(request_deserializer=decode)  # streams check each message themselves

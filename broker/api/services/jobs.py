@@ -8,16 +8,15 @@ from typing import ClassVar
 import grpc
 from google.protobuf import empty_pb2
 
+from broker.api import handlers, serde, validation
+from broker.api.serde_status import status_from_error
+from broker.api.services.edge import Edge
+from broker.domain.records import JobFilter, JobRecord, freeze_labels
+from broker.hub import Hub
+from broker.tenancy.auth import Caller, Listener, Method
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 from tandem.v1 import job_service_pb2_grpc as svc_grpc
-
-from broker.api import handlers, serde, validation
-from broker.tenancy.auth import Caller, Listener, Method
-from broker.hub import Hub
-from broker.domain.records import JobFilter, JobRecord, freeze_labels
-from broker.api.serde_status import status_from_error
-from broker.api.services.edge import Edge
 
 __all__ = ["JobServicer", "get_job", "list_jobs", "watch_jobs", "cancel_job", "get_usage"]
 
@@ -36,13 +35,15 @@ class JobServicer(svc_grpc.JobServiceServicer):
         self.hub = hub
         self.edge = Edge(hub, Listener.TENANT)
 
-    async def SubmitJobs(self, request: svc.SubmitJobsRequest, context: grpc.aio.ServicerContext) -> svc.SubmitJobsResponse:
+    async def SubmitJobs(
+        self, request: svc.SubmitJobsRequest, context: grpc.aio.ServicerContext
+    ) -> svc.SubmitJobsResponse:
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.SUBMIT_JOBS)
             parsed = serde.parse_items(request, caller.name, caller.is_admin)
             results = await handlers.submit_jobs(self.hub, caller, parsed, request.validate_only)
-        except Exception as exc:  # noqa: BLE001 - mapped at the edge
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.SUBMIT_JOBS, caller, job_set=request.job_set_id)
         out = svc.SubmitJobsResponse()
         # Item errors quote the caller's input: past half the largest message the listener sends, each is
@@ -61,46 +62,58 @@ class JobServicer(svc_grpc.JobServiceServicer):
             else:
                 item.job_id = r.job_id
         if not request.validate_only:
-            self.hub.audit.record(caller, Method.SUBMIT_JOBS, "ok", job_set=request.job_set_id,
-                                  jobs=[r.job_id for r in results if r.job_id],
-                                  refused=sum(1 for r in results if r.error is not None))
+            self.hub.audit.record(
+                caller,
+                Method.SUBMIT_JOBS,
+                "ok",
+                job_set=request.job_set_id,
+                jobs=[r.job_id for r in results if r.job_id],
+                refused=sum(1 for r in results if r.error is not None),
+            )
         return out
 
     async def GetJob(self, request: svc.GetJobRequest, context: grpc.aio.ServicerContext) -> svc.GetJobResponse:
         try:
             return await get_job(self.hub, self.edge.caller(context, Method.GET_JOB), request)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.GET_JOB)
 
     async def ListJobs(self, request: svc.ListJobsRequest, context: grpc.aio.ServicerContext) -> svc.ListJobsResponse:
         try:
             return await list_jobs(self.hub, self.edge.caller(context, Method.LIST_JOBS), request)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.LIST_JOBS)
 
-    async def WatchJobs(self, request: svc.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[svc.JobEvent]:
+    async def WatchJobs(
+        self, request: svc.WatchJobsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[svc.JobEvent]:
         try:
             async for event in watch_jobs(self.hub, self.edge.caller(context, Method.WATCH_JOBS), request):
                 yield event
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.WATCH_JOBS)
 
-    async def CancelJob(self, request: svc.CancelJobRequest, context: grpc.aio.ServicerContext) -> svc.CancelJobResponse:
+    async def CancelJob(
+        self, request: svc.CancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> svc.CancelJobResponse:
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.CANCEL_JOB)
             return await cancel_job(self.hub, caller, request)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.CANCEL_JOB, caller, job_id=request.job_id)
 
-    async def CancelJobSet(self, request: svc.CancelJobSetRequest, context: grpc.aio.ServicerContext) -> svc.CancelJobSetResponse:
+    async def CancelJobSet(
+        self, request: svc.CancelJobSetRequest, context: grpc.aio.ServicerContext
+    ) -> svc.CancelJobSetResponse:
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.CANCEL_JOB_SET)
             validation.raise_if(validation.check_cancel_job_set(request))
-            ids, terminal = await handlers.cancel_job_set(self.hub, caller, request.tenant, request.job_set_id,
-                                                          request.reason)
-        except Exception as exc:  # noqa: BLE001
+            ids, terminal = await handlers.cancel_job_set(
+                self.hub, caller, request.tenant, request.job_set_id, request.reason
+            )
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.CANCEL_JOB_SET, caller, job_set=request.job_set_id)
         self.hub.audit.record(caller, Method.CANCEL_JOB_SET, "ok", job_set=request.job_set_id, jobs=ids)
         return svc.CancelJobSetResponse(cancelled_job_ids=ids, already_terminal_count=terminal)
@@ -112,11 +125,12 @@ class JobServicer(svc_grpc.JobServiceServicer):
         try:
             caller = self.edge.caller(context, Method.GET_USAGE)
             return get_usage(self.hub, caller, request)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.GET_USAGE, caller, tenant=request.tenant)
 
-    async def ExportUsage(self, request: svc.ExportUsageRequest,
-                          context: grpc.aio.ServicerContext) -> svc.ExportUsageResponse:
+    async def ExportUsage(
+        self, request: svc.ExportUsageRequest, context: grpc.aio.ServicerContext
+    ) -> svc.ExportUsageResponse:
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.EXPORT_USAGE)
@@ -124,43 +138,61 @@ class JobServicer(svc_grpc.JobServiceServicer):
             since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
             until = request.until.ToNanoseconds() / 1e9 if request.HasField("until") else None
             rows, lo, hi = await handlers.export_usage(self.hub, caller, request.tenant, since, until)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.EXPORT_USAGE, caller, tenant=request.tenant)
         out = svc.ExportUsageResponse()
         out.since.CopyFrom(serde.ts(lo))
         out.until.CopyFrom(serde.ts(hi))
         for r in rows:
             out.records.add(tenant=r.tenant, gpu_model=r.gpu_model, cluster=r.cluster, gpu_hours=r.gpu_hours)
-        self.hub.audit.record(caller, Method.EXPORT_USAGE, "ok", tenant=request.tenant, since=lo, until=hi,
-                              rows=len(rows))
+        self.hub.audit.record(
+            caller, Method.EXPORT_USAGE, "ok", tenant=request.tenant, since=lo, until=hi, rows=len(rows)
+        )
         return out
 
-    async def RequeueJob(self, request: svc.RequeueJobRequest,
-                         context: grpc.aio.ServicerContext) -> svc.RequeueJobResponse:
+    async def RequeueJob(
+        self, request: svc.RequeueJobRequest, context: grpc.aio.ServicerContext
+    ) -> svc.RequeueJobResponse:
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.REQUEUE_JOB)
             validation.raise_if(validation.check_job_request(request))
             job = await handlers.requeue_job(self.hub, caller, request.job_id, request.reason)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.REQUEUE_JOB, caller, job_id=request.job_id)
-        self.hub.audit.record(caller, Method.REQUEUE_JOB, "ok", job_id=request.job_id, reason=request.reason,
-                              attempt=job.attempt, state=job.state.value)
+        self.hub.audit.record(
+            caller,
+            Method.REQUEUE_JOB,
+            "ok",
+            job_id=request.job_id,
+            reason=request.reason,
+            attempt=job.attempt,
+            state=job.state.value,
+        )
         return svc.RequeueJobResponse(state=serde.state_to_proto(job.state))  # type: ignore[arg-type]
 
-    async def SetJobPriority(self, request: svc.SetJobPriorityRequest,
-                             context: grpc.aio.ServicerContext) -> svc.SetJobPriorityResponse:
+    async def SetJobPriority(
+        self, request: svc.SetJobPriorityRequest, context: grpc.aio.ServicerContext
+    ) -> svc.SetJobPriorityResponse:
         caller: Caller | None = None
         priority = request.priority if request.HasField("priority") else None
         try:
             caller = self.edge.caller(context, Method.SET_JOB_PRIORITY)
             validation.raise_if(validation.check_set_job_priority(request))
-            job = await handlers.set_job_priority(self.hub, caller, request.job_id, priority, request.priority_band,
-                                                  request.reason)
-        except Exception as exc:  # noqa: BLE001
+            job = await handlers.set_job_priority(
+                self.hub, caller, request.job_id, priority, request.priority_band, request.reason
+            )
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.SET_JOB_PRIORITY, caller, job_id=request.job_id)
-        self.hub.audit.record(caller, Method.SET_JOB_PRIORITY, "ok", job_id=request.job_id, priority=priority,
-                              priority_band=request.priority_band, reason=request.reason)
+        self.hub.audit.record(
+            caller,
+            Method.SET_JOB_PRIORITY,
+            "ok",
+            job_id=request.job_id,
+            priority=priority,
+            priority_band=request.priority_band,
+            reason=request.reason,
+        )
         return svc.SetJobPriorityResponse(job=self._basic(job))
 
     async def HoldJob(self, request: svc.HoldJobRequest, context: grpc.aio.ServicerContext) -> svc.HoldJobResponse:
@@ -169,23 +201,26 @@ class JobServicer(svc_grpc.JobServiceServicer):
             caller = self.edge.caller(context, Method.HOLD_JOB)
             validation.raise_if(validation.check_job_request(request))
             job, changed = await handlers.hold_job(self.hub, caller, request.job_id, request.reason)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.HOLD_JOB, caller, job_id=request.job_id)
-        self.hub.audit.record(caller, Method.HOLD_JOB, "ok", job_id=request.job_id, reason=request.reason,
-                              changed=changed)
+        self.hub.audit.record(
+            caller, Method.HOLD_JOB, "ok", job_id=request.job_id, reason=request.reason, changed=changed
+        )
         return svc.HoldJobResponse(job=self._basic(job), already_held=not changed)
 
-    async def ReleaseJob(self, request: svc.ReleaseJobRequest,
-                         context: grpc.aio.ServicerContext) -> svc.ReleaseJobResponse:
+    async def ReleaseJob(
+        self, request: svc.ReleaseJobRequest, context: grpc.aio.ServicerContext
+    ) -> svc.ReleaseJobResponse:
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.RELEASE_JOB)
             validation.raise_if(validation.check_job_request(request))
             job, changed = await handlers.release_job(self.hub, caller, request.job_id, request.reason)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.edge.fail(context, exc, Method.RELEASE_JOB, caller, job_id=request.job_id)
-        self.hub.audit.record(caller, Method.RELEASE_JOB, "ok", job_id=request.job_id, reason=request.reason,
-                              changed=changed)
+        self.hub.audit.record(
+            caller, Method.RELEASE_JOB, "ok", job_id=request.job_id, reason=request.reason, changed=changed
+        )
         return svc.ReleaseJobResponse(job=self._basic(job), was_not_held=not changed)
 
     def _basic(self, job: JobRecord) -> job_pb2.Job:
@@ -196,12 +231,14 @@ class JobServicer(svc_grpc.JobServiceServicer):
 # decoded request in, the response message out. Validation, the plain handler, serde and the "ok" audit
 # record live here once; authentication and the mapping of errors stay with each edge.
 
+
 async def get_job(hub: Hub, caller: Caller, request: svc.GetJobRequest) -> svc.GetJobResponse:
     validation.raise_if(validation.check_job_id(request.job_id))
     full = request.view != svc.JOB_VIEW_BASIC
     view = await handlers.get_job(hub, caller, request.job_id, full)
-    return svc.GetJobResponse(job=serde.job_to_proto(view.job, view.attempts, view.history, view.queue_info, full,
-                                                     view.templates))
+    return svc.GetJobResponse(
+        job=serde.job_to_proto(view.job, view.attempts, view.history, view.queue_info, full, view.templates)
+    )
 
 
 async def list_jobs(hub: Hub, caller: Caller, request: svc.ListJobsRequest) -> svc.ListJobsResponse:
@@ -209,9 +246,11 @@ async def list_jobs(hub: Hub, caller: Caller, request: svc.ListJobsRequest) -> s
     flt = JobFilter(
         tenant=request.tenant or None,
         states=frozenset(serde.state_from_proto(s) for s in request.states if s),
-        queue=request.queue or None, job_set=request.job_set_id or None,
+        queue=request.queue or None,
+        job_set=request.job_set_id or None,
         labels=freeze_labels(dict(request.label_selector)),
-        cluster=request.cluster or None, gpu_model=request.gpu_model or None,
+        cluster=request.cluster or None,
+        gpu_model=request.gpu_model or None,
     )
     full = request.view == svc.JOB_VIEW_FULL
     built: dict[str, tuple[JobRecord, job_pb2.Job]] = {}
@@ -222,8 +261,14 @@ async def list_jobs(hub: Hub, caller: Caller, request: svc.ListJobsRequest) -> s
         return message.ByteSize() + _REPEATED_OVERHEAD
 
     page, revision = await handlers.list_jobs(
-        hub, caller, flt, request.page_size, request.page_token,
-        size_of=encoded_size, max_bytes=hub.cfg.tenant_listener.max_message_bytes - _RESPONSE_MARGIN)
+        hub,
+        caller,
+        flt,
+        request.page_size,
+        request.page_token,
+        size_of=encoded_size,
+        max_bytes=hub.cfg.tenant_listener.max_message_bytes - _RESPONSE_MARGIN,
+    )
     out = svc.ListJobsResponse(next_page_token=page.next_page_token, revision=revision)
     for job in page.jobs:
         record, message = built.get(job.job_id, (None, None))
@@ -236,8 +281,14 @@ async def list_jobs(hub: Hub, caller: Caller, request: svc.ListJobsRequest) -> s
 async def watch_jobs(hub: Hub, caller: Caller, request: svc.WatchJobsRequest) -> AsyncGenerator[svc.JobEvent, None]:
     validation.raise_if(validation.check_watch_jobs(request))
     stream = handlers.watch_jobs(
-        hub, caller, request.from_revision, request.tenant, request.queue, request.job_set_id,
-        frozenset(request.job_ids), float(request.bookmark_interval_seconds or 30),
+        hub,
+        caller,
+        request.from_revision,
+        request.tenant,
+        request.queue,
+        request.job_set_id,
+        frozenset(request.job_ids),
+        float(request.bookmark_interval_seconds or 30),
     )
     async for revision, event, job in stream:
         if event is None:
@@ -259,8 +310,15 @@ def get_usage(hub: Hub, caller: Caller, request: svc.GetUsageRequest) -> svc.Get
     out = svc.GetUsageResponse(capacity_cost=view.capacity_cost)
     out.evaluate_time.CopyFrom(serde.ts(view.at))
     for r in view.rows:
-        out.tenants.add(tenant=r.tenant, weight=r.weight, gpus=dict(r.gpus), quotas=dict(r.quotas),
-                        borrowed=dict(r.borrowed), usage_cost=r.usage_cost, fair_share_cost=r.fair_share_cost,
-                        demand_cost=r.demand_cost)
+        out.tenants.add(
+            tenant=r.tenant,
+            weight=r.weight,
+            gpus=dict(r.gpus),
+            quotas=dict(r.quotas),
+            borrowed=dict(r.borrowed),
+            usage_cost=r.usage_cost,
+            fair_share_cost=r.fair_share_cost,
+            demand_cost=r.demand_cost,
+        )
     hub.audit.record(caller, Method.GET_USAGE, "ok", tenant=request.tenant, rows=len(view.rows))
     return out

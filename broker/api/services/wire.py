@@ -27,11 +27,18 @@ _MAX_STEPS = 20_000
 Python on the event loop, and a 4 MiB request holds millions of one-byte fields."""
 _OVERLONG = re.compile(rb"[\x80-\xff]{10,}")
 """A varint spans at most ten bytes."""
-_VARINT_TYPES = frozenset({
-    FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
-    FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_BOOL, FieldDescriptor.TYPE_ENUM,
-})
+_VARINT_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT32,
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT32,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT32,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_BOOL,
+        FieldDescriptor.TYPE_ENUM,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +57,7 @@ def decoder(cls: type[Message]) -> Callable[[bytes], Message | Undecodable]:
     def decode(raw: bytes) -> Message | Undecodable:
         try:
             return cls.FromString(raw)
-        except Exception:  # noqa: BLE001 - DecodeError, or anything else the parser refuses with
+        except Exception:
             field, why = locate(cls.DESCRIPTOR, raw)
             return Undecodable(cls.DESCRIPTOR.full_name, field, why)
 
@@ -142,7 +149,7 @@ def _scan(desc: Any, data: bytes, path: str, depth: int, steps: list[int]) -> tu
         if fd is not None and wire == 2:
             length = _varint(data, pos)
             assert length is not None  # _skip read it
-            problem = _payload(fd, data[length[1]:end], field, depth, steps)
+            problem = _payload(fd, data[length[1] : end], field, depth, steps)
             if problem is not None:
                 return problem
         pos = end
@@ -155,9 +162,11 @@ def _payload(fd: Any, payload: bytes, field: str, depth: int, steps: list[int]) 
         cls: Any = message_factory.GetMessageClass(fd.message_type)
         try:
             cls.FromString(payload)
-        except Exception:  # noqa: BLE001 - find where inside
+        except Exception:
             return _scan(fd.message_type, payload, field, depth + 1, steps) or (
-                field, f"not a valid {fd.message_type.full_name}")
+                field,
+                f"not a valid {fd.message_type.full_name}",
+            )
         return None
     if fd.type == FieldDescriptor.TYPE_STRING:
         try:
