@@ -12,8 +12,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from extender import decide, protocol
 from extender.config import ExtenderConfig
@@ -34,26 +33,37 @@ class Metrics:
     def __init__(self, inv: Inventory, clock: Callable[[], float]) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram(
-            "tandem_extender_request_seconds", "Extender request latency by verb.", ["verb"],
+            "tandem_extender_request_seconds",
+            "Extender request latency by verb.",
+            ["verb"],
             buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0),
             registry=self.registry,
         )
         self.decisions = Counter(
-            "tandem_extender_decisions_total", "Per-node outcomes of extender requests by verb and reason.",
-            ["verb", "reason"], registry=self.registry,
+            "tandem_extender_decisions_total",
+            "Per-node outcomes of extender requests by verb and reason.",
+            ["verb", "reason"],
+            registry=self.registry,
         )
         self.errors = Counter(
-            "tandem_extender_request_errors_total", "Requests answered with an error, by verb and kind.",
-            ["verb", "kind"], registry=self.registry,
+            "tandem_extender_request_errors_total",
+            "Requests answered with an error, by verb and kind.",
+            ["verb", "kind"],
+            registry=self.registry,
         )
-        age = Gauge("tandem_extender_inventory_age_seconds", "Seconds since the inventory last changed.",
-                    registry=self.registry)
+        age = Gauge(
+            "tandem_extender_inventory_age_seconds", "Seconds since the inventory last changed.", registry=self.registry
+        )
         age.set_function(lambda: max(clock() - inv.last_change, 0.0))
-        ver = Gauge("tandem_extender_inventory_version", "Inventory version (bumps on every change).",
-                    registry=self.registry)
+        ver = Gauge(
+            "tandem_extender_inventory_version", "Inventory version (bumps on every change).", registry=self.registry
+        )
         ver.set_function(lambda: float(inv.version))
-        ready = Gauge("tandem_extender_ready", "1 once the inventory is synced and reservations are loaded.",
-                      registry=self.registry)
+        ready = Gauge(
+            "tandem_extender_ready",
+            "1 once the inventory is synced and reservations are loaded.",
+            registry=self.registry,
+        )
         ready.set_function(lambda: 1.0 if inv.ready else 0.0)
 
 
@@ -69,8 +79,15 @@ class RecentDecisions:
         self._items: collections.deque[dict[str, Any]] = collections.deque(maxlen=maxlen)
 
     def record(self, verb: str, pod: str | None, decision: decide.Decision) -> None:
-        self._items.appendleft({"time": self._clock(), "verb": verb, "pod": pod, "passed": decision.passed,
-                                "reasons": dict(decision.reasons)})
+        self._items.appendleft(
+            {
+                "time": self._clock(),
+                "verb": verb,
+                "pod": pod,
+                "passed": decision.passed,
+                "reasons": dict(decision.reasons),
+            }
+        )
 
     def recent(self, pod: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         return [d for d in self._items if pod is None or d["pod"] == pod][:limit]
@@ -132,7 +149,9 @@ def make_app(
     ids = itertools.count(1)
 
     def verb_handler(
-        verb: str, parse: Callable[[bytes], _Args], run: Callable[[Inventory, _Args], decide.Decision],
+        verb: str,
+        parse: Callable[[bytes], _Args],
+        run: Callable[[Inventory, _Args], decide.Decision],
         on_error: Callable[[str], bytes],
     ) -> Handler:
         hist = metrics.latency.labels(verb)
@@ -165,8 +184,7 @@ def make_app(
                 return _json(on_error(str(e)), status=400)
             except ExtenderError as e:
                 metrics.errors.labels(verb, type(e).__name__).inc()
-                log.warning("request refused", extra={"verb": verb, "decision_id": did, "pod": pod,
-                                                      "error": str(e)})
+                log.warning("request refused", extra={"verb": verb, "decision_id": did, "pod": pod, "error": str(e)})
                 out = on_error(str(e))
             except Exception as e:  # never crash kube-scheduler's call: answer with Error
                 metrics.errors.labels(verb, "internal").inc()
@@ -175,8 +193,10 @@ def make_app(
             dt = time.perf_counter() - t0
             hist.observe(dt)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("request answered", extra={"verb": verb, "decision_id": did, "pod": pod,
-                                                     "duration_ms": round(dt * 1000, 3)})
+                log.debug(
+                    "request answered",
+                    extra={"verb": verb, "decision_id": did, "pod": pod, "duration_ms": round(dt * 1000, 3)},
+                )
             return _json(out)
 
         return handle
@@ -185,12 +205,20 @@ def make_app(
         del msg  # HostPriorityList has no Error field: an empty list means "no opinion"
         return b"[]"
 
-    app.router.add_post(cfg.verb_path(cfg.filter_verb), verb_handler(
-        "filter", protocol.parse_extender_args, decide.decide_filter, protocol.encode_filter_error))
-    app.router.add_post(cfg.verb_path(cfg.prioritize_verb), verb_handler(
-        "prioritize", protocol.parse_extender_args, decide.decide_prioritize, _prio_error))
-    app.router.add_post(cfg.verb_path(cfg.preempt_verb), verb_handler(
-        "preempt", protocol.parse_preemption_args, decide.decide_preempt, protocol.encode_preemption_error))
+    app.router.add_post(
+        cfg.verb_path(cfg.filter_verb),
+        verb_handler("filter", protocol.parse_extender_args, decide.decide_filter, protocol.encode_filter_error),
+    )
+    app.router.add_post(
+        cfg.verb_path(cfg.prioritize_verb),
+        verb_handler("prioritize", protocol.parse_extender_args, decide.decide_prioritize, _prio_error),
+    )
+    app.router.add_post(
+        cfg.verb_path(cfg.preempt_verb),
+        verb_handler(
+            "preempt", protocol.parse_preemption_args, decide.decide_preempt, protocol.encode_preemption_error
+        ),
+    )
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -27,17 +27,25 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ExtenderConfig", "KubeAccess", "Listens", "ServeProcessConfig", "TopologyConfig", "WebhookSettings",
-           "WorkloadClass", "WEBHOOK_ENV", "kube_access", "load_config", "load_serve_config", "read_config",
-           "DEFAULT_DEVICE_CLASS_SELECTORS"]
+__all__ = [
+    "ExtenderConfig",
+    "KubeAccess",
+    "Listens",
+    "ServeProcessConfig",
+    "TopologyConfig",
+    "WebhookSettings",
+    "WorkloadClass",
+    "WEBHOOK_ENV",
+    "kube_access",
+    "load_config",
+    "load_serve_config",
+    "read_config",
+    "DEFAULT_DEVICE_CLASS_SELECTORS",
+]
 
 DEFAULT_DEVICE_CLASS_SELECTORS: dict[str, list[str]] = {
-    "gpu.nvidia.com": [
-        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
-    ],
-    "mig.nvidia.com": [
-        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
-    ],
+    "gpu.nvidia.com": ["device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"],
+    "mig.nvidia.com": ["device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"],
 }
 """The DeviceClasses the NVIDIA DRA driver's Helm chart installs (used only when the cluster has none of that name)."""
 
@@ -237,8 +245,11 @@ class ExtenderConfig(Listens):
             listen=self.webhook_listen,
             tls_cert_file=self.webhook_tls_cert_file,
             tls_key_file=self.webhook_tls_key_file,
-            cert_check_interval_s=(d.cert_check_interval_s if self.webhook_cert_check_interval_s is None
-                                   else self.webhook_cert_check_interval_s),
+            cert_check_interval_s=(
+                d.cert_check_interval_s
+                if self.webhook_cert_check_interval_s is None
+                else self.webhook_cert_check_interval_s
+            ),
             max_body_bytes=d.max_body_bytes if self.webhook_max_body_bytes is None else self.webhook_max_body_bytes,
         )
 
@@ -327,11 +338,18 @@ def kube_access(env: Mapping[str, str], kubeconfig: str | None = None) -> KubeAc
 
 
 def load_serve_config(
-    path: Path | None, *, env: Mapping[str, str], listen: str | None = None, log_level: str | None = None,
-    kube: bool = False, inventory_files: Sequence[Path] = (),
+    path: Path | None,
+    *,
+    env: Mapping[str, str],
+    listen: str | None = None,
+    log_level: str | None = None,
+    kube: bool = False,
+    inventory_files: Sequence[Path] = (),
 ) -> ServeProcessConfig:
     """The `serve` process's configuration: the file (optional), the flags (None / empty = not given), ``env``."""
     return ServeProcessConfig(
         extender=load_config(path, env=env, listen=listen, log_level=log_level),
-        kube=kube_access(env), watch_cluster=kube, inventory_files=tuple(inventory_files),
+        kube=kube_access(env),
+        watch_cluster=kube,
+        inventory_files=tuple(inventory_files),
     )

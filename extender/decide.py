@@ -46,7 +46,9 @@ class Decision:
     reasons: Counter[str] = field(default_factory=Counter)
 
 
-def _claim_resolver(pod: dict[str, Any], inv: Inventory) -> tuple[dict[str, tuple[DraRequest, ...]], frozenset[str] | None]:
+def _claim_resolver(
+    pod: dict[str, Any], inv: Inventory
+) -> tuple[dict[str, tuple[DraRequest, ...]], frozenset[str] | None]:
     """Device requests of the pod's claims (empty for claims already allocated) and the nodes the
     allocated ones pin the pod to."""
     refs = pod["spec"].get("resourceClaims") or []
@@ -58,8 +60,11 @@ def _claim_resolver(pod: dict[str, Any], inv: Inventory) -> tuple[dict[str, tupl
     generated = (pod.get("status") or {}).get("resourceClaimStatuses") or []
     if not isinstance(generated, list):
         raise BadRequest("Pod.status.resourceClaimStatuses must be a list")
-    statuses = {s["name"]: s.get("resourceClaimName")
-                for s in generated if isinstance(s, dict) and isinstance(s.get("name"), str)}
+    statuses = {
+        s["name"]: s.get("resourceClaimName")
+        for s in generated
+        if isinstance(s, dict) and isinstance(s.get("name"), str)
+    }
     out: dict[str, tuple[DraRequest, ...]] = {}
     allowed: frozenset[str] | None = None
     for ref in refs:
@@ -72,8 +77,10 @@ def _claim_resolver(pod: dict[str, Any], inv: Inventory) -> tuple[dict[str, tupl
         if not name:
             template = ref.get("resourceClaimTemplateName")
             if template:
-                raise BadRequest(f"claim {entry!r} from template {str(template)[:253]!r} "
-                                 "is not created yet (pod.status.resourceClaimStatuses has no name)")
+                raise BadRequest(
+                    f"claim {entry!r} from template {str(template)[:253]!r} "
+                    "is not created yet (pod.status.resourceClaimStatuses has no name)"
+                )
             raise BadRequest(f"resourceClaims entry {entry!r} names no claim")
         claim = inv.claim(ns, name)
         if claim is None:
@@ -81,7 +88,7 @@ def _claim_resolver(pod: dict[str, Any], inv: Inventory) -> tuple[dict[str, tupl
         alloc = (claim.get("status") or {}).get("allocation")
         if alloc:
             nodes: set[str] = set()
-            for term in ((alloc.get("nodeSelector") or {}).get("nodeSelectorTerms") or []):
+            for term in (alloc.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
                 for mf in term.get("matchFields") or []:
                     if mf.get("key") == "metadata.name" and mf.get("operator") == "In":
                         nodes.update(str(v) for v in mf.get("values") or [])
@@ -104,8 +111,9 @@ def _fingerprint(pod: dict[str, Any]) -> bytes | None:
     names). None: too deeply nested to write, so not cached."""
     meta, status = pod["metadata"], pod.get("status") or {}
     try:
-        blob = orjson.dumps([pod["spec"], meta.get("labels"), meta.get("namespace"),
-                             status.get("resourceClaimStatuses")])
+        blob = orjson.dumps(
+            [pod["spec"], meta.get("labels"), meta.get("namespace"), status.get("resourceClaimStatuses")]
+        )
     except orjson.JSONEncodeError:
         return None
     return hashlib.blake2b(blob, digest_size=16).digest()
@@ -226,7 +234,7 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
     if args.nodes is None:
         passed_rows = pos[passed_at]
         if span is not None and len(passed_at) == count:  # all passed: the request's own list
-            passed_names = args.raw[span.start:span.end]
+            passed_names = args.raw[span.start : span.end]
         else:
             passed_names = snap.names_csv(passed_rows)
         snap.last_passed = (q, b'"NodeNames":[' + passed_names + b"]", passed_rows, every)
@@ -251,8 +259,9 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
             if note:  # say how the gang's whole reserved domain stands, not only this node
                 v = sv.verdicts[pinned_row]
                 frags = frags.copy()
-                frags[pinned_row] = (snap.name_json[pinned_row] + b":"
-                                     + orjson.dumps(f"{note}; {v.message if v is not None else ''}"))
+                frags[pinned_row] = (
+                    snap.name_json[pinned_row] + b":" + orjson.dumps(f"{note}; {v.message if v is not None else ''}")
+                )
         failed = b",".join(frags[rows[~u]].tolist())
         unres_parts = frags[rows[u]].tolist()
         counts = np.bincount(sv.codes[rows])
@@ -261,12 +270,13 @@ def decide_filter(inv: Inventory, args: ExtenderArgs) -> Decision:
         if not all_known:
             names = args.node_names
             missing = [names[j] for j in np.flatnonzero(~known).tolist()]
-            unres_parts += [orjson.dumps(n) + b":" + orjson.dumps(f"node {n} is not in the extender's inventory yet")
-                            for n in missing]
+            unres_parts += [
+                orjson.dumps(n) + b":" + orjson.dumps(f"node {n} is not in the extender's inventory yet")
+                for n in missing
+            ]
             reasons[UNKNOWN_NODE] += len(missing)
         unres = b",".join(unres_parts)
-    body = encode_filter_result(passed_names=passed_names, passed_nodes=passed_nodes, failed=failed,
-                                unresolvable=unres)
+    body = encode_filter_result(passed_names=passed_names, passed_nodes=passed_nodes, failed=failed, unresolvable=unres)
     return Decision(body, len(passed_at), reasons)
 
 
@@ -281,7 +291,7 @@ def _names_every_row(snap: Snapshot, pos: np.ndarray) -> bool:
 
 
 def _gang_domain_note(inv: Inventory, snap: Snapshot, q: Query) -> str:
-    """"rack r7 holds 3 free GPUs for gang train-42, needs 4": free GPUs the gang could use on the
+    """ "rack r7 holds 3 free GPUs for gang train-42, needs 4": free GPUs the gang could use on the
     nodes of its reservation against what its replicas not yet bound still need."""
     assert q.gang is not None
     notes = []

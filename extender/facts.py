@@ -46,8 +46,11 @@ class Hold:
 
     def describe(self) -> str:
         where = f" in {domain_label(self.domain)}" if self.domain else ""
-        per = f"{self.shape.gpus} GPU(s)" if self.shape.gpus else (
-            f"{self.shape.mig_count} MIG {self.shape.mig_profile}" if self.shape.mig_profile else "CPU/memory")
+        per = (
+            f"{self.shape.gpus} GPU(s)"
+            if self.shape.gpus
+            else (f"{self.shape.mig_count} MIG {self.shape.mig_profile}" if self.shape.mig_profile else "CPU/memory")
+        )
         return f"{self.replicas} replica(s) x {per} for gang {self.job} (attempt {self.attempt}){where}"
 
 
@@ -82,9 +85,18 @@ class NodeFacts:
 def fit_signature(node: Node) -> tuple[object, ...]:
     """What `placement.fit.capacity` reads from a node besides its name and labels: two nodes with
     the same signature and the same values of the labels a shape selects on get the same verdict."""
-    return (node.taints, node.ready, node.cordoned, node.cpu_milli_allocatable, node.cpu_milli_free,
-            node.memory_allocatable, node.memory_free, node.pods_free, node.gpus,
-            tuple(sorted(node.extended_free.items())))
+    return (
+        node.taints,
+        node.ready,
+        node.cordoned,
+        node.cpu_milli_allocatable,
+        node.cpu_milli_free,
+        node.memory_allocatable,
+        node.memory_free,
+        node.pods_free,
+        node.gpus,
+        tuple(sorted(node.extended_free.items())),
+    )
 
 
 def levels_of(config: ExtenderConfig) -> TopologyLevels:

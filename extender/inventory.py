@@ -31,7 +31,9 @@ KINDS = ("Node", "Pod", "ResourceSlice", "ResourceClaim", "DeviceClass", "Config
 """Kinds the inventory understands; ConfigMaps are reservation ConfigMaps."""
 
 _ALIASES = (
-    {k.lower(): k for k in KINDS} | {k.lower() + "s": k for k in KINDS} | {"deviceclasses": "DeviceClass"}
+    {k.lower(): k for k in KINDS}
+    | {k.lower() + "s": k for k in KINDS}
+    | {"deviceclasses": "DeviceClass"}
     | {"reservation": "ConfigMap", "reservations": "ConfigMap"}  # the watcher's name for them
 )
 
@@ -56,8 +58,12 @@ class Inventory:
     practice; the lock only guards the file-mode reload and tests that use threads).
     """
 
-    def __init__(self, config: ExtenderConfig, clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: ExtenderConfig,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self._clock = clock
         self._wall = wall_clock
@@ -159,8 +165,9 @@ class Inventory:
 
     def _is_reservation(self, cm: dict[str, Any]) -> bool:
         meta = cm.get("metadata") or {}
-        return (meta.get("namespace") == self.config.reservation_namespace
-                and self.config.reservation_label in (meta.get("labels") or {}))
+        return meta.get("namespace") == self.config.reservation_namespace and self.config.reservation_label in (
+            meta.get("labels") or {}
+        )
 
     def _touch(self) -> None:
         """Bump the version if the events since the last bump changed anything decisions read
@@ -296,21 +303,37 @@ class Inventory:
 
     # ------------------------------------------------------------------ snapshots
 
-    def _build(self, name: str, allocated: frozenset[DeviceKey], without: frozenset[str] = frozenset(),
-               reservations: Iterable[HeldReservation] | None = None) -> NodeFacts | None:
+    def _build(
+        self,
+        name: str,
+        allocated: frozenset[DeviceKey],
+        without: frozenset[str] = frozenset(),
+        reservations: Iterable[HeldReservation] | None = None,
+    ) -> NodeFacts | None:
         node = self._objs["Node"].get(("", name))
         if node is None:
             return None
-        pods = [(k, p) for k, p in self._pods_on.get(name, {}).items()
-                if not without or str((p.get("metadata") or {}).get("uid")) not in without]
+        pods = [
+            (k, p)
+            for k, p in self._pods_on.get(name, {}).items()
+            if not without or str((p.get("metadata") or {}).get("uid")) not in without
+        ]
         records = [self._records[k] for k, _ in pods if k in self._records]
         if reservations is None:
             reservations = [r for r in self._reservations.values() if name in r.nodes]
         if len(self._sig_ids) > _SIG_TABLE_LIMIT:
             self._sig_ids = {}
         try:
-            return build_facts(node, [p for _, p in pods], records, self._slices_on.get(name, {}).values(),
-                               allocated, reservations, self.config, None if without else self._sig_ids)
+            return build_facts(
+                node,
+                [p for _, p in pods],
+                records,
+                self._slices_on.get(name, {}).values(),
+                allocated,
+                reservations,
+                self.config,
+                None if without else self._sig_ids,
+            )
         except PlacementError as e:
             self._error(f"node {name}: {e}")
             return None
@@ -367,7 +390,8 @@ class Inventory:
                 rows = [facts[n] for n in names]
                 if snap is not None and snap.names == names:
                     changed = sorted(snap.index[n] for n in dirty if n in snap.index)
-            snap = Snapshot.build(self._version, names, rows, self.device_classes(),
-                                  previous=snap, changed=changed, config=self.config)
+            snap = Snapshot.build(
+                self._version, names, rows, self.device_classes(), previous=snap, changed=changed, config=self.config
+            )
             self._snapshot = snap
             return snap

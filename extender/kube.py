@@ -36,8 +36,11 @@ def _sources(api: kclient.ApiClient, settings: KubeSettings) -> list[_Source]:
     dra = kclient.ResourceV1Api(api)
     batch = kclient.BatchV1Api(api)
     return [
-        _Source(Kind.JOB, batch.list_job_for_all_namespaces_without_preload_content,
-                kwargs={"label_selector": settings.gang_job_label}),
+        _Source(
+            Kind.JOB,
+            batch.list_job_for_all_namespaces_without_preload_content,
+            kwargs={"label_selector": settings.gang_job_label},
+        ),
         _Source(Kind.NODE, core.list_node_without_preload_content),
         _Source(Kind.POD, core.list_pod_for_all_namespaces_without_preload_content),
         _Source(Kind.RESOURCE_SLICE, dra.list_resource_slice_without_preload_content),
@@ -86,9 +89,14 @@ class Watcher(WatchLoop):
         self.reservations_loaded = asyncio.Event()
         self.resource_versions: dict[Kind, str | None] = {s.kind: None for s in self._sources}
 
+
 async def load_api_client(
-    host: str | None = None, kubeconfig: str | None = None, context: str | None = None, token: str | None = None,
-    *, in_cluster: bool = False,
+    host: str | None = None,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    token: str | None = None,
+    *,
+    in_cluster: bool = False,
 ) -> kclient.ApiClient:
     """Build the API client: an explicit host (tests, proxies; with a bearer `token`), else in-cluster (the
     pod's service account: `in_cluster`, as KubeAccess resolved it), else kubeconfig (None = the client's
@@ -115,8 +123,13 @@ class KubeClient:
     `guard`: a replica that lost the leader Lease must not write (A-11)."""
 
     def __init__(
-        self, api: kclient.ApiClient, *, field_manager: str = "tandem-agent", timeout_s: float = 30.0,
-        retries: int = 4, guard: Callable[[], bool] | None = None,
+        self,
+        api: kclient.ApiClient,
+        *,
+        field_manager: str = "tandem-agent",
+        timeout_s: float = 30.0,
+        retries: int = 4,
+        guard: Callable[[], bool] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.api = api
@@ -129,8 +142,14 @@ class KubeClient:
         """Failed requests by HTTP status (0 = transport), for the agent's metrics."""
 
     async def request(
-        self, method: str, path: str, *, body: Any = None, query: list[tuple[str, str]] | None = None,
-        content_type: str = "application/json", mutating: bool | None = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+        mutating: bool | None = None,
     ) -> dict[str, Any]:
         """One request; the reply's JSON object, or KubeError (status, Status reason and message)."""
         if mutating is None:
@@ -140,17 +159,22 @@ class KubeClient:
                 raise NotLeader()
             headers = {"Accept": "application/json", "Content-Type": content_type}
             params = await self.api.param_serialize(
-                method=method, resource_path=path, query_params=query or [], header_params=headers, body=body,
+                method=method,
+                resource_path=path,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
                 auth_settings=["BearerToken"],
             )
             try:
-                resp = (await self.api.call_api(*params, _preload_content=False,
-                                                _request_timeout=self.timeout_s)).response
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                resp = (
+                    await self.api.call_api(*params, _preload_content=False, _request_timeout=self.timeout_s)
+                ).response
+            except (TimeoutError, aiohttp.ClientError) as e:
                 self.errors[0] = self.errors.get(0, 0) + 1
                 if attempt == self.retries:
                     raise KubeError(0, repr(e)) from e
-                await self._sleep(min(8.0, 0.2 * 2 ** attempt))
+                await self._sleep(min(8.0, 0.2 * 2**attempt))
                 continue
             if resp.status < 300:
                 try:
@@ -165,7 +189,7 @@ class KubeClient:
                 resp.release()
                 told = retry_after.isascii() and retry_after.isdigit()
                 # the server's hint, but not an unbounded one (a proxy's Retry-After may say anything)
-                await self._sleep(min(30.0, float(retry_after)) if told else min(8.0, 0.2 * 2 ** attempt))
+                await self._sleep(min(30.0, float(retry_after)) if told else min(8.0, 0.2 * 2**attempt))
                 continue
             raise await _error_of(resp)
         raise KubeError(0, "unreachable")  # pragma: no cover - the loop returns or raises
@@ -212,8 +236,14 @@ class KubeClient:
         query = [("fieldManager", self.field_manager), ("fieldValidation", "Strict")]
         return await self.request("PATCH", path, body=patch, query=query, content_type=content_type)
 
-    async def delete(self, path: str, *, propagation_policy: str, grace_period_s: int | None = None,
-                     preconditions: dict[str, str] | None = None) -> dict[str, Any] | None:
+    async def delete(
+        self,
+        path: str,
+        *,
+        propagation_policy: str,
+        grace_period_s: int | None = None,
+        preconditions: dict[str, str] | None = None,
+    ) -> dict[str, Any] | None:
         """Delete with an explicit propagation policy (a Job deleted without one orphans its pods);
         None when it was already gone."""
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation_policy}
@@ -228,8 +258,9 @@ class KubeClient:
                 return None
             raise
 
-    async def delete_collection(self, path: str, *, label_selector: str, propagation_policy: str,
-                                grace_period_s: int | None = None) -> None:
+    async def delete_collection(
+        self, path: str, *, label_selector: str, propagation_policy: str, grace_period_s: int | None = None
+    ) -> None:
         query = [("labelSelector", label_selector)]
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation_policy}
         if grace_period_s is not None:
@@ -241,8 +272,9 @@ class KubeClient:
         info = await self.request("GET", "/version")
         return str(info.get("gitVersion", ""))
 
-    async def can_i(self, verb: str, resource: str, *, group: str = "", namespace: str = "", name: str = "",
-                    subresource: str = "") -> tuple[bool, str]:
+    async def can_i(
+        self, verb: str, resource: str, *, group: str = "", namespace: str = "", name: str = "", subresource: str = ""
+    ) -> tuple[bool, str]:
         """A SelfSubjectAccessReview: whether this identity may do it, and the server's reason."""
         attrs = {"verb": verb, "resource": resource, "group": group}
         if namespace:
@@ -251,10 +283,14 @@ class KubeClient:
             attrs["name"] = name
         if subresource:
             attrs["subresource"] = subresource
-        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                  "spec": {"resourceAttributes": attrs}}
-        out = await self.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=review,
-                                 mutating=False)
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attrs},
+        }
+        out = await self.request(
+            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=review, mutating=False
+        )
         status = out.get("status") or {}
         return bool(status.get("allowed")), str(status.get("reason", "") or status.get("evaluationError", ""))
 
@@ -268,13 +304,20 @@ WRITABLE: dict[str, tuple[str, str, str]] = {
 
 
 async def _raw(
-    api: kclient.ApiClient, method: str, path: str, body: dict[str, Any] | None = None,
+    api: kclient.ApiClient,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
     query: list[tuple[str, str]] | None = None,
 ) -> aiohttp.ClientResponse:
     """One request with a raw JSON body and reply (no generated models: nothing is dropped or re-validated)."""
     headers = {"Accept": "application/json", "Content-Type": "application/json"}
     params = await api.param_serialize(
-        method=method, resource_path=path, query_params=query or [], header_params=headers, body=body,
+        method=method,
+        resource_path=path,
+        query_params=query or [],
+        header_params=headers,
+        body=body,
         auth_settings=["BearerToken"],
     )
     resp = await api.call_api(*params, _preload_content=False)

@@ -59,8 +59,9 @@ async def _error_of(resp: aiohttp.ClientResponse) -> KubeError:
     return cls(resp.status, message)
 
 
-def api_path(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None,
-             sub: str | None = None) -> str:
+def api_path(
+    group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None, sub: str | None = None
+) -> str:
     """REST path of a collection or object: `/api/v1/...` for the core group, `/apis/<g>/<v>/...` else."""
     base = f"/apis/{group}/{version}" if group else f"/api/{version}"
     path = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"

@@ -76,8 +76,11 @@ class KubeSettings:
     @classmethod
     def from_config(cls, config: ExtenderConfig) -> KubeSettings:
         """The one way to build it: the reservation namespace and label from the extender's config."""
-        return cls(reservation_namespace=config.reservation_namespace, reservation_label=config.reservation_label,
-                   gang_job_label=config.gang_job_label)
+        return cls(
+            reservation_namespace=config.reservation_namespace,
+            reservation_label=config.reservation_label,
+            gang_job_label=config.gang_job_label,
+        )
 
 
 ListFn = Callable[..., Awaitable[aiohttp.ClientResponse]]
@@ -146,7 +149,7 @@ class WatchLoop:
                     continue
                 rv = self._resume_version(source.kind, rv)
                 await self._fail(source, backoff, e)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            except (TimeoutError, aiohttp.ClientError, ValueError) as e:
                 rv = self._resume_version(source.kind, rv)
                 await self._fail(source, backoff, e)
 

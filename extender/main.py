@@ -37,9 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem-extender", description="Tandem kube-scheduler extender")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the extender verbs")
-    s.add_argument("--inventory-file", action="append", type=Path, default=[],
-                   help="`kubectl get nodes,pods,resourceslices,resourceclaims,deviceclasses -A -o json` output"
-                        " (repeatable)")
+    s.add_argument(
+        "--inventory-file",
+        action="append",
+        type=Path,
+        default=[],
+        help="`kubectl get nodes,pods,resourceslices,resourceclaims,deviceclasses -A -o json` output (repeatable)",
+    )
     s.add_argument("--listen", default=None, help="HOST:PORT (default from config: 127.0.0.1:8888)")
     s.add_argument("--config", type=Path, default=None, help="YAML/JSON ExtenderConfig file")
     s.add_argument("--kube", action="store_true", help="list+watch the cluster's API server")
@@ -48,8 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--config", type=Path, default=None, help="YAML/JSON AgentConfig file")
     a.add_argument("--kube", action="store_true", help="watch and write the cluster (in a pod or via --kubeconfig)")
     a.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
-    a.add_argument("--inventory-file", action="append", type=Path, default=[],
-                   help="read-only mode: report this file snapshot, create nothing (repeatable)")
+    a.add_argument(
+        "--inventory-file",
+        action="append",
+        type=Path,
+        default=[],
+        help="read-only mode: report this file snapshot, create nothing (repeatable)",
+    )
     a.add_argument("--broker", default=None, help="HOST:PORT of the broker's agent listener")
     a.add_argument("--cluster-name", default=None, help="this cluster's name (the client certificate's CN)")
     a.add_argument("--tls-cert", type=Path, default=None, help="client certificate (PEM)")
@@ -102,8 +111,10 @@ async def _serve(config: ServeProcessConfig, watch: bool) -> None:
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context(settings))
     await site.start()
-    log.info("extender serving", extra={"detail": {"listen": settings.listen, "nodes": len(inv.snapshot()),
-                                                   "ready": inv.ready}})
+    log.info(
+        "extender serving",
+        extra={"detail": {"listen": settings.listen, "nodes": len(inv.snapshot()), "ready": inv.ready}},
+    )
     try:
         await asyncio.Event().wait()
     finally:
@@ -122,8 +133,9 @@ async def _expire_reservations(inv: Inventory, every_s: float = 5.0) -> None:
 def _agent(config: AgentProcessConfig) -> int:
     _setup_logging(config.log_level)
     if not config.agent.cluster_name or not config.agent.broker:
-        print("tandem-extender agent: --cluster-name and --broker are required (or set them in --config)",
-              file=sys.stderr)
+        print(
+            "tandem-extender agent: --cluster-name and --broker are required (or set them in --config)", file=sys.stderr
+        )
         return 2
     if config.watch_cluster == bool(config.inventory_files):
         print("tandem-extender agent: pass exactly one of --kube or --inventory-file", file=sys.stderr)
@@ -140,8 +152,11 @@ def _serve_main(config: ServeProcessConfig) -> int:
     if not config.inventory_files and not watch:
         # Serving with nothing to read would never become ready: find the cluster, or say what is missing.
         if not config.kube.found():
-            print("tandem-extender serve: no inventory source: pass --kube (in a pod or with a kubeconfig) or "
-                  "--inventory-file FILE", file=sys.stderr)
+            print(
+                "tandem-extender serve: no inventory source: pass --kube (in a pod or with a kubeconfig) or "
+                "--inventory-file FILE",
+                file=sys.stderr,
+            )
             return 2
         log.info("no inventory source given: watching the cluster found in the environment")
         watch = True
@@ -162,13 +177,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(render_rbac(load_agent_config(args.config)))
         return 0
     if args.command == "agent":
-        return _agent(load_agent_process_config(
-            args.config, env=os.environ, kube=args.kube, kubeconfig=args.kubeconfig,
-            inventory_files=args.inventory_file, log_level=args.log_level, broker=args.broker,
-            cluster_name=args.cluster_name, tls_cert_file=args.tls_cert, tls_key_file=args.tls_key,
-            tls_ca_file=args.tls_ca, listen=args.listen))
-    return _serve_main(load_serve_config(args.config, env=os.environ, listen=args.listen, log_level=args.log_level,
-                                         kube=args.kube, inventory_files=args.inventory_file))
+        return _agent(
+            load_agent_process_config(
+                args.config,
+                env=os.environ,
+                kube=args.kube,
+                kubeconfig=args.kubeconfig,
+                inventory_files=args.inventory_file,
+                log_level=args.log_level,
+                broker=args.broker,
+                cluster_name=args.cluster_name,
+                tls_cert_file=args.tls_cert,
+                tls_key_file=args.tls_key,
+                tls_ca_file=args.tls_ca,
+                listen=args.listen,
+            )
+        )
+    return _serve_main(
+        load_serve_config(
+            args.config,
+            env=os.environ,
+            listen=args.listen,
+            log_level=args.log_level,
+            kube=args.kube,
+            inventory_files=args.inventory_file,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,9 +22,19 @@ MAX_WIDTH = 128
 
 _MAX_LEVELS = 8
 _AMBIGUOUS = -2
-_MULT = np.array([0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93,
-                  0xA0761D6478BD642F, 0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3, 0x589965CC75374CC3],
-                 dtype=np.uint64)
+_MULT = np.array(
+    [
+        0x9E3779B97F4A7C15,
+        0xBF58476D1CE4E5B9,
+        0x94D049BB133111EB,
+        0xD6E8FEB86659FD93,
+        0xA0761D6478BD642F,
+        0xE7037ED1A0B428DB,
+        0x8EBC6AF09C88C6E3,
+        0x589965CC75374CC3,
+    ],
+    dtype=np.uint64,
+)
 
 Rows = npt.NDArray[np.intp]
 Words = list[npt.NDArray[np.uint64]]
@@ -97,8 +107,14 @@ def find_raw_names(raw: bytes, count: int | None = None) -> RawNames | None:
     # `]` then `}` closes the document, so the array is the top-level object's last member; with
     # no backslash, exactly 2*count quotes each pair joined by one comma leave room for nothing
     # but count plain strings (a key found inside the pod would bring more quotes along).
-    if (end <= start or raw[close] != 0x7D or raw[end] != 0x5D or raw[start] != 0x22 or raw[end - 1] != 0x22
-            or raw.find(b"\\", start, end) >= 0):
+    if (
+        end <= start
+        or raw[close] != 0x7D
+        or raw[end] != 0x5D
+        or raw[start] != 0x22
+        or raw[end - 1] != 0x22
+        or raw.find(b"\\", start, end) >= 0
+    ):
         return None
     seg = np.frombuffer(raw, np.uint8, end - start, start)
     quotes = np.flatnonzero(seg == 0x22)

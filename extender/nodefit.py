@@ -80,7 +80,8 @@ class QueryMemo:
         keys = [k for k, _ in q.shape.node_selector] + [r.key for t in q.shape.affinity for r in t]
         # matchFields on the node name make every node its own class
         self.label_keys: tuple[str, ...] | None = (
-            None if NODE_NAME_FIELD in keys else tuple(sorted(set(keys) | {GPU_PRODUCT_LABEL})))
+            None if NODE_NAME_FIELD in keys else tuple(sorted(set(keys) | {GPU_PRODUCT_LABEL}))
+        )
 
 
 def _renamed(v: Verdict, rep: str, name: str) -> Verdict:
@@ -88,7 +89,7 @@ def _renamed(v: Verdict, rep: str, name: str) -> Verdict:
     head = f"node {rep}"
     if not v.message.startswith(head):
         return v
-    return Verdict(v.reason, v.unresolvable, f"node {name}" + v.message[len(head):])
+    return Verdict(v.reason, v.unresolvable, f"node {name}" + v.message[len(head) :])
 
 
 def room_for(f: NodeFacts, q: Query, dra: DraEvaluator) -> int:
@@ -103,12 +104,17 @@ def check_node(f: NodeFacts, q: Query, dra: DraEvaluator, memo: QueryMemo | None
     s = q.shape
     name = f.name
     if q.pinned is not None and name != q.pinned:
-        return Verdict(Reason.NOT_ASSIGNED_TO_GANG, True,
-                       f"node {name} is not the node assigned to this replica of gang {q.gang_name} ({q.pinned})")
+        return Verdict(
+            Reason.NOT_ASSIGNED_TO_GANG,
+            True,
+            f"node {name} is not the node assigned to this replica of gang {q.gang_name} ({q.pinned})",
+        )
     if q.claim_nodes is not None and name not in q.claim_nodes:
-        return Verdict(Reason.NODE_SELECTOR_MISMATCH, True,
-                       f"node {name} is not where the pod's allocated ResourceClaim lives "
-                       f"({', '.join(sorted(q.claim_nodes))})")
+        return Verdict(
+            Reason.NODE_SELECTOR_MISMATCH,
+            True,
+            f"node {name} is not where the pod's allocated ResourceClaim lives ({', '.join(sorted(q.claim_nodes))})",
+        )
     if not s.wants_gpu:
         return OK
     if memo is not None and f.sig_id >= 0 and memo.label_keys is not None:
@@ -132,5 +138,4 @@ def check_node(f: NodeFacts, q: Query, dra: DraEvaluator, memo: QueryMemo | None
     if eff.count > 0:
         return OK
     held = "; ".join(h.describe() for h in f.holds if h.gang != q.gang)
-    return Verdict(Reason.RESERVED_FOR_GANG, True,
-                   f"node {name} holds {held}; without that: {eff.detail or 'no room'}")
+    return Verdict(Reason.RESERVED_FOR_GANG, True, f"node {name} holds {held}; without that: {eff.detail or 'no room'}")

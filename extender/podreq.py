@@ -39,8 +39,11 @@ def _terms(pod: Mapping[str, Any]) -> list[Any] | None:
         return None
     affinity = spec.get("affinity")
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
-    required = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-                if isinstance(node_affinity, Mapping) else None)
+    required = (
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(node_affinity, Mapping)
+        else None
+    )
     terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
     return terms if isinstance(terms, list) and terms else None
 

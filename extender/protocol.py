@@ -59,8 +59,14 @@ class ExtenderArgs:
 
     __slots__ = ("pod", "nodes", "raw", "raw_names", "count", "_names")
 
-    def __init__(self, pod: dict[str, Any], node_names: list[str] | None, nodes: list[dict[str, Any]] | None,
-                 raw: bytes = b"", raw_names: RawNames | None = None) -> None:
+    def __init__(
+        self,
+        pod: dict[str, Any],
+        node_names: list[str] | None,
+        nodes: list[dict[str, Any]] | None,
+        raw: bytes = b"",
+        raw_names: RawNames | None = None,
+    ) -> None:
         if node_names is None and raw_names is None:
             raise ValueError("ExtenderArgs needs node_names or raw_names")
         self.pod = pod
@@ -75,7 +81,7 @@ class ExtenderArgs:
         if self._names is None:
             assert self.raw_names is not None
             rn = self.raw_names
-            names = _decode(b"[" + self.raw[rn.start:rn.end] + b"]")
+            names = _decode(b"[" + self.raw[rn.start : rn.end] + b"]")
             if not isinstance(names, list):  # cannot happen for a checked slice; keeps mypy honest
                 raise BadRequest("NodeNames must be a list of strings")
             self._names = names
@@ -106,8 +112,16 @@ def _decode(body: bytes) -> Any:
 _GO_FOLD = str.maketrans({"\u017f": "s", "\u212a": "k", "\u0131": "i", "\u0130": "i"})
 """The non-ASCII runes Go's key folding (ToUpper(ToLower(r))) turns into ASCII letters."""
 
-_FIELD_NAMES = ("Pod", "Nodes", "NodeNames", "NodeNameToMetaVictims", "NodeNameToVictims",
-                "Pods", "NumPDBViolations", "UID")
+_FIELD_NAMES = (
+    "Pod",
+    "Nodes",
+    "NodeNames",
+    "NodeNameToMetaVictims",
+    "NodeNameToVictims",
+    "Pods",
+    "NumPDBViolations",
+    "UID",
+)
 _FIELD_OF: dict[str, str] = {n: n for n in _FIELD_NAMES}
 _FOLDED: dict[str, str] = {n.lower(): n for n in _FIELD_NAMES}
 
@@ -192,7 +206,7 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     if len(body) > _LAZY_BYTES:
         rn = find_raw_names(body)
         if rn is not None:  # decode the rest only: the pod, and `"NodeNames":null` in the array's place
-            rest = body[:rn.start - 1] + b"null}"
+            rest = body[: rn.start - 1] + b"null}"
             try:
                 obj = orjson.loads(rest)
             except orjson.JSONDecodeError:
@@ -352,8 +366,9 @@ def encode_filter_result(
     else:
         head = [b'{"Nodes":null,"NodeNames":[', passed_names or b"", b"]"]
     # One join: the parts can be hundreds of kilobytes, copied once rather than once per `+`.
-    return b"".join([*head, b',"FailedNodes":{', failed, b'},"FailedAndUnresolvableNodes":{', unresolvable,
-                     b'},"Error":""}'])
+    return b"".join(
+        [*head, b',"FailedNodes":{', failed, b'},"FailedAndUnresolvableNodes":{', unresolvable, b'},"Error":""}']
+    )
 
 
 def encode_filter_error(message: str) -> bytes:

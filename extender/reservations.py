@@ -92,8 +92,9 @@ def shape_document(shape: PodShape) -> dict[str, Any]:
     if shape.extended:
         doc["extended"] = dict(shape.extended)
     if shape.dra:
-        doc["dra"] = [{"device_class": r.device_class, "selectors": list(r.selectors), "count": r.count}
-                      for r in shape.dra]
+        doc["dra"] = [
+            {"device_class": r.device_class, "selectors": list(r.selectors), "count": r.count} for r in shape.dra
+        ]
     return doc
 
 
@@ -106,13 +107,30 @@ def _shapes(doc: _ShapeDoc) -> list[PodShape]:
     migs = sorted((p, n) for p, n in doc.mig.items() if n > 0)
     out: list[PodShape] = []
     if doc.gpus or not migs:
-        out.append(PodShape(gpus=doc.gpus, gpu_milli=doc.gpu_milli, cpu_milli=cpu, memory=memory,
-                            extended=extended, dra=dra, tolerations=_TOLERATE_ALL))
+        out.append(
+            PodShape(
+                gpus=doc.gpus,
+                gpu_milli=doc.gpu_milli,
+                cpu_milli=cpu,
+                memory=memory,
+                extended=extended,
+                dra=dra,
+                tolerations=_TOLERATE_ALL,
+            )
+        )
     for profile, count in migs:
         first = not out
-        out.append(PodShape(mig_profile=profile, mig_count=count, tolerations=_TOLERATE_ALL,
-                            cpu_milli=cpu if first else 0, memory=memory if first else 0,
-                            extended=extended if first else (), dra=dra if first else ()))
+        out.append(
+            PodShape(
+                mig_profile=profile,
+                mig_count=count,
+                tolerations=_TOLERATE_ALL,
+                cpu_milli=cpu if first else 0,
+                memory=memory if first else 0,
+                extended=extended if first else (),
+                dra=dra if first else (),
+            )
+        )
     return out
 
 
@@ -152,7 +170,7 @@ class HeldReservation:
 
     @property
     def domain_label(self) -> str:
-        """"network.example.com/rack=r7" -> "rack r7" (for messages); other text as written."""
+        """ "network.example.com/rack=r7" -> "rack r7" (for messages); other text as written."""
         return domain_label(self.domain)
 
     def expired(self, now: float) -> bool:
@@ -167,7 +185,7 @@ def domain_label(domain: str) -> str:
 
 
 def _rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _parse_time(text: str, name: str) -> float:
@@ -192,8 +210,12 @@ def parse_reservation(cm: Mapping[str, Any]) -> HeldReservation:
         if "pod_sets" in data:
             docs = [_PodSetDoc.model_validate(d) for d in orjson.loads(data["pod_sets"])]
         else:
-            docs = [_PodSetDoc(nodes=orjson.loads(data["nodes"]),
-                               shape=_ShapeDoc.model_validate(orjson.loads(data.get("shape", "{}"))))]
+            docs = [
+                _PodSetDoc(
+                    nodes=orjson.loads(data["nodes"]),
+                    shape=_ShapeDoc.model_validate(orjson.loads(data.get("shape", "{}"))),
+                )
+            ]
         parts: list[ReservedPart] = []
         for doc in docs:
             if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in doc.nodes.items()):
@@ -248,8 +270,9 @@ def reservation_configmap(
     data = {
         "job": reservation.job_id,
         "attempt": str(reservation.attempt),
-        "pod_sets": orjson.dumps([{"name": ps, "nodes": per, "shape": shape_document(shapes[ps])}
-                                  for ps, per in nodes.items()]).decode(),
+        "pod_sets": orjson.dumps(
+            [{"name": ps, "nodes": per, "shape": shape_document(shapes[ps])} for ps, per in nodes.items()]
+        ).decode(),
     }
     if domain:
         data["domain"] = domain
@@ -262,8 +285,11 @@ def reservation_configmap(
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {**(labels or {}), label: RESERVATION_LABEL_VALUE},
-                     "annotations": dict(annotations or {})},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**(labels or {}), label: RESERVATION_LABEL_VALUE},
+            "annotations": dict(annotations or {}),
+        },
         "data": data,
     }

@@ -47,9 +47,11 @@ def _row_versions(n: int) -> npt.NDArray[np.int64]:
 def make_scoring_policy(config: ExtenderConfig) -> Policy:
     """The configured scoring policy over the configured target workload."""
     total = sum(c.weight for c in config.target_workload)
-    workload = TargetWorkload(tuple(
-        TypicalPod(c.cpu_milli, c.gpu_milli, c.gpus, frozenset(), c.weight / total) for c in config.target_workload
-    ))
+    workload = TargetWorkload(
+        tuple(
+            TypicalPod(c.cpu_milli, c.gpu_milli, c.gpus, frozenset(), c.weight / total) for c in config.target_workload
+        )
+    )
     return make_policy(config.scoring_policy, workload=workload, rng=np.random.default_rng(0))
 
 
@@ -57,9 +59,16 @@ class Snapshot:
     """Read-only view of one inventory version."""
 
     def __init__(
-        self, version: int, names: list[str], facts: list[NodeFacts], classes: Mapping[str, tuple[str, ...]],
-        memo: OrderedDict[Query, QueryMemo], evaluator: core_dra.DraEvaluator,
-        config: ExtenderConfig, previous: Snapshot | None = None, changed: list[int] | None = None,
+        self,
+        version: int,
+        names: list[str],
+        facts: list[NodeFacts],
+        classes: Mapping[str, tuple[str, ...]],
+        memo: OrderedDict[Query, QueryMemo],
+        evaluator: core_dra.DraEvaluator,
+        config: ExtenderConfig,
+        previous: Snapshot | None = None,
+        changed: list[int] | None = None,
     ) -> None:
         self.version = version
         self.names = names
@@ -104,8 +113,15 @@ class Snapshot:
 
     @classmethod
     def build(
-        cls, version: int, names: list[str], facts: list[NodeFacts], classes: Mapping[str, tuple[str, ...]], *,
-        previous: Snapshot | None, config: ExtenderConfig, changed: list[int] | None = None,
+        cls,
+        version: int,
+        names: list[str],
+        facts: list[NodeFacts],
+        classes: Mapping[str, tuple[str, ...]],
+        *,
+        previous: Snapshot | None,
+        config: ExtenderConfig,
+        changed: list[int] | None = None,
     ) -> Snapshot:
         """A snapshot; `changed` lists the rows whose facts differ from `previous` (None: compare)."""
         memo = previous._memo if previous is not None else OrderedDict()
@@ -152,8 +168,9 @@ class Snapshot:
         hit = self._label_codes.get(key)
         if hit is None:
             seen: dict[str | None, int] = {None: 0}
-            codes = np.fromiter((seen.setdefault(f.node.labels.get(key), len(seen)) for f in self.facts),
-                                np.int64, len(self.facts))
+            codes = np.fromiter(
+                (seen.setdefault(f.node.labels.get(key), len(seen)) for f in self.facts), np.int64, len(self.facts)
+            )
             hit = self._label_codes[key] = (codes, len(seen))
         return hit
 
@@ -240,8 +257,13 @@ class Snapshot:
             arrays = self.gpu_arrays()
             feasible = np.zeros(len(arrays), np.bool_)
             feasible[rows[fit]] = True
-            demand = PodDemand(cpu_milli=s.cpu_milli, mem_mib=s.memory >> 20, gpu_count=s.gpus,
-                               gpu_milli=s.gpu_milli, models=s.gpu_models)
+            demand = PodDemand(
+                cpu_milli=s.cpu_milli,
+                mem_mib=s.memory >> 20,
+                gpu_count=s.gpus,
+                gpu_milli=s.gpu_milli,
+                models=s.gpu_models,
+            )
             scored: npt.NDArray[np.int64] = extender_scores(arrays, demand, feasible, self.policy)[rows]
             return scored
         raw = sv.raw_scores(rows[fit])

@@ -56,8 +56,19 @@ class ShapeVerdict:
     """Verdicts of one query over the nodes of a snapshot (row i = snapshot node i), filled in
     for the rows requests name. For each refused row, `"name":"reason"` is kept pre-serialised."""
 
-    __slots__ = ("snap", "query", "memo", "done", "ok", "unresolvable", "codes", "verdicts", "frags", "_refusals",
-                 "_fit_scores")
+    __slots__ = (
+        "snap",
+        "query",
+        "memo",
+        "done",
+        "ok",
+        "unresolvable",
+        "codes",
+        "verdicts",
+        "frags",
+        "_refusals",
+        "_fit_scores",
+    )
 
     def __init__(self, snap: Snapshot, query: Query, memo: QueryMemo) -> None:
         n = len(snap.facts)
@@ -97,8 +108,13 @@ class ShapeVerdict:
             return
         facts, memo, q, ev = self.snap.facts, self.memo, self.query, self.snap.evaluator
         todo = np.unique(todo)
-        if (len(todo) >= _VECTOR_MIN and memo.label_keys is not None and q.pinned is None
-                and q.claim_nodes is None and q.shape.wants_gpu):
+        if (
+            len(todo) >= _VECTOR_MIN
+            and memo.label_keys is not None
+            and q.pinned is None
+            and q.claim_nodes is None
+            and q.shape.wants_gpu
+        ):
             classed = self.snap.sig_arr()[todo] >= 0
             if classed.any() and self._ensure_classes(todo[classed]):
                 todo = todo[~classed]
@@ -153,7 +169,7 @@ class ShapeVerdict:
             head = f"node {f.name}"
             if v.message.startswith(head):  # the usual core message: "node <name> ..."
                 own_name[j] = True
-                suffix_u[j] = orjson.dumps(v.message[len(head):])[1:]
+                suffix_u[j] = orjson.dumps(v.message[len(head) :])[1:]
             else:
                 suffix_u[j] = orjson.dumps(v.message)
         inv = inv.reshape(-1)

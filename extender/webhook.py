@@ -95,9 +95,7 @@ def wants_gpu(pod: Mapping[str, Any], config: RoutingConfig) -> bool:
             continue
         for section in ("requests", "limits"):
             amounts = resources.get(section)
-            if isinstance(amounts, Mapping) and any(
-                _gpu_resource(str(k)) and _positive(v) for k, v in amounts.items()
-            ):
+            if isinstance(amounts, Mapping) and any(_gpu_resource(str(k)) and _positive(v) for k, v in amounts.items()):
                 return True
     return False
 
@@ -122,10 +120,17 @@ def review(body: Any, config: RoutingConfig) -> dict[str, Any]:
         return _answer(api_version, "", None, ["tandem webhook: not an AdmissionReview request; pod left unchanged"])
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
-        return _answer(api_version, "", None, ["tandem webhook: AdmissionReview without request.uid; pod left unchanged"])
+        return _answer(
+            api_version, "", None, ["tandem webhook: AdmissionReview without request.uid; pod left unchanged"]
+        )
 
     kind = request.get("kind") or {}
-    if request.get("operation") != "CREATE" or not isinstance(kind, Mapping) or kind.get("kind") != "Pod" or kind.get("group"):
+    if (
+        request.get("operation") != "CREATE"
+        or not isinstance(kind, Mapping)
+        or kind.get("kind") != "Pod"
+        or kind.get("group")
+    ):
         return _answer(api_version, uid, None, [])
     pod = request.get("object")
     if not isinstance(pod, Mapping) or not isinstance(pod.get("spec"), Mapping):
@@ -142,13 +147,17 @@ def review(body: Any, config: RoutingConfig) -> dict[str, Any]:
     spec = pod["spec"]
     current = spec.get("schedulerName") or DEFAULT_SCHEDULER
     if not isinstance(current, str):
-        return _answer(api_version, uid, None, ["tandem webhook: spec.schedulerName is not a string; pod left unchanged"])
+        return _answer(
+            api_version, uid, None, ["tandem webhook: spec.schedulerName is not a string; pod left unchanged"]
+        )
     if current == config.scheduler_name or spec.get("nodeName"):
         return _answer(api_version, uid, None, [])  # already routed, or bound by hand: nothing to schedule
     if current != DEFAULT_SCHEDULER:
         # The pod chose another scheduler on purpose (e.g. a batch system's): do not take it away.
         return _answer(
-            api_version, uid, None,
+            api_version,
+            uid,
+            None,
             [f"tandem webhook: GPU pod asks for scheduler {current!r}; not routed to {config.scheduler_name!r}"],
         )
     patch = [{"op": "add", "path": "/spec/schedulerName", "value": config.scheduler_name}]
@@ -172,8 +181,12 @@ def _handler(config: RoutingConfig) -> Callable[[web.Request], Any]:
             log.exception("admission review failed", extra={"pod": _pod_ref(body)})
             req = body.get("request") if isinstance(body, dict) else None
             uid = req.get("uid") if isinstance(req, dict) else None
-            answer = _answer(ADMISSION_VERSIONS[0], uid if isinstance(uid, str) else "", None,
-                             ["tandem webhook: internal error; pod left unchanged"])
+            answer = _answer(
+                ADMISSION_VERSIONS[0],
+                uid if isinstance(uid, str) else "",
+                None,
+                ["tandem webhook: internal error; pod left unchanged"],
+            )
         resp = answer["response"]
         if "patch" in resp or resp.get("warnings"):
             log.info(

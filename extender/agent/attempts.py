@@ -67,8 +67,16 @@ def order_from_jobs(key: AttemptKey, jobs: Iterable[Mapping[str, Any]], config: 
     if not pod_sets:
         return None
     pod_sets.sort(key=lambda ps: ps[0])
-    return Order(job_id=key[0], attempt=key[1], tenant="", pod_sets=tuple(ps for _, ps in pod_sets),
-                 framework=framework, rendezvous_port=port, start_deadline=deadline, dispatch_id=dispatch_id)
+    return Order(
+        job_id=key[0],
+        attempt=key[1],
+        tenant="",
+        pod_sets=tuple(ps for _, ps in pod_sets),
+        framework=framework,
+        rendezvous_port=port,
+        start_deadline=deadline,
+        dispatch_id=dispatch_id,
+    )
 
 
 def rendezvous_address(order: Order) -> str:

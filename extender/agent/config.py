@@ -25,14 +25,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from extender.config import LEVEL_NAMES, ExtenderConfig, KubeAccess, Listens, kube_access, read_config
 
-__all__ = ["AgentConfig", "AgentProcessConfig", "LeaseConfig", "default_identity", "load_agent_config",
-           "load_agent_process_config", "LEVEL_NAMES"]
+__all__ = [
+    "AgentConfig",
+    "AgentProcessConfig",
+    "LeaseConfig",
+    "default_identity",
+    "load_agent_config",
+    "load_agent_process_config",
+    "LEVEL_NAMES",
+]
 
 
 def default_identity(pod_name: str = "") -> str:
     """`<pod name>_<random>` (the host name without one): unique per process, readable in the Lease."""
     return f"{pod_name or socket.gethostname()}_{uuid.uuid4().hex[:6]}"
-
 
 
 class LeaseConfig(BaseModel):
@@ -190,8 +196,14 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
 
 
 def load_agent_process_config(
-    path: Path | None, *, env: Mapping[str, str], kube: bool = False, kubeconfig: str | None = None,
-    inventory_files: Sequence[Path] = (), log_level: str | None = None, **overrides: Any,
+    path: Path | None,
+    *,
+    env: Mapping[str, str],
+    kube: bool = False,
+    kubeconfig: str | None = None,
+    inventory_files: Sequence[Path] = (),
+    log_level: str | None = None,
+    **overrides: Any,
 ) -> AgentProcessConfig:
     """The `agent` process's configuration: the file (optional), the flags (None / empty = not given), ``env``.
     ``overrides`` are AgentConfig keys given as flags (broker, cluster_name, tls_*_file, listen)."""
@@ -199,6 +211,10 @@ def load_agent_process_config(
     if not data.get("identity"):
         data["identity"] = default_identity(env.get("POD_NAME") or "")
     agent = AgentConfig.model_validate(data)
-    return AgentProcessConfig(agent=agent, kube=kube_access(env, kubeconfig), watch_cluster=kube,
-                              inventory_files=tuple(inventory_files),
-                              log_level=log_level or agent.extender.log_level)
+    return AgentProcessConfig(
+        agent=agent,
+        kube=kube_access(env, kubeconfig),
+        watch_cluster=kube,
+        inventory_files=tuple(inventory_files),
+        log_level=log_level or agent.extender.log_level,
+    )

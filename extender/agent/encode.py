@@ -140,7 +140,10 @@ def _mig_slices(model: str) -> int:
 
 def _gpu(g: Gpu) -> inv.GpuDevice:
     out = inv.GpuDevice(
-        index=g.index, model=g.model, memory_mib=g.memory_mib, milli_in_use=g.milli_used,
+        index=g.index,
+        model=g.model,
+        memory_mib=g.memory_mib,
+        milli_in_use=g.milli_used,
         health=inv.GPU_HEALTH_HEALTHY if g.healthy else inv.GPU_HEALTH_UNHEALTHY,
         mig_mode=inv.MIG_MODE_ENABLED if g.mig else inv.MIG_MODE_DISABLED,
         mig_memory_slices=_mig_slices(g.model),
@@ -164,7 +167,10 @@ def _attribute(v: AttributeValue) -> inv.DeviceAttributeValue:
 
 def _dra(d: DraDevice) -> inv.DraDevice:
     return inv.DraDevice(
-        driver=d.driver, pool=d.pool, name=d.name, allocated=d.allocated,
+        driver=d.driver,
+        pool=d.pool,
+        name=d.name,
+        allocated=d.allocated,
         attributes={k: _attribute(v) for k, v in d.attributes.items()},
         capacity={k: quantity_text(v) for k, v in d.capacity.items()},
     )
@@ -190,12 +196,15 @@ def node_inventory(node: Node, labels: LabelFilter, *, bound_pods: int = 0) -> i
     out = inv.NodeInventory(
         name=node.name,
         labels=labels.apply(node.labels),
-        taints=[inv.Taint(key=t.key, value=t.value, effect=_EFFECT.get(t.effect, inv.TAINT_EFFECT_UNSPECIFIED))
-                for t in node.taints],
+        taints=[
+            inv.Taint(key=t.key, value=t.value, effect=_EFFECT.get(t.effect, inv.TAINT_EFFECT_UNSPECIFIED))
+            for t in node.taints
+        ],
         ready=node.ready,
         unschedulable=node.cordoned,
-        allocatable=inv.NodeResources(cpu_milli=node.cpu_milli_allocatable, memory_bytes=node.memory_allocatable,
-                                      pods=node.pods_free + bound_pods),
+        allocatable=inv.NodeResources(
+            cpu_milli=node.cpu_milli_allocatable, memory_bytes=node.memory_allocatable, pods=node.pods_free + bound_pods
+        ),
         free=inv.NodeResources(cpu_milli=node.cpu_milli_free, memory_bytes=node.memory_free, pods=node.pods_free),
         gpu_model=node.gpu_model or "",
         gpu_memory_mib=node.gpu_memory_mib,
@@ -230,7 +239,9 @@ def _gang_replicas(facts: NodeFacts) -> tuple[tuple[AttemptKey, Replica], ...]:
     return tuple(out)
 
 
-def _progress(keys: Iterable[AttemptKey], bound: Mapping[AttemptKey, Iterable[Replica]]) -> list[inv.ReservationProgress]:
+def _progress(
+    keys: Iterable[AttemptKey], bound: Mapping[AttemptKey, Iterable[Replica]]
+) -> list[inv.ReservationProgress]:
     out = []
     for job, attempt in sorted(set(keys)):
         msg = inv.ReservationProgress(attempt=common_pb2.AttemptRef(job_id=job, attempt=attempt))
@@ -370,8 +381,13 @@ class ReportBuilder:
         return seq
 
     def snapshot(
-        self, facts: Iterable[NodeFacts], reservations: Iterable[AttemptKey], now: float, *,
-        cluster: inv.ClusterMetadata | None = None, applied_broker_sequence: int = 0,
+        self,
+        facts: Iterable[NodeFacts],
+        reservations: Iterable[AttemptKey],
+        now: float,
+        *,
+        cluster: inv.ClusterMetadata | None = None,
+        applied_broker_sequence: int = 0,
     ) -> inv.InventorySnapshot:
         """The full inventory; what was sent per node is reset to exactly this report's nodes."""
         old = self._sent or {}
@@ -386,15 +402,23 @@ class ReportBuilder:
         for name, s in sent.items():
             self._index(name, None, s)
         progress, self._reservations = self._progress(reservations)
-        out = inv.InventorySnapshot(sequence=self._seq(), observe_time=_timestamp(now), reservations=progress,
-                                    applied_broker_sequence=applied_broker_sequence)
+        out = inv.InventorySnapshot(
+            sequence=self._seq(),
+            observe_time=_timestamp(now),
+            reservations=progress,
+            applied_broker_sequence=applied_broker_sequence,
+        )
         if cluster is not None:
             out.cluster.CopyFrom(cluster)
         out.MergeFromString(_wire_nodes(inv.InventorySnapshot.NODES_FIELD_NUMBER, (s.data for s in sent.values())))
         return out
 
     def delta(
-        self, facts: Sequence[NodeFacts], reservations: Iterable[AttemptKey], now: float, *,
+        self,
+        facts: Sequence[NodeFacts],
+        reservations: Iterable[AttemptKey],
+        now: float,
+        *,
         applied_broker_sequence: int = 0,
     ) -> inv.InventoryDelta | None:
         """Changes since the last report: upserted nodes whose bytes changed, removed names and the
@@ -426,8 +450,13 @@ class ReportBuilder:
             return None
         self._reservations = raw
         base = self.sequence
-        out = inv.InventoryDelta(sequence=self._seq(), base_sequence=base, observe_time=_timestamp(now),
-                                 removed_node_names=removed, reservations=progress,
-                                 applied_broker_sequence=applied_broker_sequence)
+        out = inv.InventoryDelta(
+            sequence=self._seq(),
+            base_sequence=base,
+            observe_time=_timestamp(now),
+            removed_node_names=removed,
+            reservations=progress,
+            applied_broker_sequence=applied_broker_sequence,
+        )
         out.MergeFromString(_wire_nodes(inv.InventoryDelta.UPSERTED_NODES_FIELD_NUMBER, upserts))
         return out

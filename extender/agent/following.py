@@ -36,14 +36,16 @@ class Following(AgentState):
                 keys[(str(data["job"]), int(attempt))] = str(data.get("dispatch", ""))
         for key in self.tracker.attempts():
             jobs = self.tracker.jobs(key)
-            dispatch = next((str((j["metadata"].get("annotations") or {}).get(DISPATCH_ANNOTATION, ""))
-                             for j in jobs), "")
+            dispatch = next(
+                (str((j["metadata"].get("annotations") or {}).get(DISPATCH_ANNOTATION, "")) for j in jobs), ""
+            )
             keys[key] = dispatch or keys.get(key, "")
         for key, a in self.attempts.items():
             if a.order is not None and not a.finished_at:
                 keys.setdefault(key, a.order.dispatch_id)
-        return [wire.KnownAttempt(k, self._view(k)[0] if self._order(k) else "CREATING", d)
-                for k, d in sorted(keys.items())]
+        return [
+            wire.KnownAttempt(k, self._view(k)[0] if self._order(k) else "CREATING", d) for k, d in sorted(keys.items())
+        ]
 
     def _view(self, key: AttemptKey) -> tuple[str, st.AttemptView | None]:
         """(phase to report, the status view): GATED only once every pod is also pinned to its node."""
@@ -53,9 +55,17 @@ class Following(AgentState):
         pods = self.tracker.pods(key)
         a = self._state(key)
         names, not_ready = self._nodes()
-        view = st.attempt_view(order, pods, self.tracker.jobs(key), names, self.config, now=self.clock(),
-                               first_seen=a.pull_errors, not_ready_since=not_ready,
-                               deleted_by_agent=a.cancelling or a.finished_at is not None)
+        view = st.attempt_view(
+            order,
+            pods,
+            self.tracker.jobs(key),
+            names,
+            self.config,
+            now=self.clock(),
+            first_seen=a.pull_errors,
+            not_ready_since=not_ready,
+            deleted_by_agent=a.cancelling or a.finished_at is not None,
+        )
         a.pull_errors = dict(view.first_seen)
         phase = str(view.phase)
         if phase == "GATED" and not st.pin_state(pods, order).ready_to_start:
@@ -118,17 +128,23 @@ class Following(AgentState):
         groups = list(self.work.renderer.start_groups(a.order))
         return groups[: len(groups) - len(a.pending_groups)]
 
-    def _report(self, key: AttemptKey, a: _Attempt, phase: str, view: st.AttemptView,
-                pods: list[dict[str, Any]]) -> None:
+    def _report(
+        self, key: AttemptKey, a: _Attempt, phase: str, view: st.AttemptView, pods: list[dict[str, Any]]
+    ) -> None:
         replicas = view.replicas
         signature = (phase, tuple((r.pod, r.node, r.phase, r.exit_code) for r in replicas), view.outcome)
         order = a.order
         if signature != a.sent and self.stream is not None:
             report = wire.WorkloadReport(
-                key, phase, replicas, a.namespace or _namespace_of(self.tracker.jobs(key), pods),
+                key,
+                phase,
+                replicas,
+                a.namespace or _namespace_of(self.tracker.jobs(key), pods),
                 rendezvous_address(order) if order else "",
                 str(view.outcome) if phase in _TERMINAL and view.outcome else "",
-                view.exit_code, view.message)
+                view.exit_code,
+                view.message,
+            )
             seq = self._send(workload_status=wire.workload_status(report, self.clock()))
             if seq:
                 a.sent = signature
@@ -171,7 +187,7 @@ class Following(AgentState):
                 continue
             try:
                 held = parse_reservation(cm)
-            except Exception:  # noqa: BLE001 - unreadable: it holds nothing the extender honours
+            except Exception:
                 continue
             if held.expired(now):
                 key = (held.job, int(held.attempt))
@@ -194,11 +210,13 @@ class Following(AgentState):
                 continue
             pods = self.tracker.pods(key)
             if pods and all(st.is_gated(p) for p in pods):
-                log.warning("deleting a gated attempt no broker can start", extra={"job": key[0],
-                                                                                   "detail": {"attempt": key[1]}})
+                log.warning(
+                    "deleting a gated attempt no broker can start", extra={"job": key[0], "detail": {"attempt": key[1]}}
+                )
                 async with self._lock(key[0]):
-                    await self.work.teardown(key, _namespace_of(self.tracker.jobs(key), pods),
-                                             self.tracker.jobs(key), pods, None)
+                    await self.work.teardown(
+                        key, _namespace_of(self.tracker.jobs(key), pods), self.tracker.jobs(key), pods, None
+                    )
                     a.finished_at = self.mono()
 
     # ------------------------------------------------------------------ the loop

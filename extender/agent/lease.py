@@ -101,17 +101,26 @@ class LeaderElector:
     any waiter wakes (e.g. to close the broker stream without a scheduling delay); they must not block."""
 
     def __init__(
-        self, client: KubeClient, config: LeaseConfig, identity: str, *,
-        clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, rand: Callable[[], float] = random.random,
-        on_start: Callable[[int], None] | None = None, on_stop: Callable[[], None] | None = None,
+        self,
+        client: KubeClient,
+        config: LeaseConfig,
+        identity: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rand: Callable[[], float] = random.random,
+        on_start: Callable[[int], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
         if not identity:
             raise ValueError("a Lease candidate needs a non-empty identity")
         retry, deadline, duration = config.retry_period_s, config.renew_deadline_s, config.duration_s
         if not 0 < retry * (1 + ACQUIRE_JITTER) < deadline < duration:
-            raise ValueError(f"lease timing must satisfy 0 < retry_period*{1 + ACQUIRE_JITTER} < renew_deadline "
-                             f"< duration, got {retry}, {deadline}, {duration}")
+            raise ValueError(
+                f"lease timing must satisfy 0 < retry_period*{1 + ACQUIRE_JITTER} < renew_deadline "
+                f"< duration, got {retry}, {deadline}, {duration}"
+            )
         self.identity = identity
         self._client = client
         self._config = config
@@ -201,8 +210,13 @@ class LeaderElector:
                 if _holder(self._record) != self.identity:
                     return False  # not ours (someone else's, already released, never seen): nothing to do
                 now = micro_time(self._wall())
-                spec = {"holderIdentity": "", "leaseDurationSeconds": 1, "acquireTime": now, "renewTime": now,
-                        "leaseTransitions": _int(_spec(self._record).get("leaseTransitions"), 0)}
+                spec = {
+                    "holderIdentity": "",
+                    "leaseDurationSeconds": 1,
+                    "acquireTime": now,
+                    "renewTime": now,
+                    "leaseTransitions": _int(_spec(self._record).get("leaseTransitions"), 0),
+                }
                 try:
                     self._observe(await self._bounded(self._put(spec), until))
                 except KubeError as e:
@@ -245,13 +259,21 @@ class LeaderElector:
             epoch = _int(_spec(current).get("leaseTransitions"), 0) + 1
         sent = self._clock()
         now = micro_time(self._wall())
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self._duration_field,
-                "acquireTime": now, "renewTime": now, "leaseTransitions": epoch}
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self._duration_field,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": epoch,
+        }
         if current is None:
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Lease",
-                    "metadata": {"name": self._config.name, "namespace": self._config.namespace}, "spec": spec}
-            write = self._client.request("POST", self._collection, body=body, query=self._write_query(),
-                                         mutating=False)
+            body = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "Lease",
+                "metadata": {"name": self._config.name, "namespace": self._config.namespace},
+                "spec": spec,
+            }
+            write = self._client.request("POST", self._collection, body=body, query=self._write_query(), mutating=False)
         else:
             write = self._put(spec)
         written = await self._bounded(write, sent + deadline_s)
@@ -284,15 +306,21 @@ class LeaderElector:
         except _TimedOut:
             self._end_term("renew deadline passed while renewing")
         except (KubeError, ValueError) as e:
-            log.warning("renew failed", extra={"error": repr(e), "detail": {"deadline_in_s":
-                                                                            round(deadline - self._clock(), 3)}})
+            log.warning(
+                "renew failed",
+                extra={"error": repr(e), "detail": {"deadline_in_s": round(deadline - self._clock(), 3)}},
+            )
 
     async def _renew_once(self) -> None:
         for _ in range(2):
             sent = self._clock()
-            spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self._duration_field,
-                    "acquireTime": self._acquire_time, "renewTime": micro_time(self._wall()),
-                    "leaseTransitions": self._epoch}
+            spec = {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": self._duration_field,
+                "acquireTime": self._acquire_time,
+                "renewTime": micro_time(self._wall()),
+                "leaseTransitions": self._epoch,
+            }
             try:
                 written = await self._put(spec)
             except KubeError as e:
@@ -318,16 +346,16 @@ class LeaderElector:
         self._epoch = epoch
         self._last_renew = sent
         self._acquire_time = str(_spec(written).get("acquireTime") or micro_time(self._wall()))
-        log.info("became leader", extra={"detail": {"identity": self.identity, "epoch": epoch,
-                                                    "previous": previous}})
+        log.info("became leader", extra={"detail": {"identity": self.identity, "epoch": epoch, "previous": previous}})
         self._notify(self._on_start, epoch)
 
     def _end_term(self, reason: str) -> None:
         if not self._leading:
             return
         self._leading = False
-        log.warning("stepped down", extra={"detail": {"identity": self.identity, "epoch": self._epoch,
-                                                      "reason": reason}})
+        log.warning(
+            "stepped down", extra={"detail": {"identity": self.identity, "epoch": self._epoch, "reason": reason}}
+        )
         self._notify(self._on_stop, None)
 
     def _notify(self, callback: Callable[..., None] | None, epoch: int | None) -> None:
@@ -337,7 +365,7 @@ class LeaderElector:
                     callback()
                 else:
                     callback(epoch)
-            except Exception:  # noqa: BLE001 - a broken callback must not stop the election
+            except Exception:
                 log.exception("leadership callback failed")
         event, self._changed = self._changed, asyncio.Event()
         event.set()
@@ -365,8 +393,7 @@ class LeaderElector:
     async def _put(self, spec: dict[str, Any]) -> dict[str, Any]:
         """PUT our spec over the observed record, conditional on its resourceVersion."""
         meta = (self._record or {}).get("metadata") or {}
-        metadata = {k: meta[k] for k in ("name", "namespace", "resourceVersion", "labels", "annotations")
-                    if k in meta}
+        metadata = {k: meta[k] for k in ("name", "namespace", "resourceVersion", "labels", "annotations") if k in meta}
         metadata.setdefault("name", self._config.name)
         metadata.setdefault("namespace", self._config.namespace)
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Lease", "metadata": metadata, "spec": spec}

@@ -40,8 +40,12 @@ INDEX_MAX = 999_999
 """Largest replica index the hostname budget allows."""
 
 
-def check_name_budget(job_max: int = JOB_ID_MAX, attempt_max: int = ATTEMPT_MAX, pod_set_max: int = POD_SET_MAX,
-                      index_max: int = INDEX_MAX) -> None:
+def check_name_budget(
+    job_max: int = JOB_ID_MAX,
+    attempt_max: int = ATTEMPT_MAX,
+    pod_set_max: int = POD_SET_MAX,
+    index_max: int = INDEX_MAX,
+) -> None:
     """The Job controller sets each pod's hostname to `<job>-<attempt>-<pod set>-<index>` and never shortens
     it; over 63 characters the pod cannot be created and the gang never exists. Checked at start."""
     longest = job_max + 1 + len(str(attempt_max)) + 1 + pod_set_max + 1 + len(str(index_max))

@@ -30,11 +30,19 @@ class Orders(AgentState):
             outcome = "accepted" if rejection is None else rejection.reason
             self.metrics.dispatches.labels(outcome).inc()
             ns = self.config.namespace_for(order.tenant, order.namespace_hint) or ""
-            self._send(dispatch_ack=wire.dispatch_ack(key, namespace=ns if rejection is None else "",
-                                                      rejection=rejection, inventory_sequence=order.inventory_sequence))
+            self._send(
+                dispatch_ack=wire.dispatch_ack(
+                    key,
+                    namespace=ns if rejection is None else "",
+                    rejection=rejection,
+                    inventory_sequence=order.inventory_sequence,
+                )
+            )
             if rejection is None:
-                log.info("dispatch accepted", extra={"job": order.job_id, "attempt": order.attempt,
-                                                     "tenant": order.tenant, "namespace": ns})
+                log.info(
+                    "dispatch accepted",
+                    extra={"job": order.job_id, "attempt": order.attempt, "tenant": order.tenant, "namespace": ns},
+                )
                 a = self._state(key)
                 a.order, a.namespace = order, ns
                 self.tracker.dirty.add(key)
@@ -42,8 +50,14 @@ class Orders(AgentState):
                     if self.work is not None and self._holds(key, drain):
                         await self._quietly(self.work.delete_hold(key, drain=drain), "deleting the hold", key)
             else:
-                log.info("dispatch rejected", extra={"job": order.job_id, "attempt": order.attempt, "detail": {
-                    "reason": rejection.reason, "message": rejection.message}})
+                log.info(
+                    "dispatch rejected",
+                    extra={
+                        "job": order.job_id,
+                        "attempt": order.attempt,
+                        "detail": {"reason": rejection.reason, "message": rejection.message},
+                    },
+                )
             return rejection
 
     async def _accept(self, order: Order) -> wire.Rejection | None:
@@ -53,25 +67,34 @@ class Orders(AgentState):
             return wire.Rejection("AGENT_NOT_READY", "the agent's inventory is not synced yet")
         namespace = self.config.namespace_for(order.tenant, order.namespace_hint)
         if namespace is None:
-            return wire.Rejection("TENANT_NOT_ALLOWED", f"cluster {self.config.cluster_name} maps no namespace to "
-                                  f"tenant {order.tenant}")
+            return wire.Rejection(
+                "TENANT_NOT_ALLOWED", f"cluster {self.config.cluster_name} maps no namespace to tenant {order.tenant}"
+            )
         if order.tenant in self.refused:
             return wire.Rejection("TENANT_NOT_ALLOWED", self.refused[order.tenant])
-        newer = [k for k in self.tracker.attempts() | set(self.attempts)
-                 if k[0] == order.job_id and k[1] > order.attempt]
+        newer = [
+            k for k in self.tracker.attempts() | set(self.attempts) if k[0] == order.job_id and k[1] > order.attempt
+        ]
         if newer:
-            return wire.Rejection("STALE_ATTEMPT", f"attempt {max(k[1] for k in newer)} of {order.job_id} is "
-                                  f"already here")
+            return wire.Rejection(
+                "STALE_ATTEMPT", f"attempt {max(k[1] for k in newer)} of {order.job_id} is already here"
+            )
         cls = self.config.priority_class(order.priority_band, order.preemptible)
         if cls in self.missing_classes:
-            return wire.Rejection("TEMPLATE_INVALID", f"PriorityClass {cls} (band {order.priority_band}) does not "
-                                  "exist in this cluster")
-        mine = [j for j in self.tracker.jobs(order.key)
-                if (j["metadata"].get("annotations") or {}).get(DISPATCH_ANNOTATION) == order.dispatch_id]
+            return wire.Rejection(
+                "TEMPLATE_INVALID", f"PriorityClass {cls} (band {order.priority_band}) does not exist in this cluster"
+            )
+        mine = [
+            j
+            for j in self.tracker.jobs(order.key)
+            if (j["metadata"].get("annotations") or {}).get(DISPATCH_ANNOTATION) == order.dispatch_id
+        ]
         if len(mine) == len(order.pod_sets):
             return None  # a duplicate of a dispatch already carried out: accepted again, nothing created twice
-        held = any(r.gang == (order.job_id, str(order.attempt)) and r.dispatch_id == order.dispatch_id
-                   for r in self.inv.reservations())
+        held = any(
+            r.gang == (order.job_id, str(order.attempt)) and r.dispatch_id == order.dispatch_id
+            for r in self.inv.reservations()
+        )
         if not mine and not held:
             rejection = validate_order(order, self.inv.snapshot(), self.config.extender.topology.keys)
             if rejection is not None:
@@ -86,8 +109,11 @@ class Orders(AgentState):
         async with self._lock(msg.key[0]):
             if self._order(msg.key) is not None:
                 return  # dispatched already: its own reservation holds the nodes
-            await self._quietly(self.work.write_hold(msg.key, msg.pod_sets, msg.expires_at, msg.dispatch_id,
-                                                     drain=msg.drain), "writing the hold", msg.key)
+            await self._quietly(
+                self.work.write_hold(msg.key, msg.pod_sets, msg.expires_at, msg.dispatch_id, drain=msg.drain),
+                "writing the hold",
+                msg.key,
+            )
 
     def _holds(self, key: AttemptKey, drain: bool = False) -> bool:
         """The inventory has seen a hold for the attempt (one written a moment ago may be missed: it expires)."""
@@ -124,7 +150,9 @@ class Orders(AgentState):
                 self.metrics.time_to_ungate.observe(self.mono() - a.start_received)
             log.info("gang started", extra={"job": key[0], "attempt": key[1], "pods": len(pods)})
             jobs = self.tracker.jobs(key)
-            await self.work.event(jobs[0] if jobs else None, "TandemStarted", f"gates lifted on Start of attempt {key[1]}")
+            await self.work.event(
+                jobs[0] if jobs else None, "TandemStarted", f"gates lifted on Start of attempt {key[1]}"
+            )
 
     def _report_failed(self, key: AttemptKey, outcome: str, message: str) -> None:
         a = self._state(key)
@@ -151,5 +179,7 @@ class Orders(AgentState):
             a.cancelling = True
             a.namespace = namespace
             self._send(cancel_ack=wire.cancel_ack(key, "IN_PROGRESS", f"deleting ({reason})"))
-            await self.work.event(jobs[0] if jobs else None, "TandemCancelled", f"deleted on the broker's order: {reason}")
+            await self.work.event(
+                jobs[0] if jobs else None, "TandemCancelled", f"deleted on the broker's order: {reason}"
+            )
             self.tracker.dirty.add(key)

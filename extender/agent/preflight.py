@@ -22,9 +22,20 @@ import yaml
 from extender.agent.config import AgentConfig
 from extender.kube import KubeClient, KubeError, api_path
 
-__all__ = ["NAMESPACED_RULES", "SYSTEM_RULES", "Permission", "refused_tenants", "missing_priority_classes",
-           "render_rbac", "PSA_LEVELS", "ENFORCE_LABEL", "WARN_LABEL", "AUDIT_LABEL", "TENANT_NAMESPACE_LABEL",
-           "pod_security_problem"]
+__all__ = [
+    "NAMESPACED_RULES",
+    "SYSTEM_RULES",
+    "Permission",
+    "refused_tenants",
+    "missing_priority_classes",
+    "render_rbac",
+    "PSA_LEVELS",
+    "ENFORCE_LABEL",
+    "WARN_LABEL",
+    "AUDIT_LABEL",
+    "TENANT_NAMESPACE_LABEL",
+    "pod_security_problem",
+]
 
 log = logging.getLogger("tandem.agent.preflight")
 
@@ -87,23 +98,30 @@ def pod_security_problem(labels: Mapping[str, str], level: str, extra_capabiliti
     if not extra_capabilities:
         if PSA_LEVELS.index(enforce or "privileged") < need:
             weaker = f"is {enforce}" if enforce else "is missing (Pod Security admission then enforces privileged)"
-            return (f"label {ENFORCE_LABEL} {weaker}, weaker than the tenant's Pod Security level {level} "
-                    f"(label the namespace {ENFORCE_LABEL}={level})")
+            return (
+                f"label {ENFORCE_LABEL} {weaker}, weaker than the tenant's Pod Security level {level} "
+                f"(label the namespace {ENFORCE_LABEL}={level})"
+            )
         return None
     caps = ", ".join(extra_capabilities)
-    want = (f"{ENFORCE_LABEL}=privileged, {WARN_LABEL}={level}, {AUDIT_LABEL}={level} and "
-            f"{TENANT_NAMESPACE_LABEL}=true")
+    want = f"{ENFORCE_LABEL}=privileged, {WARN_LABEL}={level}, {AUDIT_LABEL}={level} and {TENANT_NAMESPACE_LABEL}=true"
     if enforce != "privileged":
-        return (f"the tenant's extra capabilities ({caps}) need {want}: with {_shown(labels, ENFORCE_LABEL)} Pod "
-                f"Security admission would refuse the pods that add them")
+        return (
+            f"the tenant's extra capabilities ({caps}) need {want}: with {_shown(labels, ENFORCE_LABEL)} Pod "
+            f"Security admission would refuse the pods that add them"
+        )
     for key in (WARN_LABEL, AUDIT_LABEL):
         value = labels.get(key)
         if value not in PSA_LEVELS or PSA_LEVELS.index(value) < need:
-            return (f"label {_shown(labels, key)}: a namespace enforcing privileged for the tenant's extra "
-                    f"capabilities ({caps}) must still warn and audit at {level} (want {want})")
+            return (
+                f"label {_shown(labels, key)}: a namespace enforcing privileged for the tenant's extra "
+                f"capabilities ({caps}) must still warn and audit at {level} (want {want})"
+            )
     if labels.get(TENANT_NAMESPACE_LABEL) != "true":
-        return (f"label {_shown(labels, TENANT_NAMESPACE_LABEL)}: a namespace enforcing privileged relies on the "
-                f"ValidatingAdmissionPolicy that selects {TENANT_NAMESPACE_LABEL}=true (want {want})")
+        return (
+            f"label {_shown(labels, TENANT_NAMESPACE_LABEL)}: a namespace enforcing privileged relies on the "
+            f"ValidatingAdmissionPolicy that selects {TENANT_NAMESPACE_LABEL}=true (want {want})"
+        )
     return None
 
 
@@ -118,19 +136,29 @@ async def refused_tenants(kube: KubeClient, config: AgentConfig) -> dict[str, st
                 checked[ns] = await _namespace_problem(kube, ns)
             problem, labels = checked[ns]
             if problem is None:
-                problem = pod_security_problem(labels, config.pod_security(tenant),
-                                               config.tenant_extra_capabilities.get(tenant, []))
+                problem = pod_security_problem(
+                    labels, config.pod_security(tenant), config.tenant_extra_capabilities.get(tenant, [])
+                )
             if problem is not None:
                 out[tenant] = f"namespace {ns}: {problem}"
                 log.error("tenant refused", extra={"detail": {"tenant": tenant, "why": out[tenant]}})
                 break
             if labels.get(TENANT_NAMESPACE_LABEL) != "true":
-                log.warning("tenant namespace not fenced", extra={"detail": {
-                    "namespace": ns, "why": f"no label {TENANT_NAMESPACE_LABEL}=true: the ValidatingAdmissionPolicy "
-                                            "that keeps tenants off Tandem's gates and pins does not apply"}})
+                log.warning(
+                    "tenant namespace not fenced",
+                    extra={
+                        "detail": {
+                            "namespace": ns,
+                            "why": f"no label {TENANT_NAMESPACE_LABEL}=true: the ValidatingAdmissionPolicy "
+                            "that keeps tenants off Tandem's gates and pins does not apply",
+                        }
+                    },
+                )
             if labels.get(VERSION_LABEL, "latest") != "latest":
-                log.warning("pod security pinned to an old version", extra={"detail": {
-                    "namespace": ns, "label": f"{VERSION_LABEL}={labels[VERSION_LABEL]}"}})
+                log.warning(
+                    "pod security pinned to an old version",
+                    extra={"detail": {"namespace": ns, "label": f"{VERSION_LABEL}={labels[VERSION_LABEL]}"}},
+                )
     return out
 
 
@@ -149,8 +177,9 @@ async def _namespace_problem(kube: KubeClient, namespace: str) -> tuple[str | No
         if not allowed:
             missing.append(str(p))
     if missing:
-        return "the agent's ServiceAccount may not " + ", ".join(missing) + " (bind tandem-agent-workloads: " \
-               "`tandem-extender render-rbac --config agent.yaml`)", labels
+        return "the agent's ServiceAccount may not " + ", ".join(
+            missing
+        ) + " (bind tandem-agent-workloads: `tandem-extender render-rbac --config agent.yaml`)", labels
     return None, labels
 
 
@@ -171,17 +200,25 @@ async def missing_priority_classes(kube: KubeClient, config: AgentConfig) -> set
     return out
 
 
-def render_rbac(config: AgentConfig, *, service_account: str = "tandem-agent",
-                namespace: str = "tandem-system") -> str:
+def render_rbac(config: AgentConfig, *, service_account: str = "tandem-agent", namespace: str = "tandem-system") -> str:
     """RoleBindings of ClusterRole tandem-agent-workloads in every namespace the config maps a tenant to."""
     docs = []
     for ns in sorted({n for namespaces in config.tenants.values() for n in namespaces}):
-        docs.append({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "tandem-agent-workloads", "namespace": ns,
-                         "labels": {"app.kubernetes.io/part-of": "tandem"}},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": "tandem-agent-workloads"},
-            "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
-        })
+        docs.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {
+                    "name": "tandem-agent-workloads",
+                    "namespace": ns,
+                    "labels": {"app.kubernetes.io/part-of": "tandem"},
+                },
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "tandem-agent-workloads",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+            }
+        )
     return yaml.safe_dump_all(docs, sort_keys=False)

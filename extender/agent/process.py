@@ -84,7 +84,7 @@ async def _preflight(agent: Agent) -> None:
     while not agent.preflight_done.is_set():
         try:
             await agent.preflight()
-        except Exception:  # noqa: BLE001 - the API server may be briefly unreachable
+        except Exception:
             await asyncio.sleep(5)
 
 
@@ -113,11 +113,18 @@ async def run_agent(process: AgentProcessConfig) -> None:
         agent = Agent(config, inv, client)
         elector = LeaderElector(client, config.lease, agent.identity)
         client.guard = elector.may_write
-        watcher = kube_mod.Watcher(api, Tee(inv, agent.tracker), kube_mod.KubeSettings.from_config(config.extender),
-                                   kinds=kube_mod.INVENTORY_KINDS | {kube_mod.Kind.JOB})
-        tasks += [loop.create_task(watcher.run(), name="watch"), loop.create_task(elector.run(), name="lease"),
-                  loop.create_task(_preflight(agent), name="preflight"),
-                  loop.create_task(_lead(agent, elector), name="lead")]
+        watcher = kube_mod.Watcher(
+            api,
+            Tee(inv, agent.tracker),
+            kube_mod.KubeSettings.from_config(config.extender),
+            kinds=kube_mod.INVENTORY_KINDS | {kube_mod.Kind.JOB},
+        )
+        tasks += [
+            loop.create_task(watcher.run(), name="watch"),
+            loop.create_task(elector.run(), name="lease"),
+            loop.create_task(_preflight(agent), name="preflight"),
+            loop.create_task(_lead(agent, elector), name="lead"),
+        ]
     else:
         load_inventory_files(inv, process.inventory_files)
         agent = Agent(config, inv, None, read_only=True)
@@ -126,8 +133,17 @@ async def run_agent(process: AgentProcessConfig) -> None:
     runner = web.AppRunner(health_app(agent, elector), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()
-    log.info("agent running", extra={"detail": {"cluster": config.cluster_name, "broker": config.broker,
-                                                "read_only": agent.read_only, "identity": agent.identity}})
+    log.info(
+        "agent running",
+        extra={
+            "detail": {
+                "cluster": config.cluster_name,
+                "broker": config.broker,
+                "read_only": agent.read_only,
+                "identity": agent.identity,
+            }
+        },
+    )
     try:
         await stop.wait()
     finally:

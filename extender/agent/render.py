@@ -37,8 +37,19 @@ from placement.overlay import Reservation, ReservedPart
 from placement.podspec import shape_from_pod
 
 __all__ = [
-    "GATE", "DISPATCH_ANNOTATION", "RESERVED_DOMAINS", "is_reserved_key", "WorkloadRenderer", "Rendered", "IndexedJobRenderer",
-    "rendezvous_host", "replica_host", "json_pointer", "pin_patch", "ungate_patch", "pod_for_dry_run",
+    "GATE",
+    "DISPATCH_ANNOTATION",
+    "RESERVED_DOMAINS",
+    "is_reserved_key",
+    "WorkloadRenderer",
+    "Rendered",
+    "IndexedJobRenderer",
+    "rendezvous_host",
+    "replica_host",
+    "json_pointer",
+    "pin_patch",
+    "ungate_patch",
+    "pod_for_dry_run",
     "admitted_shape_problem",
 ]
 
@@ -57,8 +68,9 @@ subdomain is reserved too (`node.kubernetes.io/x`, `batch.kubernetes.io/x`); `ap
 to users (the recommended labels) except `managed-by`, which Tandem sets. The broker refuses these keys at
 submission; the agent drops them again because it must not trust the broker's version to be its own."""
 _USER_DOMAIN = "app.kubernetes.io"
-USER_SETTABLE_KEYS = frozenset({"kubectl.kubernetes.io/default-container",
-                                "kubectl.kubernetes.io/default-logs-container"})
+USER_SETTABLE_KEYS = frozenset(
+    {"kubectl.kubernetes.io/default-container", "kubectl.kubernetes.io/default-logs-container"}
+)
 """Keys under a reserved domain that users are meant to set (kubectl's hints of which container to use)."""
 INDEX_ENV = "JOB_COMPLETION_INDEX"
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -148,8 +160,9 @@ def _check(order: Order) -> None:
         if not 0 < ps.count <= MAX_INDEXED_COMPLETIONS:
             raise ValueError(f"pod set {ps.name}: {ps.count} replicas (1..{MAX_INDEXED_COMPLETIONS})")
         if sum(nc.replicas for nc in ps.nodes) != ps.count:
-            raise ValueError(f"pod set {ps.name}: its nodes hold {sum(nc.replicas for nc in ps.nodes)} replicas, "
-                             f"not {ps.count}")
+            raise ValueError(
+                f"pod set {ps.name}: its nodes hold {sum(nc.replicas for nc in ps.nodes)} replicas, not {ps.count}"
+            )
         host = f"{order.job_name(ps.name)}-{ps.count - 1}"
         if len(host) > 63:
             raise ValueError(f"pod hostname {host!r} has {len(host)} characters (limit 63)")
@@ -178,7 +191,7 @@ class IndexedJobRenderer:
         return (names,)
 
     def domain_text(self, order: Order) -> str:
-        """"key=value" of the narrowest level of the domain that has a value (for messages)."""
+        """ "key=value" of the narrowest level of the domain that has a value (for messages)."""
         keys = self._config.extender.topology.keys
         for key, value in reversed(list(zip(keys, order.domain))):
             if value:
@@ -192,52 +205,103 @@ class IndexedJobRenderer:
             raise ValueError(f"domain has {len(order.domain)} levels, the cluster {len(ext.topology.keys)}")
         labels = {ext.gang_job_label: order.job_id, ext.gang_attempt_label: str(order.attempt), **MANAGED_BY}
         annotations = {DISPATCH_ANNOTATION: order.dispatch_id}
-        for key, value in ((TENANT_ANNOTATION, order.tenant), (JOB_SET_ANNOTATION, order.job_set),
-                           (QUEUE_ANNOTATION, order.queue)):
+        for key, value in (
+            (TENANT_ANNOTATION, order.tenant),
+            (JOB_SET_ANNOTATION, order.job_set),
+            (QUEUE_ANNOTATION, order.queue),
+        ):
             if value:
                 annotations[key] = value
-        parts = tuple(ReservedPart(ps.name, node, n, ps.shape)
-                      for ps in order.pod_sets for node, n in ps.per_node().items() if n > 0)
+        parts = tuple(
+            ReservedPart(ps.name, node, n, ps.shape)
+            for ps in order.pod_sets
+            for node, n in ps.per_node().items()
+            if n > 0
+        )
         deadline = order.start_deadline or now + order.start_timeout_s
         reservation = reservation_configmap(
-            Reservation(order.job_id, order.attempt, parts), {ps.name: ps.shape for ps in order.pod_sets},
-            namespace=ext.reservation_namespace, name=order.name, label=ext.reservation_label,
-            domain=self.domain_text(order), expires_at=deadline + self._config.reservation_grace_s,
-            dispatch_id=order.dispatch_id, labels=labels, annotations=annotations)
+            Reservation(order.job_id, order.attempt, parts),
+            {ps.name: ps.shape for ps in order.pod_sets},
+            namespace=ext.reservation_namespace,
+            name=order.name,
+            label=ext.reservation_label,
+            domain=self.domain_text(order),
+            expires_at=deadline + self._config.reservation_grace_s,
+            dispatch_id=order.dispatch_id,
+            labels=labels,
+            annotations=annotations,
+        )
         service = {
-            "apiVersion": "v1", "kind": "Service", "metadata": _meta(order.name, namespace, labels, annotations),
-            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": {ext.gang_job_label: order.job_id, ext.gang_attempt_label: str(order.attempt)},
-                     "ports": [{"name": "rendezvous", "protocol": "TCP", "port": order.rendezvous_port,
-                                "targetPort": order.rendezvous_port}]},
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(order.name, namespace, labels, annotations),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {ext.gang_job_label: order.job_id, ext.gang_attempt_label: str(order.attempt)},
+                "ports": [
+                    {
+                        "name": "rendezvous",
+                        "protocol": "TCP",
+                        "port": order.rendezvous_port,
+                        "targetPort": order.rendezvous_port,
+                    }
+                ],
+            },
         }
         claims: list[JSON] = []
         jobs: list[JSON] = []
         for i, ps in enumerate(order.pod_sets):
             set_labels = {**labels, POD_SET_LABEL: ps.name}
             for req in ps.device_requests:
-                claims.append(_claim_template(f"{order.job_name(ps.name)}-{req.name}", namespace, set_labels,
-                                              annotations, req.name, req.device_class, req.selectors,
-                                              None if req.all_devices else req.count))
+                claims.append(
+                    _claim_template(
+                        f"{order.job_name(ps.name)}-{req.name}",
+                        namespace,
+                        set_labels,
+                        annotations,
+                        req.name,
+                        req.device_class,
+                        req.selectors,
+                        None if req.all_devices else req.count,
+                    )
+                )
             jobs.append(self._job(order, i, namespace, set_labels, annotations))
-        return Rendered(namespace, reservation, service, tuple(claims), tuple(jobs),
-                        f"{rendezvous_host(order)}:{order.rendezvous_port}")
+        return Rendered(
+            namespace,
+            reservation,
+            service,
+            tuple(claims),
+            tuple(jobs),
+            f"{rendezvous_host(order)}:{order.rendezvous_port}",
+        )
 
-    def _job(self, order: Order, i: int, namespace: str, labels: Mapping[str, str],
-             annotations: Mapping[str, str]) -> JSON:
+    def _job(
+        self, order: Order, i: int, namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str]
+    ) -> JSON:
         """A-4, exactly: Indexed, no retries, replacement only of Failed pods, unsuspended, no selector."""
         ps = order.pod_sets[i]
-        spec: JSON = {"completionMode": "Indexed", "completions": ps.count, "parallelism": ps.count,
-                      "backoffLimit": 0, "podReplacementPolicy": "Failed", "suspend": False,
-                      "ttlSecondsAfterFinished": self._config.ttl_seconds_after_finished}
+        spec: JSON = {
+            "completionMode": "Indexed",
+            "completions": ps.count,
+            "parallelism": ps.count,
+            "backoffLimit": 0,
+            "podReplacementPolicy": "Failed",
+            "suspend": False,
+            "ttlSecondsAfterFinished": self._config.ttl_seconds_after_finished,
+        }
         if order.max_runtime_s is not None:
             spec["activeDeadlineSeconds"] = max(1, math.ceil(order.max_runtime_s + order.start_timeout_s))
         pod_labels = dict(labels)
         if order.preemptible:
             pod_labels[PREEMPTIBLE_LABEL] = "true"
         spec["template"] = self._pod_template(order, i, pod_labels, annotations)
-        return {"apiVersion": "batch/v1", "kind": "Job",
-                "metadata": _meta(order.job_name(ps.name), namespace, labels, annotations), "spec": spec}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": _meta(order.job_name(ps.name), namespace, labels, annotations),
+            "spec": spec,
+        }
 
     def _pod_template(self, order: Order, i: int, labels: Mapping[str, str], annotations: Mapping[str, str]) -> JSON:
         """The submitted template with everything the agent owns overwritten (H-4)."""
@@ -251,14 +315,21 @@ class IndexedJobRenderer:
         for key in _OWNED_SPEC:
             spec.pop(key, None)
         grace = order.grace_s if order.grace_s is not None else self._config.default_grace_s
-        spec.update(subdomain=order.name, restartPolicy="Never", schedulerName=self._config.extender.scheduler_name,
-                    priorityClassName=self._config.priority_class(order.priority_band, order.preemptible),
-                    schedulingGates=[{"name": GATE}], terminationGracePeriodSeconds=math.ceil(grace))
+        spec.update(
+            subdomain=order.name,
+            restartPolicy="Never",
+            schedulerName=self._config.extender.scheduler_name,
+            priorityClassName=self._config.priority_class(order.priority_band, order.preemptible),
+            schedulingGates=[{"name": GATE}],
+            terminationGracePeriodSeconds=math.ceil(grace),
+        )
         _and_domain(spec, self._domain_requirements(order.domain))
         spec.pop("resourceClaims", None)
         if ps.device_requests:
-            spec["resourceClaims"] = [{"name": r.name, "resourceClaimTemplateName": f"{order.job_name(ps.name)}-{r.name}"}
-                                      for r in ps.device_requests]
+            spec["resourceClaims"] = [
+                {"name": r.name, "resourceClaimTemplateName": f"{order.job_name(ps.name)}-{r.name}"}
+                for r in ps.device_requests
+            ]
         everything, identity = self._env(order, i)
         owned = {e["name"] for e in everything} | ({"PET_NODE_RANK"} if order.framework == "TORCHRUN" else set())
         for kind in ("initContainers", "containers"):
@@ -270,38 +341,57 @@ class IndexedJobRenderer:
                 else:
                     _set_env(c, everything, owned)
         meta = tmeta if isinstance(tmeta, Mapping) else {}
-        return {"metadata": {"labels": {**_user(meta.get("labels")), **_user(order.labels), **labels},
-                             "annotations": {**_user(meta.get("annotations")), **_user(order.annotations),
-                                             **annotations}},
-                "spec": spec}
+        return {
+            "metadata": {
+                "labels": {**_user(meta.get("labels")), **_user(order.labels), **labels},
+                "annotations": {**_user(meta.get("annotations")), **_user(order.annotations), **annotations},
+            },
+            "spec": spec,
+        }
 
     def _domain_requirements(self, domain: Sequence[str]) -> list[JSON]:
         """One requirement per level of the domain path: `In [value]`, or `DoesNotExist` for an absent label."""
-        return [{"key": key, "operator": "In", "values": [value]} if value else {"key": key, "operator": "DoesNotExist"}
-                for key, value in zip(self._config.extender.topology.keys, domain)]
+        return [
+            {"key": key, "operator": "In", "values": [value]} if value else {"key": key, "operator": "DoesNotExist"}
+            for key, value in zip(self._config.extender.topology.keys, domain)
+        ]
 
     def _env(self, order: Order, i: int) -> tuple[list[JSON], list[JSON]]:
         """(env of main and init containers, env of native sidecars): see the module docstring."""
         ps = order.pod_sets[i]
         offset = sum(p.count for p in order.pod_sets[:i])
         host, port = rendezvous_host(order), str(order.rendezvous_port)
-        identity = _vars(TANDEM_JOB_ID=order.job_id, TANDEM_ATTEMPT=str(order.attempt), TANDEM_POD_SET=ps.name,
-                         TANDEM_POD_SET_REPLICAS=str(ps.count), TANDEM_RANK_OFFSET=str(offset),
-                         TANDEM_REPLICAS=str(order.total_replicas), TANDEM_RENDEZVOUS_HOST=host,
-                         TANDEM_RENDEZVOUS_PORT=port, TANDEM_RESTART_REASON=order.restart_reason,
-                         TANDEM_PREVIOUS_CLUSTER=order.previous_cluster, TANDEM_CLUSTER=self._config.cluster_name)
+        identity = _vars(
+            TANDEM_JOB_ID=order.job_id,
+            TANDEM_ATTEMPT=str(order.attempt),
+            TANDEM_POD_SET=ps.name,
+            TANDEM_POD_SET_REPLICAS=str(ps.count),
+            TANDEM_RANK_OFFSET=str(offset),
+            TANDEM_REPLICAS=str(order.total_replicas),
+            TANDEM_RENDEZVOUS_HOST=host,
+            TANDEM_RENDEZVOUS_PORT=port,
+            TANDEM_RESTART_REASON=order.restart_reason,
+            TANDEM_PREVIOUS_CLUSTER=order.previous_cluster,
+            TANDEM_CLUSTER=self._config.cluster_name,
+        )
         framework: list[JSON] = []
         if order.framework == "TORCHRUN":
             world = sum(p.count * _procs(p) for p in order.pod_sets)
-            framework = _vars(PET_NNODES=str(order.total_replicas), PET_NPROC_PER_NODE=str(_procs(ps)),
-                              PET_MASTER_ADDR=host, PET_MASTER_PORT=port)
+            framework = _vars(
+                PET_NNODES=str(order.total_replicas),
+                PET_NPROC_PER_NODE=str(_procs(ps)),
+                PET_MASTER_ADDR=host,
+                PET_MASTER_PORT=port,
+            )
             if offset == 0:
                 framework.append({"name": "PET_NODE_RANK", "valueFrom": copy.deepcopy(_INDEX_FIELD)})
             framework += _vars(MASTER_ADDR=host, MASTER_PORT=port, WORLD_SIZE=str(world))
         elif order.framework == "MPI":
             workers = [(replica_host(order, p.name, j), _procs(p)) for p in order.pod_sets[1:] for j in range(p.count)]
-            framework = _vars(TANDEM_MPI_HOSTS=",".join(h for h, _ in workers),
-                              TANDEM_MPI_HOSTS_SLOTS=",".join(f"{h}:{n}" for h, n in workers))
+            framework = _vars(
+                TANDEM_MPI_HOSTS=",".join(h for h, _ in workers),
+                TANDEM_MPI_HOSTS_SLOTS=",".join(f"{h}:{n}" for h, n in workers),
+            )
         elif order.framework == "RAY":
             framework = _vars(RAY_ADDRESS=f"{host}:{port}")
         return identity + framework, identity
@@ -324,23 +414,39 @@ def _and_domain(spec: JSON, requirements: list[JSON]) -> None:
         return
     affinity = spec.get("affinity") or {}
     node_affinity = (affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None) or {}
-    required = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-                if isinstance(node_affinity, Mapping) else None) or {}
+    required = (
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(node_affinity, Mapping)
+        else None
+    ) or {}
     if not isinstance(affinity, Mapping) or not isinstance(node_affinity, Mapping) or not isinstance(required, Mapping):
         raise ValueError("spec.affinity of the pod template is not an object")
     terms = [dict(t) for t in required.get("nodeSelectorTerms") or [] if isinstance(t, Mapping)] or [{}]
     for term in terms:
         term["matchExpressions"] = [*(term.get("matchExpressions") or []), *copy.deepcopy(requirements)]
-    spec["affinity"] = {**affinity, "nodeAffinity": {
-        **node_affinity, "requiredDuringSchedulingIgnoredDuringExecution": {**required, "nodeSelectorTerms": terms}}}
+    spec["affinity"] = {
+        **affinity,
+        "nodeAffinity": {
+            **node_affinity,
+            "requiredDuringSchedulingIgnoredDuringExecution": {**required, "nodeSelectorTerms": terms},
+        },
+    }
 
 
 def _meta(name: str, namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> JSON:
     return {"name": name, "namespace": namespace, "labels": dict(labels), "annotations": dict(annotations)}
 
 
-def _claim_template(name: str, namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str],
-                    request: str, device_class: str, selectors: Sequence[str], count: int | None) -> JSON:
+def _claim_template(
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    request: str,
+    device_class: str,
+    selectors: Sequence[str],
+    count: int | None,
+) -> JSON:
     """A-22: one resource.k8s.io/v1 ResourceClaimTemplate of one request (`count` None = allocationMode All)."""
     exactly: JSON = {"deviceClassName": device_class}
     if selectors:
@@ -349,10 +455,15 @@ def _claim_template(name: str, namespace: str, labels: Mapping[str, str], annota
         exactly["allocationMode"] = "All"
     else:
         exactly.update(allocationMode="ExactCount", count=count)
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": _meta(name, namespace, labels, annotations),
-            "spec": {"metadata": {"labels": dict(labels)},
-                     "spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": _meta(name, namespace, labels, annotations),
+        "spec": {
+            "metadata": {"labels": dict(labels)},
+            "spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}},
+        },
+    }
 
 
 # ----------------------------------------------------------------------------------------- patches (A-7)
@@ -390,9 +501,9 @@ def pin_patch(pod: Mapping[str, Any], node: str) -> list[JSON]:
                 ops.append({"op": "add", "path": json_pointer(*_TERMS, i, "matchFields"), "value": [pin]})
         return ops
     value: Any = [{"matchFields": [pin]}]
-    for key in reversed(_TERMS[depth + 1:]):
+    for key in reversed(_TERMS[depth + 1 :]):
         value = {key: value}
-    ops.append({"op": "add", "path": json_pointer(*_TERMS[:depth + 1]), "value": value})
+    ops.append({"op": "add", "path": json_pointer(*_TERMS[: depth + 1]), "value": value})
     return ops
 
 
@@ -412,7 +523,7 @@ def ungate_patch(pod: Mapping[str, Any], gate: str = GATE) -> list[JSON] | None:
 def _generate_name(job: str, index: int) -> str:
     """The Job controller's `<job>-<index>-`, the job part cut so it fits 58 characters (5 are appended)."""
     suffix = f"-{index}-"
-    return job[:58 - len(suffix)] + suffix
+    return job[: 58 - len(suffix)] + suffix
 
 
 def pod_for_dry_run(job: Mapping[str, Any], index: int) -> JSON:
@@ -425,8 +536,12 @@ def pod_for_dry_run(job: Mapping[str, Any], index: int) -> JSON:
     name = str(meta["name"])
     template = copy.deepcopy(spec["template"])
     tmeta = template.get("metadata") or {}
-    labels = {**(tmeta.get("labels") or {}), "batch.kubernetes.io/job-name": name, "job-name": name,
-              INDEX_LABEL: str(index)}
+    labels = {
+        **(tmeta.get("labels") or {}),
+        "batch.kubernetes.io/job-name": name,
+        "job-name": name,
+        INDEX_LABEL: str(index),
+    }
     annotations = {**(tmeta.get("annotations") or {}), INDEX_LABEL: str(index)}
     pod_spec = template["spec"]
     pod_spec["hostname"] = f"{name}-{index}"
@@ -434,10 +549,18 @@ def pod_for_dry_run(job: Mapping[str, Any], index: int) -> JSON:
         for c in pod_spec.get(kind) or []:
             if not any(e.get("name") == INDEX_ENV for e in c.get("env") or []):
                 c["env"] = [*(c.get("env") or []), {"name": INDEX_ENV, "valueFrom": copy.deepcopy(_INDEX_FIELD)}]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": _generate_name(name, index), "namespace": meta["namespace"],
-                         "labels": labels, "annotations": annotations, "finalizers": [TRACKING_FINALIZER]},
-            "spec": pod_spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": _generate_name(name, index),
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "annotations": annotations,
+            "finalizers": [TRACKING_FINALIZER],
+        },
+        "spec": pod_spec,
+    }
 
 
 def _cpu(milli: int) -> str:
@@ -460,8 +583,9 @@ def _names(pod: Mapping[str, Any]) -> set[str]:
     return {str(c.get("name")) for kind in ("initContainers", "containers") for c in spec.get(kind) or []}
 
 
-def admitted_shape_problem(admitted_pod: Mapping[str, Any], expected: PodShape, *,
-                           rendered: Mapping[str, Any] | None = None) -> str | None:
+def admitted_shape_problem(
+    admitted_pod: Mapping[str, Any], expected: PodShape, *, rendered: Mapping[str, Any] | None = None
+) -> str | None:
     """What admission changed that the fit depends on (None: nothing). DRA requests live in the claim
     templates, which admission of the pod cannot change, so they are not compared. `rendered` (the pod
     sent to the dry run) lets the message name the containers admission added."""
@@ -469,16 +593,27 @@ def admitted_shape_problem(admitted_pod: Mapping[str, Any], expected: PodShape, 
         got = shape_from_pod(admitted_pod, claims=lambda _claim: ())
     except PodSpecError as e:
         return f"admission left a pod whose requests cannot be read: {e}"
-    changes = [f"{what} {was} -> {now}" for what, was, now in (
-        ("GPUs", str(expected.gpus), str(got.gpus)),
-        ("GPU share (milli)", str(expected.gpu_milli if expected.gpus else "-"), str(got.gpu_milli if got.gpus else "-")),
-        ("MIG", _mig(expected), _mig(got)),
-        ("cpu", _cpu(expected.cpu_milli), _cpu(got.cpu_milli)),
-        ("memory", _bytes(expected.memory), _bytes(got.memory)),
-    ) if was != now]
+    changes = [
+        f"{what} {was} -> {now}"
+        for what, was, now in (
+            ("GPUs", str(expected.gpus), str(got.gpus)),
+            (
+                "GPU share (milli)",
+                str(expected.gpu_milli if expected.gpus else "-"),
+                str(got.gpu_milli if got.gpus else "-"),
+            ),
+            ("MIG", _mig(expected), _mig(got)),
+            ("cpu", _cpu(expected.cpu_milli), _cpu(got.cpu_milli)),
+            ("memory", _bytes(expected.memory), _bytes(got.memory)),
+        )
+        if was != now
+    ]
     want, have = dict(expected.extended), dict(got.extended)
-    changes += [f"{name} {want.get(name, 0)} -> {have.get(name, 0)}"
-                for name in sorted(want.keys() | have.keys()) if want.get(name, 0) != have.get(name, 0)]
+    changes += [
+        f"{name} {want.get(name, 0)} -> {have.get(name, 0)}"
+        for name in sorted(want.keys() | have.keys())
+        if want.get(name, 0) != have.get(name, 0)
+    ]
     if not changes:
         return None
     hint = ""

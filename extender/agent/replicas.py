@@ -14,8 +14,16 @@ from extender.agent.model import Order
 from extender.agent.render import GATE
 from extender.podreq import INDEX_LABEL, POD_SET_LABEL
 
-__all__ = ["ReplicaPhase", "ReplicaView", "is_gated", "replica_of", "replica_views", "parse_time", "truncate",
-           "MESSAGE_LIMIT"]
+__all__ = [
+    "ReplicaPhase",
+    "ReplicaView",
+    "is_gated",
+    "replica_of",
+    "replica_views",
+    "parse_time",
+    "truncate",
+    "MESSAGE_LIMIT",
+]
 
 Pod = Mapping[str, Any]
 MESSAGE_LIMIT = 1024
@@ -115,9 +123,11 @@ def _containers(pod: Pod) -> tuple[list[Mapping[str, Any]], list[Mapping[str, An
 def _pick(pods: list[Pod]) -> Pod:
     """One pod per index: the live one (no deletionTimestamp, not finished) when there is one, else the
     most recently created; ties by name. (A replacement and its terminating predecessor, or a leftover.)"""
+
     def key(p: Pod) -> tuple[int, float, str]:
         live = not _meta(p).get("deletionTimestamp") and _status(p).get("phase") not in ("Succeeded", "Failed")
         return (0 if live else 1, -(parse_time(_meta(p).get("creationTimestamp")) or 0.0), str(_meta(p).get("name")))
+
     return min(pods, key=key)
 
 
@@ -131,8 +141,10 @@ def _by_replica(order: Order, pods: Iterable[Pod], config: AgentConfig | None) -
         key = replica_of(pod)
         if key is None or key[1] >= counts.get(key[0], 0):
             continue
-        if config is not None and (labels.get(config.extender.gang_job_label) != order.job_id
-                                   or labels.get(config.extender.gang_attempt_label) != str(order.attempt)):
+        if config is not None and (
+            labels.get(config.extender.gang_job_label) != order.job_id
+            or labels.get(config.extender.gang_attempt_label) != str(order.attempt)
+        ):
             continue
         out.setdefault(key, []).append(pod)
     return out
@@ -159,8 +171,13 @@ def _exit(pod: Pod) -> _Exit | None:
         failed = [(name, t) for name, t in _terminated(statuses) if t.get("exitCode")]
         if failed:
             name, t = min(failed, key=lambda f: parse_time(f[1].get("finishedAt")) or math.inf)
-            return _Exit(int(t["exitCode"]), str(t.get("reason", "")), str(t.get("message", "")), name,
-                         parse_time(t.get("finishedAt")))
+            return _Exit(
+                int(t["exitCode"]),
+                str(t.get("reason", "")),
+                str(t.get("message", "")),
+                name,
+                parse_time(t.get("finishedAt")),
+            )
     done = _terminated(main)
     if main and len(done) == len(main):
         finished = [f for _, t in done if (f := parse_time(t.get("finishedAt"))) is not None]
@@ -212,19 +229,36 @@ def _replica_view(pod_set: str, index: int, pod: Pod | None) -> ReplicaView:
     phase, ended = _phase(pod), _exit(pod)
     main, _ = _containers(pod)
     reason, message = _why(pod, phase, ended)
-    starts = [t for s in main for k in ("running", "terminated")
-              if (t := parse_time(((s.get("state") or {}).get(k) or {}).get("startedAt"))) is not None]
+    starts = [
+        t
+        for s in main
+        for k in ("running", "terminated")
+        if (t := parse_time(((s.get("state") or {}).get(k) or {}).get("startedAt"))) is not None
+    ]
     finish = None
     if phase in (ReplicaPhase.SUCCEEDED, ReplicaPhase.FAILED):
         changes = [t for c in _status(pod).get("conditions") or [] if (t := parse_time(c.get("lastTransitionTime")))]
         finish = (ended.finished if ended else None) or max(changes, default=None)
-    return ReplicaView(pod_set, index, str(_meta(pod).get("name", "")), str(_spec(pod).get("nodeName") or ""), phase,
-                       ended.code if ended else None, reason, truncate(message), min(starts, default=None), finish,
-                       sum(int(s.get("restartCount") or 0) for s in main))
+    return ReplicaView(
+        pod_set,
+        index,
+        str(_meta(pod).get("name", "")),
+        str(_spec(pod).get("nodeName") or ""),
+        phase,
+        ended.code if ended else None,
+        reason,
+        truncate(message),
+        min(starts, default=None),
+        finish,
+        sum(int(s.get("restartCount") or 0) for s in main),
+    )
 
 
 def replica_views(order: Order, pods: Iterable[Pod], config: AgentConfig) -> tuple[ReplicaView, ...]:
     """Every expected replica in pod set and index order, ABSENT where no pod exists."""
     found = _by_replica(order, pods, config)
-    return tuple(_replica_view(ps.name, i, _pick(found[(ps.name, i)]) if (ps.name, i) in found else None)
-                 for ps in order.pod_sets for i in range(ps.count))
+    return tuple(
+        _replica_view(ps.name, i, _pick(found[(ps.name, i)]) if (ps.name, i) in found else None)
+        for ps in order.pod_sets
+        for i in range(ps.count)
+    )

@@ -54,9 +54,16 @@ class AgentState:
     """The Agent's state and the small helpers its broker-order and cluster-following halves share."""
 
     def __init__(
-        self, config: AgentConfig, inventory: Inventory, kube: KubeClient | None, *, read_only: bool = False,
-        identity: str | None = None, clock: Callable[[], float] = time.time,
-        mono: Callable[[], float] = time.monotonic, rand: Callable[[], float] = random.random,
+        self,
+        config: AgentConfig,
+        inventory: Inventory,
+        kube: KubeClient | None,
+        *,
+        read_only: bool = False,
+        identity: str | None = None,
+        clock: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.config = config
@@ -71,9 +78,11 @@ class AgentState:
         self.metrics = AgentMetrics()
         if kube is not None:
             self.metrics.watch_api_errors(lambda: dict(kube.errors))
-        self.labels = LabelFilter.build(ext.topology.keys,
-                                        extra_keys=[k for k in config.report_labels if not k.endswith("*")],
-                                        extra_prefixes=[k[:-1] for k in config.report_labels if k.endswith("*")])
+        self.labels = LabelFilter.build(
+            ext.topology.keys,
+            extra_keys=[k for k in config.report_labels if not k.endswith("*")],
+            extra_prefixes=[k[:-1] for k in config.report_labels if k.endswith("*")],
+        )
         self.instance_id = uuid.uuid4().hex[:12]
         self.attempts: dict[AttemptKey, _Attempt] = {}
         self.refused: dict[str, str] = {}
@@ -98,7 +107,7 @@ class AgentState:
                 await coro
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - one attempt's failure must not stop the agent
+            except Exception:
                 log.exception("agent task failed", extra={"detail": name})
 
         task = asyncio.get_running_loop().create_task(guarded(), name=name)
@@ -135,7 +144,7 @@ class AgentState:
     async def _quietly(self, op: Any, what: str, key: AttemptKey) -> None:
         try:
             await op
-        except Exception as e:  # noqa: BLE001 - a hold is best effort: it expires, the dispatch checks the fit
+        except Exception as e:
             log.warning(f"{what} failed", extra={"job": key[0], "detail": repr(e)})
 
 

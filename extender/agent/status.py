@@ -60,9 +60,24 @@ from extender.agent.replicas import (
 from extender.podreq import pinned_node
 
 __all__ = [
-    "ReplicaPhase", "WorkloadPhase", "Outcome", "ReplicaView", "AttemptView", "PodFeedback", "PinTarget",
-    "PinState", "is_gated", "replica_of", "replica_views", "attempt_view", "scheduling_feedback", "pin_state",
-    "parse_time", "truncate", "MESSAGE_LIMIT", "NOT_READY_BOUND_S",
+    "ReplicaPhase",
+    "WorkloadPhase",
+    "Outcome",
+    "ReplicaView",
+    "AttemptView",
+    "PodFeedback",
+    "PinTarget",
+    "PinState",
+    "is_gated",
+    "replica_of",
+    "replica_views",
+    "attempt_view",
+    "scheduling_feedback",
+    "pin_state",
+    "parse_time",
+    "truncate",
+    "MESSAGE_LIMIT",
+    "NOT_READY_BOUND_S",
 ]
 
 FEEDBACK_LIMIT = 4096
@@ -140,8 +155,13 @@ def _node_signal(node: str, who: str, facts: _Facts) -> _Signal | None:
         return _Signal(_CLUSTER, facts.now, 1, Outcome.INFRA_FAILED, f"{who}: node {node} is gone")
     since = facts.not_ready_since.get(node)
     if since is not None and facts.now - since >= facts.not_ready_s:
-        return _Signal(_CLUSTER, since + facts.not_ready_s, 1, Outcome.INFRA_FAILED,
-                       f"{who}: node {node} NotReady for {int(facts.now - since)} s")
+        return _Signal(
+            _CLUSTER,
+            since + facts.not_ready_s,
+            1,
+            Outcome.INFRA_FAILED,
+            f"{who}: node {node} NotReady for {int(facts.now - since)} s",
+        )
     return None
 
 
@@ -152,35 +172,62 @@ def _pod_signals(pod: Pod, who: str, facts: _Facts, pulls_since: float | None) -
     phase, node, reason = st.get("phase"), str(_spec(pod).get("nodeName") or ""), str(st.get("reason") or "")
     disruption = _true(pod, "DisruptionTarget")
     if reason == "DeadlineExceeded":
-        out.append(_Signal(_MAX_RUNTIME, now, 0, Outcome.APP_FAILED,
-                           f"max runtime exceeded: {who}: {st.get('message', '')}"))
+        out.append(
+            _Signal(_MAX_RUNTIME, now, 0, Outcome.APP_FAILED, f"max runtime exceeded: {who}: {st.get('message', '')}")
+        )
     if disruption is not None:
         why, t = str(disruption.get("reason", "")), parse_time(disruption.get("lastTransitionTime")) or now
         preempted = why == PREEMPTION
-        out.append(_Signal(_CLUSTER, t, 0 if preempted else 1, Outcome.PREEMPTED if preempted else Outcome.INFRA_FAILED,
-                           f"{who} {'preempted' if preempted else 'disrupted'} ({why}): {disruption.get('message', '')}"))
+        out.append(
+            _Signal(
+                _CLUSTER,
+                t,
+                0 if preempted else 1,
+                Outcome.PREEMPTED if preempted else Outcome.INFRA_FAILED,
+                f"{who} {'preempted' if preempted else 'disrupted'} ({why}): {disruption.get('message', '')}",
+            )
+        )
     elif phase == "Failed" and reason and reason != "DeadlineExceeded":  # the kubelet's doing (Evicted, OutOfcpu...)
-        out.append(_Signal(_CLUSTER, now, 1, Outcome.INFRA_FAILED,
-                           f"{who} failed on its node ({reason}): {st.get('message', '')}"))
+        out.append(
+            _Signal(
+                _CLUSTER, now, 1, Outcome.INFRA_FAILED, f"{who} failed on its node ({reason}): {st.get('message', '')}"
+            )
+        )
     if node and phase != "Succeeded" and (lost := _node_signal(node, who, facts)) is not None:
         out.append(lost)
     if meta.get("deletionTimestamp"):  # its exit is the deletion's, not the program's
         if not facts.deleted_by_agent and disruption is None:
             asked = (parse_time(meta["deletionTimestamp"]) or now) - float(meta.get("deletionGracePeriodSeconds") or 0)
             state = "gated" if is_gated(pod) else str(phase or "Pending").lower()
-            out.append(_Signal(_FIRST, asked, 2, Outcome.INFRA_FAILED,
-                               f"{who}: pod deleted while {state} (not by Tandem)"))
+            out.append(
+                _Signal(_FIRST, asked, 2, Outcome.INFRA_FAILED, f"{who}: pod deleted while {state} (not by Tandem)")
+            )
         return out
     ended = _exit(pod)
     if disruption is None and ended is not None and ended.code:
         text = f"{who}: container {ended.container} exited with code {ended.code} ({ended.reason})"
-        out.append(_Signal(_FIRST, ended.finished or now, 0, Outcome.APP_FAILED,
-                           text + (f": {ended.message}" if ended.message else ""), ended.code))
+        out.append(
+            _Signal(
+                _FIRST,
+                ended.finished or now,
+                0,
+                Outcome.APP_FAILED,
+                text + (f": {ended.message}" if ended.message else ""),
+                ended.code,
+            )
+        )
     waiting = _waiting(pod, PULL_ERRORS)
     if waiting is not None and pulls_since is not None and now - pulls_since >= facts.pull_bound_s:
-        out.append(_Signal(_FIRST, pulls_since, 1, Outcome.APP_FAILED,
-                           f"configuration: {who}: container {waiting[2]} cannot start for {int(now - pulls_since)} s "
-                           f"({waiting[0]}): {waiting[1]}"))
+        out.append(
+            _Signal(
+                _FIRST,
+                pulls_since,
+                1,
+                Outcome.APP_FAILED,
+                f"configuration: {who}: container {waiting[2]} cannot start for {int(now - pulls_since)} s "
+                f"({waiting[0]}): {waiting[1]}",
+            )
+        )
     return out
 
 
@@ -192,14 +239,27 @@ def _job_signals(job: Pod, now: float) -> list[_Signal]:
         c = _true(job, kind)
         if c is not None:
             deadline = c.get("reason") == "DeadlineExceeded"
-            out.append(_Signal(_MAX_RUNTIME if deadline else _JOB, parse_time(c.get("lastTransitionTime")) or now, 0,
-                               Outcome.APP_FAILED if deadline else Outcome.INFRA_FAILED,
-                               f"{'max runtime exceeded' if deadline else 'job failed'}: Job {name} "
-                               f"({c.get('reason', '')}): {c.get('message', '')}"))
+            out.append(
+                _Signal(
+                    _MAX_RUNTIME if deadline else _JOB,
+                    parse_time(c.get("lastTransitionTime")) or now,
+                    0,
+                    Outcome.APP_FAILED if deadline else Outcome.INFRA_FAILED,
+                    f"{'max runtime exceeded' if deadline else 'job failed'}: Job {name} "
+                    f"({c.get('reason', '')}): {c.get('message', '')}",
+                )
+            )
     limit, started = (job.get("spec") or {}).get("activeDeadlineSeconds"), parse_time(_status(job).get("startTime"))
     if limit and started is not None and now >= started + float(limit):
-        out.append(_Signal(_MAX_RUNTIME, started + float(limit), 1, Outcome.APP_FAILED,
-                           f"max runtime exceeded: Job {name} passed its activeDeadlineSeconds ({limit} s)"))
+        out.append(
+            _Signal(
+                _MAX_RUNTIME,
+                started + float(limit),
+                1,
+                Outcome.APP_FAILED,
+                f"max runtime exceeded: Job {name} passed its activeDeadlineSeconds ({limit} s)",
+            )
+        )
     return out
 
 
@@ -212,8 +272,9 @@ def _uid(pod: Pod) -> str:
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
 
 
-def _pull_errors(found: Mapping[tuple[str, int], list[Pod]], first_seen: Mapping[str, float] | None,
-                 now: float) -> dict[str, float]:
+def _pull_errors(
+    found: Mapping[tuple[str, int], list[Pod]], first_seen: Mapping[str, float] | None, now: float
+) -> dict[str, float]:
     """Pod uid -> first sighting of its image/configuration error. Without a memory (None) the pod's
     status.startTime stands in: the pull began then, so this is never later than the first sighting."""
     seen: dict[str, float] = {}
@@ -225,10 +286,20 @@ def _pull_errors(found: Mapping[tuple[str, int], list[Pod]], first_seen: Mapping
     return seen
 
 
-def attempt_view(order: Order, pods: Iterable[Pod], jobs: Iterable[Pod], nodes: Collection[str] | None,
-                 config: AgentConfig, *, now: float, success_pod_sets: Collection[str] | None = None,
-                 first_seen: Mapping[str, float] | None = None, not_ready_since: Mapping[str, float] | None = None,
-                 not_ready_s: float = NOT_READY_BOUND_S, deleted_by_agent: bool = False) -> AttemptView:
+def attempt_view(
+    order: Order,
+    pods: Iterable[Pod],
+    jobs: Iterable[Pod],
+    nodes: Collection[str] | None,
+    config: AgentConfig,
+    *,
+    now: float,
+    success_pod_sets: Collection[str] | None = None,
+    first_seen: Mapping[str, float] | None = None,
+    not_ready_since: Mapping[str, float] | None = None,
+    not_ready_s: float = NOT_READY_BOUND_S,
+    deleted_by_agent: bool = False,
+) -> AttemptView:
     """The attempt's phase and, when terminal, its outcome (see the module docstring).
 
     `nodes`: the names of every node that exists (None: unknown, not judged); `not_ready_since`: node ->
@@ -244,17 +315,30 @@ def attempt_view(order: Order, pods: Iterable[Pod], jobs: Iterable[Pod], nodes: 
     wanted = [ps for ps in order.pod_sets if ps.name in wanted_names]
     if not wanted:
         raise ValueError(f"success_pod_sets {sorted(wanted_names)} names no pod set of {order.name}")
-    if all(_complete(by_name.get(order.job_name(ps.name))) or all(
-            any(_status(p).get("phase") == "Succeeded" for p in found.get((ps.name, i), ())) for i in range(ps.count))
-           for ps in wanted):
+    if all(
+        _complete(by_name.get(order.job_name(ps.name)))
+        or all(
+            any(_status(p).get("phase") == "Succeeded" for p in found.get((ps.name, i), ())) for i in range(ps.count)
+        )
+        for ps in wanted
+    ):
         return AttemptView(WorkloadPhase.SUCCEEDED, views, Outcome.SUCCEEDED, 0, "succeeded", seen)
     facts = _Facts(now, nodes, not_ready_since or {}, not_ready_s, config.image_pull_failure_s, deleted_by_agent)
     position = {(v.pod_set, v.index): n for n, v in enumerate(views)}
-    signals = [(s, position[key]) for key, group in found.items() for pod in group
-               for s in _pod_signals(pod, f"replica {key[0]}-{key[1]} (pod {_meta(pod).get('name', '')})", facts,
-                                     seen.get(_uid(pod)))]
-    signals += [(s, -1) for ps in order.pod_sets if (job := by_name.get(order.job_name(ps.name))) is not None
-                for s in _job_signals(job, now)]
+    signals = [
+        (s, position[key])
+        for key, group in found.items()
+        for pod in group
+        for s in _pod_signals(
+            pod, f"replica {key[0]}-{key[1]} (pod {_meta(pod).get('name', '')})", facts, seen.get(_uid(pod))
+        )
+    ]
+    signals += [
+        (s, -1)
+        for ps in order.pod_sets
+        if (job := by_name.get(order.job_name(ps.name))) is not None
+        for s in _job_signals(job, now)
+    ]
     if signals:
         cause = min(signals, key=lambda s: (s[0], s[1]))[0]
         return AttemptView(WorkloadPhase.FAILED, views, cause.outcome, cause.exit_code, truncate(cause.message), seen)
@@ -291,13 +375,28 @@ def scheduling_feedback(pods: Iterable[Pod]) -> list[PodFeedback]:
     out = []
     for pod in pods:
         key, cond = replica_of(pod), _condition(pod, "PodScheduled")
-        if (key is None or cond is None or cond.get("status") != "False" or cond.get("reason") == "SchedulingGated"
-                or _spec(pod).get("schedulingGates") or _spec(pod).get("nodeName") or _meta(pod).get("deletionTimestamp")
-                or _status(pod).get("phase", "Pending") != "Pending"):
+        if (
+            key is None
+            or cond is None
+            or cond.get("status") != "False"
+            or cond.get("reason") == "SchedulingGated"
+            or _spec(pod).get("schedulingGates")
+            or _spec(pod).get("nodeName")
+            or _meta(pod).get("deletionTimestamp")
+            or _status(pod).get("phase", "Pending") != "Pending"
+        ):
             continue
         when = parse_time(cond.get("lastTransitionTime")) or parse_time(_meta(pod).get("creationTimestamp")) or 0.0
-        out.append(PodFeedback(key[0], key[1], str(_meta(pod).get("name", "")), str(cond.get("reason", "")),
-                               truncate(str(cond.get("message", "")), FEEDBACK_LIMIT), when))
+        out.append(
+            PodFeedback(
+                key[0],
+                key[1],
+                str(_meta(pod).get("name", "")),
+                str(cond.get("reason", "")),
+                truncate(str(cond.get("message", "")), FEEDBACK_LIMIT),
+                when,
+            )
+        )
     return sorted(out, key=lambda f: (f.pod_set, f.index, f.pod))
 
 
@@ -343,8 +442,9 @@ class PinState:
         return "; ".join(parts)
 
 
-def pin_state(pods: Iterable[Pod], order: Order, config: AgentConfig | None = None,
-              pod_sets: Collection[str] | None = None) -> PinState:
+def pin_state(
+    pods: Iterable[Pod], order: Order, config: AgentConfig | None = None, pod_sets: Collection[str] | None = None
+) -> PinState:
     """Which pods of the attempt (or of `pod_sets`, one start group) still need their pin, and whether the
     group may be ungated. Replica i of a pod set goes to `PodSetOrder.node_of(i)`. The pods are the
     attempt's; with `config` they are also checked for its job and attempt labels."""

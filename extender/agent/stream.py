@@ -48,8 +48,9 @@ def open_channel(config: AgentConfig) -> grpc.aio.Channel:
         return grpc.aio.insecure_channel(config.broker, options=options)
     if not (config.tls_cert_file and config.tls_key_file and config.tls_ca_file):
         raise ValueError("the broker link needs tls_cert_file, tls_key_file and tls_ca_file (or insecure: true)")
-    creds = grpc.ssl_channel_credentials(config.tls_ca_file.read_bytes(), config.tls_key_file.read_bytes(),
-                                         config.tls_cert_file.read_bytes())
+    creds = grpc.ssl_channel_credentials(
+        config.tls_ca_file.read_bytes(), config.tls_key_file.read_bytes(), config.tls_cert_file.read_bytes()
+    )
     if config.tls_server_name:
         options.append(("grpc.ssl_target_name_override", config.tls_server_name))
     return grpc.aio.secure_channel(config.broker, creds, options=options)
@@ -96,7 +97,7 @@ class Stream:
             first = await asyncio.wait_for(self._call.read(), timeout_s)
         except grpc.aio.AioRpcError as e:
             raise StreamClosed(e.code(), e.details() or "") from e
-        except asyncio.TimeoutError as e:
+        except TimeoutError as e:
             raise StreamClosed(grpc.StatusCode.DEADLINE_EXCEEDED, "no Welcome") from e
         if first is grpc.aio.EOF:
             raise StreamClosed(None, "stream ended before the Welcome")

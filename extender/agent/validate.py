@@ -28,9 +28,12 @@ def validate_order(order: Order, snap: Snapshot, level_keys: tuple[str, ...]) ->
             per_node.setdefault(assigned, []).append((i, n))
     missing = sorted(n for n in per_node if snap.facts_by_name(n) is None)
     if missing:
-        return Rejection("NODE_NOT_FOUND", f"{len(missing)} assigned node(s) do not exist here: "
-                         f"{', '.join(missing[:5])}", tuple(missing),
-                         tuple(NodeResult(n, ("NODE_NOT_FOUND",), "no such node") for n in missing))
+        return Rejection(
+            "NODE_NOT_FOUND",
+            f"{len(missing)} assigned node(s) do not exist here: {', '.join(missing[:5])}",
+            tuple(missing),
+            tuple(NodeResult(n, ("NODE_NOT_FOUND",), "no such node") for n in missing),
+        )
     outside: list[NodeResult] = []
     failed: list[NodeResult] = []
     gang = (order.job_id, str(order.attempt))
@@ -41,8 +44,13 @@ def validate_order(order: Order, snap: Snapshot, level_keys: tuple[str, ...]) ->
         for depth, want in enumerate(order.domain[: len(level_keys)]):
             have = path[depth] if depth < len(path) else None
             if (have or "") != want:
-                outside.append(NodeResult(node_name, ("OUTSIDE_ASSIGNED_DOMAIN",),
-                                          f"{level_keys[depth]}={have or '(none)'}, the gang's domain has {want or '(none)'}"))
+                outside.append(
+                    NodeResult(
+                        node_name,
+                        ("OUTSIDE_ASSIGNED_DOMAIN",),
+                        f"{level_keys[depth]}={have or '(none)'}, the gang's domain has {want or '(none)'}",
+                    )
+                )
                 break
         else:
             node = facts.effective(gang, snap.evaluator)  # every other gang's unbound reservation held
@@ -53,14 +61,28 @@ def validate_order(order: Order, snap: Snapshot, level_keys: tuple[str, ...]) ->
                 except CapacityError as e:
                     fit = capacity(node, shape, dra=snap.evaluator)
                     reason = e.reason if isinstance(e.reason, Reason) else fit.reason or Reason.NO_FEASIBLE_NODE
-                    failed.append(NodeResult(node_name, (reason.name,), f"pod set {order.pod_sets[i].name}: needs {n}, "
-                                             f"{fit.count} fit now: {e.detail or fit.detail}"))
+                    failed.append(
+                        NodeResult(
+                            node_name,
+                            (reason.name,),
+                            f"pod set {order.pod_sets[i].name}: needs {n}, "
+                            f"{fit.count} fit now: {e.detail or fit.detail}",
+                        )
+                    )
                     break
     if outside:
-        return Rejection("TOPOLOGY_MISMATCH", f"{len(outside)} node(s) lie outside the dispatched domain "
-                         f"{'/'.join(order.domain)}", tuple(r.node for r in outside), tuple(outside))
+        return Rejection(
+            "TOPOLOGY_MISMATCH",
+            f"{len(outside)} node(s) lie outside the dispatched domain {'/'.join(order.domain)}",
+            tuple(r.node for r in outside),
+            tuple(outside),
+        )
     if failed:
         first = failed[0]
-        return Rejection("DOES_NOT_FIT", f"{len(failed)} node(s) no longer fit: {first.node}: {first.message}",
-                         tuple(r.node for r in failed), tuple(failed))
+        return Rejection(
+            "DOES_NOT_FIT",
+            f"{len(failed)} node(s) no longer fit: {first.node}: {first.message}",
+            tuple(r.node for r in failed),
+            tuple(failed),
+        )
     return None

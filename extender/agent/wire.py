@@ -144,19 +144,31 @@ def _pod_set(ps: cs.PodSetDispatch, path: str) -> PodSetOrder:
         raise WireError(f"{path}.pod_template_json.{e.field}", str(e)) from e
     s = ps.shape
     requests = tuple(
-        DeviceRequestSpec(r.name or f"r{i}", r.device_class_name, tuple(r.selectors), max(r.count, 1),
-                          r.allocation_mode == job_pb2.DEVICE_ALLOCATION_MODE_ALL)
+        DeviceRequestSpec(
+            r.name or f"r{i}",
+            r.device_class_name,
+            tuple(r.selectors),
+            max(r.count, 1),
+            r.allocation_mode == job_pb2.DEVICE_ALLOCATION_MODE_ALL,
+        )
         for i, r in enumerate(s.device_requests)
     )
     declared, templated = frozenset(s.allowed_gpu_models), from_template.gpu_models
     models = declared & templated if declared and templated else declared or templated
     shape = PodShape(
-        gpus=s.gpu_count, gpu_milli=s.gpu_milli or WHOLE_GPU_MILLI, gpu_models=models,
-        min_gpu_memory_mib=s.min_gpu_memory_mib, mig_profile=s.mig_profile or None, mig_count=s.mig_count,
+        gpus=s.gpu_count,
+        gpu_milli=s.gpu_milli or WHOLE_GPU_MILLI,
+        gpu_models=models,
+        min_gpu_memory_mib=s.min_gpu_memory_mib,
+        mig_profile=s.mig_profile or None,
+        mig_count=s.mig_count,
         dra=tuple(DraRequest(r.device_class, r.selectors, r.count) for r in requests),
-        cpu_milli=s.cpu_milli, memory=s.memory_bytes, extended=tuple(sorted(s.extended_resources.items())),
+        cpu_milli=s.cpu_milli,
+        memory=s.memory_bytes,
+        extended=tuple(sorted(s.extended_resources.items())),
         # Where it may run comes from the template (the broker judged these; the agent only narrows them).
-        tolerations=from_template.tolerations, node_selector=from_template.node_selector,
+        tolerations=from_template.tolerations,
+        node_selector=from_template.node_selector,
         affinity=from_template.affinity,
     )
     nodes = tuple(NodeCount(n.node, n.replicas) for n in ps.nodes)
@@ -176,7 +188,10 @@ def order_from_dispatch(d: cs.Dispatch) -> Order:
     pod_sets = tuple(_pod_set(ps, f"pod_sets[{i}]") for i, ps in enumerate(d.pod_sets))
     start_deadline = d.start_deadline.ToNanoseconds() / 1e9 if d.HasField("start_deadline") else 0.0
     return Order(
-        job_id=d.attempt.job_id, attempt=d.attempt.attempt, tenant=d.tenant, pod_sets=pod_sets,
+        job_id=d.attempt.job_id,
+        attempt=d.attempt.attempt,
+        tenant=d.tenant,
+        pod_sets=pod_sets,
         domain=tuple(s.value if s.HasField("value") else "" for s in d.domain.segments),
         namespace_hint=d.namespace_hint,
         framework=_enum_name(job_pb2.Framework, d.rendezvous.framework, "FRAMEWORK_").replace("UNSPECIFIED", "PLAIN"),
@@ -184,11 +199,17 @@ def order_from_dispatch(d: cs.Dispatch) -> Order:
         start_deadline=start_deadline,
         start_timeout_s=_seconds(d.start_timeout) if d.HasField("start_timeout") else 600.0,
         max_runtime_s=_seconds(d.max_runtime) if d.HasField("max_runtime") else None,
-        job_set=d.job_set_id, queue=d.queue, labels=dict(d.labels), annotations=dict(d.annotations),
+        job_set=d.job_set_id,
+        queue=d.queue,
+        labels=dict(d.labels),
+        annotations=dict(d.annotations),
         priority_band=d.priority_band or "default",
         grace_s=_seconds(d.termination_grace_period) if d.HasField("termination_grace_period") else None,
-        preemptible=d.preemptible, dispatch_id=d.dispatch_id, inventory_sequence=d.inventory_sequence,
-        restart_reason=d.restart_reason, previous_cluster=d.previous_cluster,
+        preemptible=d.preemptible,
+        dispatch_id=d.dispatch_id,
+        inventory_sequence=d.inventory_sequence,
+        restart_reason=d.restart_reason,
+        previous_cluster=d.previous_cluster,
     )
 
 
@@ -197,8 +218,12 @@ def inbound(msg: cs.BrokerMessage) -> Inbound | None:
     kind = msg.WhichOneof("body")
     if kind == "welcome":
         w = msg.welcome
-        return WelcomeMsg(tuple(_key(a) for a in w.obsolete_attempts), tuple(_key(a) for a in w.current_attempts),
-                          _seconds(w.heartbeat_interval) or 5.0, w.session_id)
+        return WelcomeMsg(
+            tuple(_key(a) for a in w.obsolete_attempts),
+            tuple(_key(a) for a in w.current_attempts),
+            _seconds(w.heartbeat_interval) or 5.0,
+            w.session_id,
+        )
     if kind == "dispatch":
         try:
             return order_from_dispatch(msg.dispatch)
@@ -219,8 +244,13 @@ def inbound(msg: cs.BrokerMessage) -> Inbound | None:
         h = msg.hold
         if not h.attempt.job_id or h.attempt.attempt < 1 or not h.pod_sets:
             raise WireError("hold", "attempt (job_id, attempt >= 1) and pod sets are required")
-        return HoldMsg(_key(h.attempt), tuple(_pod_set(ps, f"hold.pod_sets[{i}]") for i, ps in enumerate(h.pod_sets)),
-                       h.expires_at.ToNanoseconds() / 1e9, h.dispatch_id, h.drain)
+        return HoldMsg(
+            _key(h.attempt),
+            tuple(_pod_set(ps, f"hold.pod_sets[{i}]") for i, ps in enumerate(h.pod_sets)),
+            h.expires_at.ToNanoseconds() / 1e9,
+            h.dispatch_id,
+            h.drain,
+        )
     if kind == "release_hold":
         return ReleaseHoldMsg(_key(msg.release_hold.attempt), msg.release_hold.drain)
     return None
@@ -292,19 +322,37 @@ def _ref(out: common_pb2.AttemptRef, key: AttemptKey) -> None:
     out.job_id, out.attempt = key
 
 
-def hello(config: AgentConfig, known: Iterable[KnownAttempt], *, epoch: int, identity: str, instance_id: str,
-          kubernetes_version: str, agent_version: str, dispatch: bool, dra_enabled: bool = True) -> cs.Hello:
-    out = cs.Hello(cluster_name=config.cluster_name, region=config.region, role=config.role,
-                   protocol_version=PROTOCOL_VERSION, agent_version=agent_version, agent_instance_id=instance_id,
-                   leader_epoch=epoch, leader_identity=identity)
+def hello(
+    config: AgentConfig,
+    known: Iterable[KnownAttempt],
+    *,
+    epoch: int,
+    identity: str,
+    instance_id: str,
+    kubernetes_version: str,
+    agent_version: str,
+    dispatch: bool,
+    dra_enabled: bool = True,
+) -> cs.Hello:
+    out = cs.Hello(
+        cluster_name=config.cluster_name,
+        region=config.region,
+        role=config.role,
+        protocol_version=PROTOCOL_VERSION,
+        agent_version=agent_version,
+        agent_instance_id=instance_id,
+        leader_epoch=epoch,
+        leader_identity=identity,
+    )
     out.capabilities.dispatch = dispatch
     for name, key in config.topology_levels():
         out.topology_levels.add(name=name, label_key=key)
     for name, template in sorted(config.log_url_templates.items()):
         out.log_url_templates.add(name=name, url_template=template)
     for k in known:
-        ka = out.known_attempts.add(phase=cs.WorkloadPhase.Value(f"WORKLOAD_PHASE_{k.phase}"),
-                                    dispatch_id=k.dispatch_id)
+        ka = out.known_attempts.add(
+            phase=cs.WorkloadPhase.Value(f"WORKLOAD_PHASE_{k.phase}"), dispatch_id=k.dispatch_id
+        )
         _ref(ka.attempt, k.key)
     for tenant, namespaces in sorted(config.tenants.items()):
         out.tenant_namespaces.add(tenant=tenant, namespaces=namespaces)
@@ -315,8 +363,9 @@ def hello(config: AgentConfig, known: Iterable[KnownAttempt], *, epoch: int, ide
     return out
 
 
-def dispatch_ack(key: AttemptKey, *, namespace: str = "", rejection: Rejection | None = None,
-                 inventory_sequence: int = 0) -> cs.DispatchAck:
+def dispatch_ack(
+    key: AttemptKey, *, namespace: str = "", rejection: Rejection | None = None, inventory_sequence: int = 0
+) -> cs.DispatchAck:
     out = cs.DispatchAck(accepted=rejection is None, namespace=namespace, inventory_sequence=inventory_sequence)
     _ref(out.attempt, key)
     if rejection is not None:
@@ -325,14 +374,22 @@ def dispatch_ack(key: AttemptKey, *, namespace: str = "", rejection: Rejection |
         r.message = rejection.message[:4096]
         r.nodes.extend(rejection.nodes)
         for n in rejection.node_results:
-            r.node_results.add(node=n.node, fits=False, message=n.message,
-                               reasons=[common_pb2.FitReason.Value(f"FIT_REASON_{x}") for x in n.reasons])
+            r.node_results.add(
+                node=n.node,
+                fits=False,
+                message=n.message,
+                reasons=[common_pb2.FitReason.Value(f"FIT_REASON_{x}") for x in n.reasons],
+            )
     return out
 
 
 def workload_status(w: WorkloadReport, now: float) -> cs.WorkloadStatus:
-    out = cs.WorkloadStatus(phase=cs.WorkloadPhase.Value(f"WORKLOAD_PHASE_{w.phase}"), namespace=w.namespace,
-                            rendezvous_address=w.rendezvous, message=w.message[:4096])
+    out = cs.WorkloadStatus(
+        phase=cs.WorkloadPhase.Value(f"WORKLOAD_PHASE_{w.phase}"),
+        namespace=w.namespace,
+        rendezvous_address=w.rendezvous,
+        message=w.message[:4096],
+    )
     _ref(out.attempt, w.key)
     if w.outcome:
         out.outcome = job_pb2.AttemptOutcome.Value(f"ATTEMPT_OUTCOME_{w.outcome}")
@@ -340,9 +397,16 @@ def workload_status(w: WorkloadReport, now: float) -> cs.WorkloadStatus:
         out.exit_code = w.exit_code
     out.observe_time.CopyFrom(_ts(now))
     for r in w.replicas:
-        rs = out.replicas.add(pod_set=r.pod_set, index=r.index, pod_name=r.pod, node=r.node,
-                              phase=common_pb2.ReplicaPhase.Value(f"REPLICA_PHASE_{r.phase}"), reason=r.reason,
-                              message=r.message[:1024], restart_count=r.restarts)
+        rs = out.replicas.add(
+            pod_set=r.pod_set,
+            index=r.index,
+            pod_name=r.pod,
+            node=r.node,
+            phase=common_pb2.ReplicaPhase.Value(f"REPLICA_PHASE_{r.phase}"),
+            reason=r.reason,
+            message=r.message[:1024],
+            restart_count=r.restarts,
+        )
         if r.exit_code is not None:
             rs.exit_code = r.exit_code
         if r.start_time is not None:
@@ -361,8 +425,12 @@ def scheduling_feedback(items: Sequence[PodFeedback]) -> cs.SchedulingFeedback:
     return out
 
 
-_CANCEL_RESULT = {"DELETED": cs.CANCEL_RESULT_DELETED, "NOT_FOUND": cs.CANCEL_RESULT_NOT_FOUND,
-                  "IN_PROGRESS": cs.CANCEL_RESULT_IN_PROGRESS, "FAILED": cs.CANCEL_RESULT_FAILED}
+_CANCEL_RESULT = {
+    "DELETED": cs.CANCEL_RESULT_DELETED,
+    "NOT_FOUND": cs.CANCEL_RESULT_NOT_FOUND,
+    "IN_PROGRESS": cs.CANCEL_RESULT_IN_PROGRESS,
+    "FAILED": cs.CANCEL_RESULT_FAILED,
+}
 
 
 def cancel_ack(key: AttemptKey, result: str, message: str = "") -> cs.CancelAck:
@@ -372,8 +440,9 @@ def cancel_ack(key: AttemptKey, result: str, message: str = "") -> cs.CancelAck:
 
 
 def heartbeat(applied_broker_sequence: int, inventory_sequence: int, leader: bool) -> cs.Heartbeat:
-    return cs.Heartbeat(applied_broker_sequence=applied_broker_sequence, inventory_sequence=inventory_sequence,
-                        leader=leader)
+    return cs.Heartbeat(
+        applied_broker_sequence=applied_broker_sequence, inventory_sequence=inventory_sequence, leader=leader
+    )
 
 
 @dataclass

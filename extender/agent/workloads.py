@@ -36,8 +36,14 @@ from placement.overlay import Reservation, ReservedPart
 from placement.podspec import GPU_RESOURCE
 from placement.quantity import QuantityError, cpu_milli, to_int_bytes
 
-__all__ = ["Workloads", "DISPATCH_ANNOTATION", "ASSIGNMENT_ANNOTATION", "DEADLINE_ANNOTATION",
-           "FRAMEWORK_ANNOTATION", "assignment_of"]
+__all__ = [
+    "Workloads",
+    "DISPATCH_ANNOTATION",
+    "ASSIGNMENT_ANNOTATION",
+    "DEADLINE_ANNOTATION",
+    "FRAMEWORK_ANNOTATION",
+    "assignment_of",
+]
 
 log = logging.getLogger("tandem.agent.workloads")
 
@@ -55,7 +61,7 @@ HOLD_ANNOTATION = "tandem.dev/hold-for"
 
 
 def _rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def assignment_of(job: Mapping[str, Any]) -> list[str] | None:
@@ -102,8 +108,12 @@ def _quota_needs(order: Order) -> dict[str, int]:
     need: dict[str, int] = {"pods": order.total_replicas, "count/pods": order.total_replicas}
     for ps in order.pod_sets:
         s = ps.shape
-        for key, per in (("requests.cpu", s.cpu_milli), ("cpu", s.cpu_milli), ("requests.memory", s.memory),
-                         ("memory", s.memory)):
+        for key, per in (
+            ("requests.cpu", s.cpu_milli),
+            ("cpu", s.cpu_milli),
+            ("requests.memory", s.memory),
+            ("memory", s.memory),
+        ):
             need[key] = need.get(key, 0) + per * ps.count
         gpus = {GPU_RESOURCE: s.gpus} if s.gpus and s.gpu_milli >= 1000 else {}
         if s.mig_profile and s.mig_count:
@@ -120,8 +130,14 @@ def _amount(key: str, value: Any) -> int:
 class Workloads:
     """Executes the agent's decisions against the API server (the one place the agent writes workloads)."""
 
-    def __init__(self, kube: KubeClient, config: AgentConfig, *, identity: str = "tandem-agent",
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        config: AgentConfig,
+        *,
+        identity: str = "tandem-agent",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.kube = kube
         self.config = config
         self.renderer = render.IndexedJobRenderer(config)
@@ -152,8 +168,10 @@ class Workloads:
         plan: list[tuple[str, dict[str, Any]]] = [
             (api_path("", "v1", "configmaps", ext.reservation_namespace), rendered.reservation),
             (api_path("", "v1", "services", namespace), rendered.service),
-            *((api_path("resource.k8s.io", "v1", "resourceclaimtemplates", namespace), t)
-              for t in rendered.claim_templates),
+            *(
+                (api_path("resource.k8s.io", "v1", "resourceclaimtemplates", namespace), t)
+                for t in rendered.claim_templates
+            ),
             *((api_path("batch", "v1", "jobs", namespace), j) for j in rendered.jobs),
         ]
         try:
@@ -166,10 +184,14 @@ class Workloads:
                     jobs.append(stored)
             for job in jobs:
                 if (job.get("spec") or {}).get("suspend"):
-                    raise _Refused(Rejection(
-                        "TEMPLATE_INVALID", f"Job {job['metadata']['name']} was suspended at admission: Kueue (or "
-                        "another queue controller) manages namespace " + namespace + "; exclude Tandem's tenant "
-                        "namespaces from it"))
+                    raise _Refused(
+                        Rejection(
+                            "TEMPLATE_INVALID",
+                            f"Job {job['metadata']['name']} was suspended at admission: Kueue (or "
+                            "another queue controller) manages namespace " + namespace + "; exclude Tandem's tenant "
+                            "namespaces from it",
+                        )
+                    )
             await self._own_service(namespace, rendered.service, jobs[0] if jobs else None)
         except _Refused as r:
             await self._undo(created)
@@ -180,11 +202,16 @@ class Workloads:
                 return Rejection("AGENT_NOT_READY", "this agent lost its leadership while creating the workload")
             return _rejection_for(e, "creating the workload")
         if created:
-            await self.event(jobs[0] if jobs else None, "TandemDispatchAccepted",
-                             f"attempt {order.attempt} of {order.job_id} created on {len(order.pod_sets)} pod set(s)")
+            await self.event(
+                jobs[0] if jobs else None,
+                "TandemDispatchAccepted",
+                f"attempt {order.attempt} of {order.job_id} created on {len(order.pod_sets)} pod set(s)",
+            )
         return None
 
-    async def _create_or_adopt(self, collection: str, obj: dict[str, Any], dispatch_id: str) -> tuple[dict[str, Any], bool]:
+    async def _create_or_adopt(
+        self, collection: str, obj: dict[str, Any], dispatch_id: str
+    ) -> tuple[dict[str, Any], bool]:
         try:
             return await self.kube.create(collection, obj), True
         except KubeError as e:
@@ -195,9 +222,13 @@ class Workloads:
             return await self.kube.create(collection, obj), True
         theirs = ((existing.get("metadata") or {}).get("annotations") or {}).get(DISPATCH_ANNOTATION, "")
         if theirs != dispatch_id:
-            raise _Refused(Rejection(
-                "STALE_ATTEMPT", f"{obj['kind']} {obj['metadata']['name']} already exists for dispatch "
-                f"{theirs or '(none)'}, not {dispatch_id}: not adopted"))
+            raise _Refused(
+                Rejection(
+                    "STALE_ATTEMPT",
+                    f"{obj['kind']} {obj['metadata']['name']} already exists for dispatch "
+                    f"{theirs or '(none)'}, not {dispatch_id}: not adopted",
+                )
+            )
         return existing, False
 
     async def _undo(self, created: Sequence[_Created]) -> None:
@@ -216,10 +247,18 @@ class Workloads:
         current = await self.kube.get(path)
         if current is None or (current.get("metadata") or {}).get("ownerReferences"):
             return
-        ref = {"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
-               "uid": job["metadata"]["uid"], "blockOwnerDeletion": False}
-        await self.kube.patch(path, [{"op": "add", "path": "/metadata/ownerReferences", "value": [ref]}],
-                              content_type="application/json-patch+json")
+        ref = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"],
+            "blockOwnerDeletion": False,
+        }
+        await self.kube.patch(
+            path,
+            [{"op": "add", "path": "/metadata/ownerReferences", "value": [ref]}],
+            content_type="application/json-patch+json",
+        )
 
     async def _admission_check(self, order: Order, namespace: str, jobs: Sequence[dict[str, Any]]) -> None:
         """One pod per pod set created with dryRun=All: what admission makes of it must still be the shape
@@ -255,9 +294,13 @@ class Workloads:
                 except QuantityError:
                     continue
                 if need[key] > room:
-                    raise _Refused(Rejection(
-                        "NAMESPACE_QUOTA", f"ResourceQuota {q['metadata']['name']} in {namespace}: {key} has room "
-                        f"for {room}, the gang needs {need[key]} (a half-created gang would hold it)"))
+                    raise _Refused(
+                        Rejection(
+                            "NAMESPACE_QUOTA",
+                            f"ResourceQuota {q['metadata']['name']} in {namespace}: {key} has room "
+                            f"for {room}, the gang needs {need[key]} (a half-created gang would hold it)",
+                        )
+                    )
 
     # ------------------------------------------------------------------ pin and ungate
 
@@ -284,16 +327,27 @@ class Workloads:
 
     # ------------------------------------------------------------------ teardown
 
-    async def teardown(self, key: AttemptKey, namespace: str, jobs: Iterable[Mapping[str, Any]],
-                       pods: Iterable[Mapping[str, Any]], grace_s: float | None) -> None:
+    async def teardown(
+        self,
+        key: AttemptKey,
+        namespace: str,
+        jobs: Iterable[Mapping[str, Any]],
+        pods: Iterable[Mapping[str, Any]],
+        grace_s: float | None,
+    ) -> None:
         """Start deleting an attempt: short-grace pods first when asked, then the Jobs (Background)."""
         ext = self.config.extender
         selector = f"{ext.gang_job_label}={key[0]},{ext.gang_attempt_label}={key[1]}"
-        pod_grace = max((int((p.get("spec") or {}).get("terminationGracePeriodSeconds", 30) or 0) for p in pods),
-                        default=0)
+        pod_grace = max(
+            (int((p.get("spec") or {}).get("terminationGracePeriodSeconds", 30) or 0) for p in pods), default=0
+        )
         if grace_s is not None and grace_s < pod_grace:
-            await self.kube.delete_collection(api_path("", "v1", "pods", namespace), label_selector=selector,
-                                              propagation_policy="Background", grace_period_s=int(grace_s))
+            await self.kube.delete_collection(
+                api_path("", "v1", "pods", namespace),
+                label_selector=selector,
+                propagation_policy="Background",
+                grace_period_s=int(grace_s),
+            )
         for job in jobs:
             name = job["metadata"]["name"]
             await self.kube.delete(api_path("batch", "v1", "jobs", namespace, name), propagation_policy="Background")
@@ -304,8 +358,10 @@ class Workloads:
         if namespace:
             await self.kube.delete(api_path("", "v1", "services", namespace, name), propagation_policy="Background")
             for t in claim_templates:
-                await self.kube.delete(api_path("resource.k8s.io", "v1", "resourceclaimtemplates", namespace, t),
-                                       propagation_policy="Background")
+                await self.kube.delete(
+                    api_path("resource.k8s.io", "v1", "resourceclaimtemplates", namespace, t),
+                    propagation_policy="Background",
+                )
         await self.delete_reservation(key)
 
     # ------------------------------------------------------------------ holds (FLEET-NOTES F-5)
@@ -314,19 +370,34 @@ class Workloads:
     def hold_name(key: AttemptKey, drain: bool = False) -> str:
         return f"{key[0]}-{key[1]}-{'drain' if drain else 'hold'}"
 
-    async def write_hold(self, key: AttemptKey, pod_sets: Sequence[PodSetOrder], expires_at: float,
-                         dispatch_id: str, *, drain: bool = False) -> None:
+    async def write_hold(
+        self,
+        key: AttemptKey,
+        pod_sets: Sequence[PodSetOrder],
+        expires_at: float,
+        dispatch_id: str,
+        *,
+        drain: bool = False,
+    ) -> None:
         """Write (or rewrite) the reservation that keeps nodes for an attempt not dispatched yet. It is the
         attempt's own gang's, so its pods are not kept off; it carries no dispatch id the attempt's objects
         could be adopted by."""
         ext = self.config.extender
-        parts = tuple(ReservedPart(ps.name, node, n, ps.shape) for ps in pod_sets
-                      for node, n in ps.per_node().items() if n > 0)
+        parts = tuple(
+            ReservedPart(ps.name, node, n, ps.shape) for ps in pod_sets for node, n in ps.per_node().items() if n > 0
+        )
         labels = {ext.gang_job_label: key[0], ext.gang_attempt_label: str(key[1]), **MANAGED_BY}
         cm = reservation_configmap(
-            Reservation(key[0], key[1], parts), {ps.name: ps.shape for ps in pod_sets},
-            namespace=ext.reservation_namespace, name=self.hold_name(key, drain), label=ext.reservation_label,
-            expires_at=expires_at, labels=labels, annotations={HOLD_ANNOTATION: dispatch_id}, hold=True)
+            Reservation(key[0], key[1], parts),
+            {ps.name: ps.shape for ps in pod_sets},
+            namespace=ext.reservation_namespace,
+            name=self.hold_name(key, drain),
+            label=ext.reservation_label,
+            expires_at=expires_at,
+            labels=labels,
+            annotations={HOLD_ANNOTATION: dispatch_id},
+            hold=True,
+        )
         collection = api_path("", "v1", "configmaps", ext.reservation_namespace)
         try:
             await self.kube.create(collection, cm)
@@ -347,8 +418,10 @@ class Workloads:
         await self._delete_reservation_configmap(f"{key[0]}-{key[1]}")
 
     async def _delete_reservation_configmap(self, name: str) -> None:
-        await self.kube.delete(api_path("", "v1", "configmaps", self.config.extender.reservation_namespace, name),
-                               propagation_policy="Background")
+        await self.kube.delete(
+            api_path("", "v1", "configmaps", self.config.extender.reservation_namespace, name),
+            propagation_policy="Background",
+        )
 
     # ------------------------------------------------------------------ events
 
@@ -357,15 +430,26 @@ class Workloads:
         if obj is None:
             return
         meta = obj.get("metadata") or {}
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         event = {
-            "apiVersion": "v1", "kind": "Event",
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get("namespace")},
-            "involvedObject": {"apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", ""),
-                               "name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")},
-            "reason": reason, "message": message[:1024], "type": kind, "count": 1,
-            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "source": {"component": "tandem-agent"}, "reportingComponent": "tandem-agent",
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", "v1"),
+                "kind": obj.get("kind", ""),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "count": 1,
+            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "source": {"component": "tandem-agent"},
+            "reportingComponent": "tandem-agent",
             "reportingInstance": self.identity[:128],
         }
         try:

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from broker.launcher.client import BrokerClient
-from tandem.v1 import job_pb2
 from extender.podreq import pinned_node
 from fleetsim import harness
 from fleetsim.harness import MANIFESTS, REPO, Cluster, Proc, free_port, http_ok, spawn, wait_for
 from sim import kuberesources as kr
 from sim.kubeclient import KubeApiError
+from tandem.v1 import job_pb2
 from tests.broker.hub_builders import TOKENS, Broker, policy_doc
 from tests.fixtures import fixture_json
 
@@ -49,20 +49,30 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 TENANT_NAMESPACE = "team-a"
 
 
-def gpu_node(name: str, *, rack: str, zone: str = "zone-a", block: str = "b1", gpus: int = 8,
-             hostname: str | None = None) -> dict[str, Any]:
+def gpu_node(
+    name: str, *, rack: str, zone: str = "zone-a", block: str = "b1", gpus: int = 8, hostname: str | None = None
+) -> dict[str, Any]:
     """A real-format HGX H100 node (the fixture's) renamed; its hostname label differs from its name, as on
     clouds that name nodes by instance id (the agent must pin by name, never by that label)."""
-    base = next(o for o in fixture_json("cluster.json")["items"]
-                if o["kind"] == "Node" and o["metadata"]["name"] == "h100-r1-n2")
+    base = next(
+        o
+        for o in fixture_json("cluster.json")["items"]
+        if o["kind"] == "Node" and o["metadata"]["name"] == "h100-r1-n2"
+    )
     node: dict[str, Any] = copy.deepcopy(base)
     meta = node["metadata"]
     for k in ("uid", "resourceVersion", "creationTimestamp"):
         meta.pop(k, None)
     meta["name"] = name
-    meta["labels"].update({"kubernetes.io/hostname": hostname or f"h100-{rack}-{name.rsplit('-', 1)[-1]}",
-                           "topology.kubernetes.io/zone": zone, "network.example.com/block": block,
-                           "network.example.com/rack": rack, "nvidia.com/gpu.count": str(gpus)})
+    meta["labels"].update(
+        {
+            "kubernetes.io/hostname": hostname or f"h100-{rack}-{name.rsplit('-', 1)[-1]}",
+            "topology.kubernetes.io/zone": zone,
+            "network.example.com/block": block,
+            "network.example.com/rack": rack,
+            "nvidia.com/gpu.count": str(gpus),
+        }
+    )
     for field_name in ("capacity", "allocatable"):
         node["status"][field_name]["nvidia.com/gpu"] = str(gpus)
     node["status"]["addresses"] = [{"type": "Hostname", "address": meta["labels"]["kubernetes.io/hostname"]}]
@@ -98,25 +108,41 @@ class InProcessBroker:
 AnyBroker = BrokerProcess | InProcessBroker
 
 
-async def start_cluster(name: str, nodes: Sequence[dict[str, Any]], broker: Broker | AnyBroker, tmp: Path, *,
-                        tenants: dict[str, list[str]] | None = None, **options: Any) -> Cluster:
+async def start_cluster(
+    name: str,
+    nodes: Sequence[dict[str, Any]],
+    broker: Broker | AnyBroker,
+    tmp: Path,
+    *,
+    tenants: dict[str, list[str]] | None = None,
+    **options: Any,
+) -> Cluster:
     """`fleetsim.harness.start_cluster` with the tests' tenant (alpha in team-a) unless told otherwise."""
     hub = InProcessBroker(broker) if isinstance(broker, Broker) else broker
-    return await harness.start_cluster(name, nodes, hub, tmp, tenants=tenants or {"alpha": [TENANT_NAMESPACE]},
-                                       **options)
+    return await harness.start_cluster(
+        name, nodes, hub, tmp, tenants=tenants or {"alpha": [TENANT_NAMESPACE]}, **options
+    )
 
 
-def job_template(gpus: int, *, cpu: str = "16", memory: str = "64Gi", extra: dict[str, str] | None = None,
-                 **spec: Any) -> str:
+def job_template(
+    gpus: int, *, cpu: str = "16", memory: str = "64Gi", extra: dict[str, str] | None = None, **spec: Any
+) -> str:
     """A pod template whose requests equal the shape (the broker refuses one that differs)."""
     requests = {"cpu": cpu, "memory": memory, **(extra or {})}
-    container = {"name": "trainer", "image": "registry.example.com/llm/trainer:2026.11",
-                 "command": ["torchrun", "train.py"],
-                 "resources": {"requests": requests, "limits": {"nvidia.com/gpu": str(gpus), **requests}}}
-    template = {"metadata": {"labels": {"team": "llm"}},
-                "spec": {"containers": [container],
-                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                         **spec}}
+    container = {
+        "name": "trainer",
+        "image": "registry.example.com/llm/trainer:2026.11",
+        "command": ["torchrun", "train.py"],
+        "resources": {"requests": requests, "limits": {"nvidia.com/gpu": str(gpus), **requests}},
+    }
+    template = {
+        "metadata": {"labels": {"team": "llm"}},
+        "spec": {
+            "containers": [container],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            **spec,
+        },
+    }
     return json.dumps(template)
 
 
@@ -133,11 +159,23 @@ def gang(replicas: int, gpus: int, *, level: str = "rack", extra: dict[str, str]
 
 def busy_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
     """Someone else's GPU pod, bound directly (as a DaemonSet's would be)."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"nodeName": node, "restartPolicy": "Never",
-                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                     "containers": [{"name": "main", "image": "registry.example.com/inference:1",
-                                     "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example.com/inference:1",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+        },
+    }
 
 
 class PodHistory:

@@ -20,8 +20,19 @@ from broker.launcher.client import SubmitItem
 from sim import kuberesources as kr
 from tandem.v1 import job_pb2
 from tests.broker.hub_builders import Broker, policy_doc, start_broker
-from tests.e2e.fleet import (TENANT_NAMESPACE, BrokerProcess, Cluster, PodHistory, busy_pod, gang, gpu_node,
-                             job_template, start_cluster, wait_for, watch_pods)
+from tests.e2e.fleet import (
+    TENANT_NAMESPACE,
+    BrokerProcess,
+    Cluster,
+    PodHistory,
+    busy_pod,
+    gang,
+    gpu_node,
+    job_template,
+    start_cluster,
+    wait_for,
+    watch_pods,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,8 +52,9 @@ def _bound(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @pytest.fixture
 async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
-    b = await start_broker(tmp_path, policy=policy_doc(), heartbeat_interval_s=1.0, cluster_stale_after_s=3.0,
-                           lost_after_s=30.0)
+    b = await start_broker(
+        tmp_path, policy=policy_doc(), heartbeat_interval_s=1.0, cluster_stale_after_s=3.0, lost_after_s=30.0
+    )
     try:
         yield b
     finally:
@@ -86,8 +98,9 @@ async def test_a_stream_cut_before_start_never_runs_two_attempts(broker: Broker,
     first attempt's pods are never ungated, let alone bound, while the second runs."""
     nodes = [gpu_node(f"node-{c}-{i}", rack="r1") for c in "ab" for i in range(2)]
     a = await start_cluster("a", nodes[:2], broker, tmp_path)
-    b = await start_cluster("b", nodes[2:], broker, tmp_path,
-                            sim_options={"job_controller_qps": (0.5, 1)})  # one pod every 2 s
+    b = await start_cluster(
+        "b", nodes[2:], broker, tmp_path, sim_options={"job_controller_qps": (0.5, 1)}
+    )  # one pod every 2 s
     history = PodHistory()
     watcher = asyncio.get_running_loop().create_task(watch_pods(b, history))
     try:
@@ -107,8 +120,9 @@ async def test_a_stream_cut_before_start_never_runs_two_attempts(broker: Broker,
         await wait_for(lambda: _all_bound(a, j.job_id, 2), 40, "the second attempt bound on a", a.procs)
         b.start_agent()  # restarted: its Hello lists attempt 1, which the broker has replaced
         await wait_for(lambda: _gone(b, j.job_id), 40, "the obsolete attempt deleted in b", b.procs)
-        assert all("bound" not in seq and "ungated+pinned" not in seq for seq in history.states.values()), \
+        assert all("bound" not in seq and "ungated+pinned" not in seq for seq in history.states.values()), (
             history.states
+        )
         assert not _bound(await _pods(b, j.job_id))
     finally:
         watcher.cancel()
@@ -167,8 +181,13 @@ async def test_the_agent_restarted_mid_flight_adopts_its_gangs(broker: Broker, t
     """The agent is SIGKILLed while one gang is gated (its Job controller is slow) and another runs; the new
     process is not ready until it has loaded the reservations, adopts both from their labels and
     annotations, pins and starts the gated one, and reports the running one through to its end."""
-    b = await start_cluster("b", [gpu_node(f"node-b-{i}", rack="r1") for i in range(3)], broker, tmp_path,
-                            sim_options={"job_controller_qps": (1.0, 1)})
+    b = await start_cluster(
+        "b",
+        [gpu_node(f"node-b-{i}", rack="r1") for i in range(3)],
+        broker,
+        tmp_path,
+        sim_options={"job_controller_qps": (1.0, 1)},
+    )
     try:
         client = broker.client("alpha")
         [run] = await client.submit("s", [SubmitItem("k1", gang(1, 8))])
@@ -200,9 +219,9 @@ async def _ended(client: Any, job_id: str) -> job_pb2.Job | None:
 async def test_leader_handover_between_two_replicas(broker: Broker, tmp_path: Path) -> None:
     """Two agent replicas: the leader streams; on SIGTERM it releases the Lease and the other takes over
     with a higher epoch at once; SIGKILL of that one hands over after a lease duration. Work goes on."""
-    b = await start_cluster("b", [gpu_node(f"node-b-{i}", rack="r1") for i in range(2)], broker, tmp_path,
-                            agents=2)
+    b = await start_cluster("b", [gpu_node(f"node-b-{i}", rack="r1") for i in range(2)], broker, tmp_path, agents=2)
     try:
+
         async def both_ready() -> bool:
             return await b.agent_ready(0) and await b.agent_ready(1)
 
@@ -210,8 +229,14 @@ async def test_leader_handover_between_two_replicas(broker: Broker, tmp_path: Pa
         first = broker.hub.dispatcher.sessions["b"].leader_epoch
         leader = next(i for i, p in enumerate(b.agents) if _leads(b, i))
         await b.agents[leader].stop(signal.SIGTERM)
-        await wait_for(lambda: (s := broker.hub.dispatcher.sessions.get("b")) is not None and not s.closed
-                       and s.leader_epoch > first, 20, "the other replica connected as the new leader", b.procs[-1:])
+        await wait_for(
+            lambda: (
+                (s := broker.hub.dispatcher.sessions.get("b")) is not None and not s.closed and s.leader_epoch > first
+            ),
+            20,
+            "the other replica connected as the new leader",
+            b.procs[-1:],
+        )
         client = broker.client("alpha")
         [j] = await client.submit("s", [SubmitItem("k", gang(1, 8))])
         await wait_for(lambda: _bound_pods(b, j.job_id, 1), 60, "the job placed by the new leader", b.procs)
@@ -219,8 +244,14 @@ async def test_leader_handover_between_two_replicas(broker: Broker, tmp_path: Pa
         survivor = 1 - leader
         await b.agents[survivor].stop(signal.SIGKILL)
         b.start_agent()
-        await wait_for(lambda: (s := broker.hub.dispatcher.sessions.get("b")) is not None and not s.closed
-                       and s.leader_epoch > second, 30, "a third leader after the lease expired", b.procs[-1:])
+        await wait_for(
+            lambda: (
+                (s := broker.hub.dispatcher.sessions.get("b")) is not None and not s.closed and s.leader_epoch > second
+            ),
+            30,
+            "a third leader after the lease expired",
+            b.procs[-1:],
+        )
     finally:
         await b.stop()
 
@@ -231,26 +262,32 @@ def _leads(c: Cluster, i: int) -> bool:
 
 
 async def test_an_agent_whose_certificate_names_another_cluster_is_refused(broker: Broker, tmp_path: Path) -> None:
-    b = await start_cluster("b", [gpu_node("node-b-1", rack="r1")], broker, tmp_path, cert_name="c",
-                            wait_connected=False)
+    b = await start_cluster(
+        "b", [gpu_node("node-b-1", rack="r1")], broker, tmp_path, cert_name="c", wait_connected=False
+    )
     try:
-        await wait_for(lambda: "PERMISSION_DENIED" in b.agents[0].log.read_text(errors="replace"), 30,
-                       "the broker refusing the stream", b.procs)
+        await wait_for(
+            lambda: "PERMISSION_DENIED" in b.agents[0].log.read_text(errors="replace"),
+            30,
+            "the broker refusing the stream",
+            b.procs,
+        )
         assert "b" not in broker.hub.catalog.clusters or not broker.hub.catalog.clusters["b"].connected
         assert "agent certificate names cluster c" in b.agents[0].log.read_text(errors="replace")
     finally:
         await b.stop()
 
 
-async def test_templates_that_would_escape_the_agent_are_refused_or_overwritten(broker: Broker,
-                                                                                  tmp_path: Path) -> None:
+async def test_templates_that_would_escape_the_agent_are_refused_or_overwritten(broker: Broker, tmp_path: Path) -> None:
     """The broker refuses a template that sets its own scheduler, node or privileged mode, naming the field;
     a tenant the cluster does not map gets nothing created."""
     b = await start_cluster("b", [gpu_node("node-b-1", rack="r1")], broker, tmp_path)
     try:
         client = broker.client("alpha")
-        for field, tweak in (("schedulerName", {"schedulerName": "default-scheduler"}),
-                             ("nodeName", {"nodeName": "node-b-1"})):
+        for field, tweak in (
+            ("schedulerName", {"schedulerName": "default-scheduler"}),
+            ("nodeName", {"nodeName": "node-b-1"}),
+        ):
             spec = gang(1, 8, level="")
             spec.pod_sets[0].pod_template_json = job_template(8, **tweak)
             [res] = await client.submit("s", [SubmitItem(f"k-{field}", spec)])
@@ -280,11 +317,17 @@ async def test_with_a_broker_gone_the_extender_keeps_serving(tmp_path: Path) -> 
         [j] = await client.submit("s", [SubmitItem("k", gang(1, 8))])
         await wait_for(lambda: _bound_pods(b, j.job_id, 1), 60, "placed", b.procs)
         bp.kill()
-        other = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain-gpu", "namespace": "default"},
-                 "spec": {"schedulerName": "tandem-scheduler", "restartPolicy": "Never",
-                          "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                          "containers": [{"name": "m", "image": "x:1",
-                                          "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
+        other = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "plain-gpu", "namespace": "default"},
+            "spec": {
+                "schedulerName": "tandem-scheduler",
+                "restartPolicy": "Never",
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "m", "image": "x:1", "resources": {"limits": {"nvidia.com/gpu": "4"}}}],
+            },
+        }
         await b.sim.apply(other)
 
         async def scheduled() -> bool:
@@ -307,15 +350,36 @@ async def test_a_read_only_agent_reports_a_file_and_is_never_placed_on(broker: B
     from tests.e2e.fleet import REPO, spawn
 
     cert, key = broker.pki.issue("files")
-    cfg = {"cluster_name": "files", "broker": broker.agent_addr, "tls_cert_file": str(cert), "tls_key_file": str(key),
-           "tls_ca_file": str(broker.pki.dir / "test-root-ca.pem"), "tls_server_name": "localhost",
-           "tenants": {"alpha": ["team-a"]}, "listen": "127.0.0.1:0", "heartbeat_s": 1.0}
+    cfg = {
+        "cluster_name": "files",
+        "broker": broker.agent_addr,
+        "tls_cert_file": str(cert),
+        "tls_key_file": str(key),
+        "tls_ca_file": str(broker.pki.dir / "test-root-ca.pem"),
+        "tls_server_name": "localhost",
+        "tenants": {"alpha": ["team-a"]},
+        "listen": "127.0.0.1:0",
+        "heartbeat_s": 1.0,
+    }
     (tmp_path / "agent.yaml").write_text(yaml.safe_dump(cfg))
-    proc = spawn("files-agent", ["agent", "--inventory-file", str(REPO / "tests" / "fixtures" / "cluster.json"),
-                                 "--config", str(tmp_path / "agent.yaml")], tmp_path / "agent.log")
+    proc = spawn(
+        "files-agent",
+        [
+            "agent",
+            "--inventory-file",
+            str(REPO / "tests" / "fixtures" / "cluster.json"),
+            "--config",
+            str(tmp_path / "agent.yaml"),
+        ],
+        tmp_path / "agent.log",
+    )
     try:
-        await wait_for(lambda: (e := broker.hub.catalog.clusters.get("files")) is not None and e.has_snapshot,
-                       60, "the read-only cluster's snapshot", [proc])
+        await wait_for(
+            lambda: (e := broker.hub.catalog.clusters.get("files")) is not None and e.has_snapshot,
+            60,
+            "the read-only cluster's snapshot",
+            [proc],
+        )
         entry = broker.hub.catalog.clusters["files"]
         assert entry.meta.read_only and len(entry.nodes) == 12
         client = broker.client("alpha")
@@ -325,8 +389,7 @@ async def test_a_read_only_agent_reports_a_file_and_is_never_placed_on(broker: B
         await proc.stop()
 
 
-async def test_a_duplicate_dispatch_is_accepted_again_and_creates_nothing_twice(broker: Broker,
-                                                                                  tmp_path: Path) -> None:
+async def test_a_duplicate_dispatch_is_accepted_again_and_creates_nothing_twice(broker: Broker, tmp_path: Path) -> None:
     """Dispatches are resent (a reconnect, an unacknowledged outbox order): the same dispatch id is adopted,
     acknowledged again, and the cluster still holds one Job, one Service and one reservation."""
     b = await start_cluster("b", [gpu_node("node-b-1", rack="r1")], broker, tmp_path)
@@ -339,6 +402,7 @@ async def test_a_duplicate_dispatch_is_accepted_again_and_creates_nothing_twice(
         [attempt] = await hub.store.list_attempts(j.job_id)
         session = hub.dispatcher.sessions["b"]
         session.send(hub.dispatcher._dispatch_out(session, job, attempt))  # the very same order again
+
         async def accepted_twice() -> bool:
             return await _agent_metric(b, 'tandem_agent_dispatches_total{outcome="accepted"}') == 2.0
 

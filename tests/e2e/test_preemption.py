@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from broker.launcher.client import SubmitItem
 from broker.config import FairnessConfig
+from broker.launcher.client import SubmitItem
 from sim import kuberesources as kr
 from sim.kubeclient import KubeApiError
 from tandem.v1 import job_pb2
@@ -43,8 +43,9 @@ async def _bound(c: Cluster, ns: str, job_id: str, n: int) -> list[dict[str, Any
 async def test_a_higher_band_takes_the_rack_after_the_victims_grace(tmp_path: Path) -> None:
     doc = policy_doc()
     doc["priority_bands"] = {"default": 0, "high": 100}
-    broker = await start_broker(tmp_path, policy=doc, heartbeat_interval_s=1.0, grace_period_s=GRACE_S,
-                                fairness=FairnessConfig(interval_s=0.2))
+    broker = await start_broker(
+        tmp_path, policy=doc, heartbeat_interval_s=1.0, grace_period_s=GRACE_S, fairness=FairnessConfig(interval_s=0.2)
+    )
     nodes = [gpu_node(f"node-{i}", rack="r1") for i in range(2)]
     c = await start_cluster("a", nodes, broker, tmp_path, tenants={"alpha": ["team-a"], "beta": ["team-b"]})
     assert c.sim.kubelet is not None
@@ -106,11 +107,23 @@ async def test_a_higher_band_takes_the_rack_after_the_victims_grace(tmp_path: Pa
 
 def _intruder() -> dict[str, Any]:
     """A GPU pod that is no Tandem job's, scheduled by the same scheduler (and extender) as the gangs."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "intruder", "namespace": "default"},
-            "spec": {"schedulerName": "tandem-scheduler", "restartPolicy": "Never",
-                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                     "containers": [{"name": "main", "image": "registry.example.com/notebook:1",
-                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "intruder", "namespace": "default"},
+        "spec": {
+            "schedulerName": "tandem-scheduler",
+            "restartPolicy": "Never",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example.com/notebook:1",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
 
 
 async def _get(c: Cluster, res: kr.Resource, name: str, namespace: str) -> dict[str, Any] | None:

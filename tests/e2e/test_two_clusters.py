@@ -21,14 +21,23 @@ from typing import Any
 
 import pytest
 
+from broker.launcher.client import SubmitItem
+from extender.podreq import pinned_node
 from jsonlogs import FIXED_KEYS, JsonLineFormatter
 from sim import kuberesources as kr
 from tandem.v1 import job_pb2
-from broker.launcher.client import SubmitItem
-from extender.podreq import pinned_node
 from tests.broker.hub_builders import Broker, policy_doc, start_broker
-from tests.e2e.fleet import (TENANT_NAMESPACE, Cluster, PodHistory, busy_pod, gang, gpu_node, start_cluster,
-                             wait_for, watch_pods)
+from tests.e2e.fleet import (
+    TENANT_NAMESPACE,
+    Cluster,
+    PodHistory,
+    busy_pod,
+    gang,
+    gpu_node,
+    start_cluster,
+    wait_for,
+    watch_pods,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,8 +61,11 @@ async def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
     try:
         a_nodes, b_nodes = fleet_nodes()
         clusters.append(await start_cluster("a", a_nodes, broker, tmp_path))
-        clusters.append(await start_cluster("b", b_nodes, broker, tmp_path,
-                                            real_kubeconfig=REAL if request.param == "real" else None))
+        clusters.append(
+            await start_cluster(
+                "b", b_nodes, broker, tmp_path, real_kubeconfig=REAL if request.param == "real" else None
+            )
+        )
         yield broker, clusters[0], clusters[1]
     finally:
         for c in clusters:
@@ -66,7 +78,8 @@ async def _job(broker: Broker, job_id: str) -> job_pb2.Job:
 
 
 async def test_the_gang_lands_in_the_cluster_with_a_rack_and_runs_to_success(
-        fleet: tuple[Broker, Cluster, Cluster]) -> None:
+    fleet: tuple[Broker, Cluster, Cluster],
+) -> None:
     broker, a, b = fleet
     history = PodHistory()
     watcher = asyncio.get_running_loop().create_task(watch_pods(b, history))
@@ -97,8 +110,13 @@ async def test_the_gang_lands_in_the_cluster_with_a_rack_and_runs_to_success(
         bound_after_s = time.monotonic() - t0
         (k8s_job,) = (await admin.list(kr.JOBS, TENANT_NAMESPACE, label_selector=f"tandem.dev/job={j.job_id}")).items
         assert k8s_job["metadata"]["name"] == f"{name}-workers"
-        assert (k8s_job["spec"]["completionMode"], k8s_job["spec"]["completions"], k8s_job["spec"]["parallelism"],
-                k8s_job["spec"]["backoffLimit"], k8s_job["spec"]["podReplacementPolicy"]) == ("Indexed", 8, 8, 0, "Failed")
+        assert (
+            k8s_job["spec"]["completionMode"],
+            k8s_job["spec"]["completions"],
+            k8s_job["spec"]["parallelism"],
+            k8s_job["spec"]["backoffLimit"],
+            k8s_job["spec"]["podReplacementPolicy"],
+        ) == ("Indexed", 8, 8, 0, "Failed")
         service = await admin.get(kr.Resource("v1", "services", "Service", True), name, TENANT_NAMESPACE)
         assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
         for pod in pods:
@@ -110,8 +128,11 @@ async def test_the_gang_lands_in_the_cluster_with_a_rack_and_runs_to_success(
             env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
             assert env["PET_NNODES"] == "8" and env["PET_NPROC_PER_NODE"] == "8"
             assert env["TANDEM_JOB_ID"] == j.job_id and env["TANDEM_ATTEMPT"] == "1"
-        await wait_for(lambda: all(history.states.get(p["metadata"]["name"], [])[-1:] == ["bound"] for p in pods),
-                       10, "the watch saw every pod bound")
+        await wait_for(
+            lambda: all(history.states.get(p["metadata"]["name"], [])[-1:] == ["bound"] for p in pods),
+            10,
+            "the watch saw every pod bound",
+        )
         for pod in pods:  # never bound before its pin and its Start; never unpinned
             seq = history.states[pod["metadata"]["name"]]
             assert seq[0] == "gated" and seq[-1] == "bound", seq
@@ -135,8 +156,12 @@ async def test_the_gang_lands_in_the_cluster_with_a_rack_and_runs_to_success(
         said = [line for line in _json_lines(broker_log.getvalue()) if line.get("job") == j.job_id]
         assert {"job submitted", "job reserved", "job state changed"} <= {line["message"] for line in said}
         assert [line["state"] for line in said if line["message"] == "job state changed"][-1] == "SUCCEEDED"
-        agent_said = [line for proc in b.agents for line in
-                      _json_lines(proc.log.read_text(errors="replace")) if line.get("job") == j.job_id]
+        agent_said = [
+            line
+            for proc in b.agents
+            for line in _json_lines(proc.log.read_text(errors="replace"))
+            if line.get("job") == j.job_id
+        ]
         assert {"dispatch accepted", "gang started"} <= {line["message"] for line in agent_said}
         assert {line["attempt"] for line in agent_said if line["message"] == "dispatch accepted"} == {1}
     finally:
@@ -201,7 +226,8 @@ def _free_gpus(broker: Broker, cluster: str) -> int:
 
 
 async def test_a_dispatched_gang_whose_pods_stay_pending_shows_kube_schedulers_message(
-        fleet: tuple[Broker, Cluster, Cluster]) -> None:
+    fleet: tuple[Broker, Cluster, Cluster],
+) -> None:
     """Tandem does not model ephemeral storage; kube-scheduler does: the pod is placed by the broker and
     refused by kube-scheduler's own filter, whose message (with the extender's) reaches GetJob."""
     broker, a, b = fleet

@@ -80,22 +80,41 @@ def pod(
     return p
 
 
-def gang_pod(name: str, job: str, attempt: str, gpus: int, *, pinned: str | None = None,
-             node_name: str | None = None, phase: str = "Pending") -> dict[str, Any]:
+def gang_pod(
+    name: str,
+    job: str,
+    attempt: str,
+    gpus: int,
+    *,
+    pinned: str | None = None,
+    node_name: str | None = None,
+    phase: str = "Pending",
+) -> dict[str, Any]:
     """A gang replica as the agent creates it: job/attempt labels, pinned by a `metadata.name` field
     requirement in its required node affinity (never by the hostname label: it may differ)."""
-    p = pod(name, gpus=gpus, labels={"tandem.dev/job": job, "tandem.dev/attempt": attempt},
-            node_name=node_name, phase=phase)
+    p = pod(
+        name, gpus=gpus, labels={"tandem.dev/job": job, "tandem.dev/attempt": attempt}, node_name=node_name, phase=phase
+    )
     if pinned:
         term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pinned]}]}
-        p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [term]}}}
+        p["spec"]["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        }
     return p
 
 
-def reservation(job: str, attempt: str, nodes: dict[str, int], *, gpus: int = 4, cpu: str = "8",
-                memory: str = "64Gi", domain: str = "", namespace: str = "tandem-system",
-                mig: dict[str, int] | None = None) -> dict[str, Any]:
+def reservation(
+    job: str,
+    attempt: str,
+    nodes: dict[str, int],
+    *,
+    gpus: int = 4,
+    cpu: str = "8",
+    memory: str = "64Gi",
+    domain: str = "",
+    namespace: str = "tandem-system",
+    mig: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """A reservation ConfigMap in the documented format."""
     data = {
         "job": job,
@@ -108,16 +127,28 @@ def reservation(job: str, attempt: str, nodes: dict[str, int], *, gpus: int = 4,
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": f"res-{job}-{attempt}", "namespace": namespace,
-                     "labels": {"tandem.dev/reservation": "true", "tandem.dev/job": job},
-                     "uid": f"cm-{next(_uids)}", "resourceVersion": "1"},
+        "metadata": {
+            "name": f"res-{job}-{attempt}",
+            "namespace": namespace,
+            "labels": {"tandem.dev/reservation": "true", "tandem.dev/job": job},
+            "uid": f"cm-{next(_uids)}",
+            "resourceVersion": "1",
+        },
         "data": data,
     }
 
 
-def claim(name: str, count: int, *, selectors: tuple[str, ...] = (), device_class: str = "gpu.nvidia.com",
-          namespace: str = "team-a", allocated: list[str] | None = None, node: str = "h200-dra-1",
-          reserved_for: tuple[str, str] | None = None) -> dict[str, Any]:
+def claim(
+    name: str,
+    count: int,
+    *,
+    selectors: tuple[str, ...] = (),
+    device_class: str = "gpu.nvidia.com",
+    namespace: str = "team-a",
+    allocated: list[str] | None = None,
+    node: str = "h200-dra-1",
+    reserved_for: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     """A ResourceClaim like the fixture's (resource.k8s.io/v1), optionally allocated on `node`."""
     c = _fixture("ResourceClaim", "want-dra-4-gpus")
     c["metadata"].update(name=name, namespace=namespace, uid=f"claim-{next(_uids)}")
@@ -131,13 +162,20 @@ def claim(name: str, count: int, *, selectors: tuple[str, ...] = (), device_clas
     if allocated is not None:
         c["status"] = {
             "allocation": {
-                "devices": {"results": [{"request": "gpus", "driver": "gpu.nvidia.com", "pool": node, "device": d}
-                                        for d in allocated]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+                "devices": {
+                    "results": [
+                        {"request": "gpus", "driver": "gpu.nvidia.com", "pool": node, "device": d} for d in allocated
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                },
             },
             "reservedFor": [{"resource": "pods", "name": reserved_for[0], "uid": reserved_for[1]}]
-            if reserved_for else [],
+            if reserved_for
+            else [],
         }
     return c
 

@@ -15,16 +15,20 @@ from aiohttp.test_utils import TestServer
 from extender.app import make_app
 from extender.config import ExtenderConfig
 from extender.inventory import Inventory
+
 # Re-exported: the extender tests import the fixture helpers from here.
-from tests.fixtures import FIXTURES as FIXTURES, fixture_bytes as fixture_bytes, fixture_json as fixture_json
+from tests.fixtures import FIXTURES as FIXTURES
+from tests.fixtures import fixture_bytes as fixture_bytes
+from tests.fixtures import fixture_json as fixture_json
 
 
 def cluster_items() -> list[dict[str, Any]]:
     return copy.deepcopy(fixture_json("cluster.json")["items"])
 
 
-def make_inventory(extra: list[dict[str, Any]] | None = None, config: ExtenderConfig | None = None,
-                   drop: set[str] | None = None) -> Inventory:
+def make_inventory(
+    extra: list[dict[str, Any]] | None = None, config: ExtenderConfig | None = None, drop: set[str] | None = None
+) -> Inventory:
     """Inventory of the fixture cluster plus `extra` objects, minus objects named in `drop`."""
     inv = Inventory(config or ExtenderConfig())
     items = [o for o in cluster_items() if o["metadata"]["name"] not in (drop or set())]
@@ -59,8 +63,9 @@ class Client:
 
     async def post(self, verb: str, body: Any) -> tuple[int, Any]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        async with self.session.post(self.url(f"{self.prefix}/{verb}"), data=data,
-                                     headers={"Content-Type": "application/json"}) as r:
+        async with self.session.post(
+            self.url(f"{self.prefix}/{verb}"), data=data, headers={"Content-Type": "application/json"}
+        ) as r:
             raw = await r.read()
             try:
                 return r.status, json.loads(raw)

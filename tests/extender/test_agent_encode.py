@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetplan.catalog import Catalog, ClusterEntry, ClusterMeta, Level
 from broker.api.serde_agent import report_from_delta, report_from_snapshot
 from broker.api.serde_inventory import InventoryDecodeError, node_from_proto
 from extender.agent.encode import (
@@ -25,16 +24,21 @@ from extender.agent.encode import (
 )
 from extender.facts import NodeFacts
 from extender.inventory import Inventory
+from fleetplan.catalog import Catalog, ClusterEntry, ClusterMeta, Level
 from placement.model import DraDevice, DraVersion, Gpu, MigInstance, Node, Taint
 from placement.quantity import to_int_bytes
 from tandem.v1 import inventory_pb2 as inv
-
 from tests.extender.extender_builders import node as node_obj
 from tests.extender.extender_builders import pod, reservation
 from tests.extender.extender_support import make_inventory
 
-TOPOLOGY = ("topology.kubernetes.io/zone", "network.example.com/block", "network.example.com/rack",
-            "nvidia.com/gpu.clique", "kubernetes.io/hostname")
+TOPOLOGY = (
+    "topology.kubernetes.io/zone",
+    "network.example.com/block",
+    "network.example.com/rack",
+    "nvidia.com/gpu.clique",
+    "kubernetes.io/hostname",
+)
 LABELS = LabelFilter.build(TOPOLOGY)
 NOW = 1_780_000_000.25
 
@@ -55,15 +59,31 @@ def attribute_types(node: Node) -> list[list[tuple[str, type]]]:
 
 # --------------------------------------------------------------------------- the fixture cluster
 
-GPU_NODE_LABELS = ["kubernetes.io/arch", "kubernetes.io/hostname", "network.example.com/block",
-                   "network.example.com/rack", "nvidia.com/gpu.count", "nvidia.com/gpu.memory",
-                   "nvidia.com/gpu.product", "nvidia.com/mig.strategy", "topology.kubernetes.io/region",
-                   "topology.kubernetes.io/zone"]
-PLAIN_NODE_LABELS = ["kubernetes.io/arch", "kubernetes.io/hostname", "network.example.com/block",
-                     "network.example.com/rack", "topology.kubernetes.io/region", "topology.kubernetes.io/zone"]
+GPU_NODE_LABELS = [
+    "kubernetes.io/arch",
+    "kubernetes.io/hostname",
+    "network.example.com/block",
+    "network.example.com/rack",
+    "nvidia.com/gpu.count",
+    "nvidia.com/gpu.memory",
+    "nvidia.com/gpu.product",
+    "nvidia.com/mig.strategy",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+]
+PLAIN_NODE_LABELS = [
+    "kubernetes.io/arch",
+    "kubernetes.io/hostname",
+    "network.example.com/block",
+    "network.example.com/rack",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+]
 EXPECTED_LABELS = {
-    **{n: GPU_NODE_LABELS for n in ("h100-r1-n1", "h100-r1-n2", "h100-r2-n1", "h100-r2-n2", "h100-notready",
-                                    "a100-mig-1", "t4-1")},
+    **{
+        n: GPU_NODE_LABELS
+        for n in ("h100-r1-n1", "h100-r1-n2", "h100-r2-n1", "h100-r2-n2", "h100-notready", "a100-mig-1", "t4-1")
+    },
     **{n: sorted(GPU_NODE_LABELS + ["nvidia.com/gpu.clique"]) for n in ("gb200-r5-n1", "gb200-r5-n2", "gb200-r5-n3")},
     "cpu-1": PLAIN_NODE_LABELS,
     "h200-dra-1": PLAIN_NODE_LABELS,
@@ -113,8 +133,9 @@ def test_quantity_text_is_exact_and_readable() -> None:
 
 
 def test_bad_capacity_is_refused_with_the_device_named() -> None:
-    msg = inv.NodeInventory(name="n1", dra_devices=[inv.DraDevice(driver="d", pool="p", name="x",
-                                                                  capacity={"memory": "lots"})])
+    msg = inv.NodeInventory(
+        name="n1", dra_devices=[inv.DraDevice(driver="d", pool="p", name="x", capacity={"memory": "lots"})]
+    )
     with pytest.raises(InventoryDecodeError, match="d/p/x"):
         node_from_proto(msg)
 
@@ -131,37 +152,73 @@ def gpus(draw: st.DrawFn) -> tuple[Gpu, ...]:
     model = draw(st.sampled_from(MODELS))
     out = []
     for i in draw(st.lists(st.integers(0, 63), unique=True, max_size=8)):
-        mig = tuple(MigInstance(draw(st.sampled_from(["1g.10gb", "3g.40gb", "7g.80gb", ""])),
-                                draw(st.none() | st.integers(0, 50)), draw(st.integers(0, 7)),
-                                draw(st.integers(1, 8)), draw(st.booleans()))
-                    for _ in range(draw(st.integers(0, 3))))
-        out.append(Gpu(i, draw(st.sampled_from([model, model, MODELS[3]])), draw(st.integers(0, 2**20)),
-                       0 if mig else draw(st.sampled_from([0, 1000]) | st.integers(0, 1000)), mig, draw(st.booleans())))
+        mig = tuple(
+            MigInstance(
+                draw(st.sampled_from(["1g.10gb", "3g.40gb", "7g.80gb", ""])),
+                draw(st.none() | st.integers(0, 50)),
+                draw(st.integers(0, 7)),
+                draw(st.integers(1, 8)),
+                draw(st.booleans()),
+            )
+            for _ in range(draw(st.integers(0, 3)))
+        )
+        out.append(
+            Gpu(
+                i,
+                draw(st.sampled_from([model, model, MODELS[3]])),
+                draw(st.integers(0, 2**20)),
+                0 if mig else draw(st.sampled_from([0, 1000]) | st.integers(0, 1000)),
+                mig,
+                draw(st.booleans()),
+            )
+        )
     return tuple(out)
 
 
 ATTRIBUTE = st.one_of(TEXT, INT64, st.booleans(), TEXT.map(DraVersion))
 CAPACITY = st.one_of(st.integers(-(2**40), 2**62), st.integers(0, 2**20).map(lambda x: x * 2**30))
-DRA = st.builds(DraDevice, TEXT, TEXT, TEXT, st.dictionaries(TEXT, ATTRIBUTE, max_size=5),
-                st.dictionaries(TEXT, CAPACITY, max_size=3), st.booleans())
-LABEL_KEYS = list(TOPOLOGY) + ["nvidia.com/gpu.product", "nvidia.com/gpu.family", "feature.node.kubernetes.io/cpu-x",
-                               "team.example.com/pool", "kubernetes.io/os"]
+DRA = st.builds(
+    DraDevice,
+    TEXT,
+    TEXT,
+    TEXT,
+    st.dictionaries(TEXT, ATTRIBUTE, max_size=5),
+    st.dictionaries(TEXT, CAPACITY, max_size=3),
+    st.booleans(),
+)
+LABEL_KEYS = list(TOPOLOGY) + [
+    "nvidia.com/gpu.product",
+    "nvidia.com/gpu.family",
+    "feature.node.kubernetes.io/cpu-x",
+    "team.example.com/pool",
+    "kubernetes.io/os",
+]
 NODES = st.builds(
     Node,
     name=TEXT,
     labels=st.dictionaries(st.sampled_from(LABEL_KEYS), TEXT, max_size=6),
-    taints=st.lists(st.builds(Taint, TEXT, TEXT, st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"])),
-                    max_size=3).map(tuple),
-    ready=st.booleans(), cordoned=st.booleans(),
-    cpu_milli_allocatable=INT64, cpu_milli_free=INT64, memory_allocatable=INT64, memory_free=INT64,
+    taints=st.lists(
+        st.builds(Taint, TEXT, TEXT, st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"])), max_size=3
+    ).map(tuple),
+    ready=st.booleans(),
+    cordoned=st.booleans(),
+    cpu_milli_allocatable=INT64,
+    cpu_milli_free=INT64,
+    memory_allocatable=INT64,
+    memory_free=INT64,
     pods_free=st.integers(-10, 5000),
     gpus=gpus(),
-    extended_free=st.dictionaries(st.sampled_from(["nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb",
-                                                   "example.com/fpga", "tandem.dev/other"]), INT64, max_size=3),
+    extended_free=st.dictionaries(
+        st.sampled_from(["nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "example.com/fpga", "tandem.dev/other"]),
+        INT64,
+        max_size=3,
+    ),
     dra_devices=st.lists(DRA, max_size=3).map(tuple),
     topology=st.lists(st.none() | TEXT, max_size=5).map(tuple),
 )
-EXTRA = LabelFilter.build(TOPOLOGY, extra_keys=("team.example.com/pool",), extra_prefixes=("feature.node.kubernetes.io/",))
+EXTRA = LabelFilter.build(
+    TOPOLOGY, extra_keys=("team.example.com/pool",), extra_prefixes=("feature.node.kubernetes.io/",)
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -179,15 +236,30 @@ def test_generated_nodes_round_trip_exactly(node: Node, bound: int) -> None:
 
 
 def test_topology_keys_and_product_label_are_always_kept() -> None:
-    f = LabelFilter.build(("site.example.com/hall", "site.example.com/row"), defaults=(),
-                          extra_keys=("team.example.com/pool",), extra_prefixes=("feature.node.kubernetes.io/cpu-",))
-    labels = {"site.example.com/hall": "h1", "site.example.com/row": "", "nvidia.com/gpu.product": "H100",
-              "team.example.com/pool": "a", "feature.node.kubernetes.io/cpu-cpuid.AVX512": "true",
-              "feature.node.kubernetes.io/kernel-version.full": "6.8", "nvidia.com/gfd.timestamp": "1",
-              "kubernetes.io/hostname": "n1", "team.example.com/pool-2": "b"}
-    assert f.apply(labels) == {"site.example.com/hall": "h1", "site.example.com/row": "",
-                               "nvidia.com/gpu.product": "H100", "team.example.com/pool": "a",
-                               "feature.node.kubernetes.io/cpu-cpuid.AVX512": "true"}
+    f = LabelFilter.build(
+        ("site.example.com/hall", "site.example.com/row"),
+        defaults=(),
+        extra_keys=("team.example.com/pool",),
+        extra_prefixes=("feature.node.kubernetes.io/cpu-",),
+    )
+    labels = {
+        "site.example.com/hall": "h1",
+        "site.example.com/row": "",
+        "nvidia.com/gpu.product": "H100",
+        "team.example.com/pool": "a",
+        "feature.node.kubernetes.io/cpu-cpuid.AVX512": "true",
+        "feature.node.kubernetes.io/kernel-version.full": "6.8",
+        "nvidia.com/gfd.timestamp": "1",
+        "kubernetes.io/hostname": "n1",
+        "team.example.com/pool-2": "b",
+    }
+    assert f.apply(labels) == {
+        "site.example.com/hall": "h1",
+        "site.example.com/row": "",
+        "nvidia.com/gpu.product": "H100",
+        "team.example.com/pool": "a",
+        "feature.node.kubernetes.io/cpu-cpuid.AVX512": "true",
+    }
     assert LabelFilter.everything().apply(labels) == labels
     default = LabelFilter.build(TOPOLOGY)
     assert default.allows("node.kubernetes.io/instance-type") and default.allows("nvidia.com/gpu.clique")
@@ -198,9 +270,18 @@ def test_topology_keys_and_product_label_are_always_kept() -> None:
 
 
 def gang_pod(name: str, job: str, attempt: int, pod_set: str, index: int, node: str, gpus: int = 1) -> dict[str, Any]:
-    return pod(name, gpus=gpus, node_name=node, phase="Running",
-               labels={"tandem.dev/job": job, "tandem.dev/attempt": str(attempt), "tandem.dev/pod-set": pod_set,
-                       "batch.kubernetes.io/job-completion-index": str(index)})
+    return pod(
+        name,
+        gpus=gpus,
+        node_name=node,
+        phase="Running",
+        labels={
+            "tandem.dev/job": job,
+            "tandem.dev/attempt": str(attempt),
+            "tandem.dev/pod-set": pod_set,
+            "batch.kubernetes.io/job-completion-index": str(index),
+        },
+    )
 
 
 def test_snapshot_then_nothing_changed_gives_no_delta() -> None:
@@ -233,8 +314,9 @@ def test_a_bind_sends_exactly_that_node_and_the_bound_replica() -> None:
     assert d is not None
     assert [n.name for n in d.upserted_nodes] == ["h100-r2-n2"] and not d.removed_node_names
     assert (d.sequence, d.base_sequence) == (2, 1)
-    assert [(p.attempt.job_id, p.attempt.attempt, [(r.pod_set, r.index, r.node) for r in p.bound])
-            for p in d.reservations] == [("train-42", 3, [("workers", 0, "h100-r2-n2")])]
+    assert [
+        (p.attempt.job_id, p.attempt.attempt, [(r.pod_set, r.index, r.node) for r in p.bound]) for p in d.reservations
+    ] == [("train-42", 3, [("workers", 0, "h100-r2-n2")])]
     by_name = {f.name: f for f in facts_of(i)}
     assert node_from_proto(d.upserted_nodes[0]).gpus == by_name["h100-r2-n2"].node.gpus
 
@@ -263,8 +345,9 @@ def test_prepare_spreads_the_encoding_and_changes_nothing_sent() -> None:
     assert b.prepare(facts_of(i), 100) == 0
     snap = b.snapshot(facts_of(i), [], NOW)
     assert b.encoded_nodes == 12
-    assert snap.SerializeToString(deterministic=True) == \
-        ReportBuilder(LABELS).snapshot(facts_of(i), [], NOW).SerializeToString(deterministic=True)
+    assert snap.SerializeToString(deterministic=True) == ReportBuilder(LABELS).snapshot(
+        facts_of(i), [], NOW
+    ).SerializeToString(deterministic=True)
     i.apply("Pod", "ADDED", pod("bound-1", gpus=1, node_name="t4-1", phase="Running"))
     assert b.prepare(facts_of(i), 100) == 1
     d = b.delta(facts_of(i), [], NOW)
@@ -277,11 +360,15 @@ def test_delta_needs_a_snapshot_first() -> None:
 
 
 def test_reservation_progress_lists_every_held_reservation() -> None:
-    i = make_inventory([gang_pod("a-0", "job-a", 2, "workers", 0, "h100-r1-n2"),
-                        gang_pod("a-1", "job-a", 2, "workers", 1, "h100-r1-n2"),
-                        gang_pod("a-h", "job-a", 2, "head", 0, "h100-r2-n1"),
-                        gang_pod("old", "job-a", 1, "workers", 0, "h100-r2-n2"),  # an older attempt
-                        gang_pod("b-0", "job-b", 1, "workers", 0, "h100-r2-n2")])  # not held by the agent
+    i = make_inventory(
+        [
+            gang_pod("a-0", "job-a", 2, "workers", 0, "h100-r1-n2"),
+            gang_pod("a-1", "job-a", 2, "workers", 1, "h100-r1-n2"),
+            gang_pod("a-h", "job-a", 2, "head", 0, "h100-r2-n1"),
+            gang_pod("old", "job-a", 1, "workers", 0, "h100-r2-n2"),  # an older attempt
+            gang_pod("b-0", "job-b", 1, "workers", 0, "h100-r2-n2"),
+        ]
+    )  # not held by the agent
     out = reservation_progress([("job-c", 1), ("job-a", 2)], facts_of(i))
     assert [(p.attempt.job_id, p.attempt.attempt, [(r.pod_set, r.index, r.node) for r in p.bound]) for p in out] == [
         ("job-a", 2, [("head", 0, "h100-r2-n1"), ("workers", 0, "h100-r1-n2"), ("workers", 1, "h100-r1-n2")]),
@@ -295,8 +382,20 @@ def test_reservation_progress_lists_every_held_reservation() -> None:
 
 META = ClusterMeta("c1", levels=tuple(Level(k.rsplit("/", 1)[-1], k) for k in TOPOLOGY))
 GPU_NODES = ("h100-r1-n1", "h100-r1-n2", "h100-r2-n1", "h100-r2-n2", "gb200-r5-n1", "t4-1", "a100-mig-1")
-OPS = ("bind", "gang", "unbind", "finish", "add_node", "remove_node", "cordon", "relabel", "reserve", "release",
-       "flush", "flush")
+OPS = (
+    "bind",
+    "gang",
+    "unbind",
+    "finish",
+    "add_node",
+    "remove_node",
+    "cordon",
+    "relabel",
+    "reserve",
+    "release",
+    "flush",
+    "flush",
+)
 
 
 class Cluster:
@@ -322,8 +421,9 @@ class Cluster:
             self.pods.append(p)
         elif op == "gang" and self.held and gpu_nodes:
             (job, attempt) = rng.choice(sorted(self.held))
-            p = gang_pod(f"g{self.n}", job, attempt, rng.choice(["workers", "head"]), rng.randrange(4),
-                         rng.choice(gpu_nodes))
+            p = gang_pod(
+                f"g{self.n}", job, attempt, rng.choice(["workers", "head"]), rng.randrange(4), rng.choice(gpu_nodes)
+            )
             self.inv.apply("Pod", "ADDED", p)
             self.pods.append(p)
         elif op in ("unbind", "finish") and self.pods:
@@ -340,8 +440,7 @@ class Cluster:
         elif op in ("cordon", "relabel") and names:
             name = rng.choice(names)
             base = name if name in EXPECTED_LABELS else "h100-r1-n2"
-            obj = node_obj(base, name=name, cordoned=op == "cordon",
-                           labels={"nvidia.com/gfd.timestamp": str(self.n)})
+            obj = node_obj(base, name=name, cordoned=op == "cordon", labels={"nvidia.com/gfd.timestamp": str(self.n)})
             self.inv.apply("Node", "MODIFIED", obj)
         elif op == "reserve" and gpu_nodes:
             key = (f"job-{self.n}", rng.randint(1, 3))
@@ -353,7 +452,9 @@ class Cluster:
             self.inv.apply("ConfigMap", "DELETED", self.held.pop(key))
 
 
-def catalog_view(entry: ClusterEntry) -> tuple[dict[str, Node], dict[AttemptKey, frozenset[tuple[str, int]]], dict[str, int]]:
+def catalog_view(
+    entry: ClusterEntry,
+) -> tuple[dict[str, Node], dict[AttemptKey, frozenset[tuple[str, int]]], dict[str, int]]:
     assert entry.arrays is not None
     free = dict(zip((n.name for n in entry.arrays.nodes), entry.arrays.eff_free_gpu().tolist()))
     return dict(entry.nodes), dict(entry.bound), free

@@ -105,8 +105,16 @@ class RecordingClient(kube.KubeClient):
         self.held = 0
         self.doomed = 0  # requests in flight that were sent into a partition: they never get an answer
 
-    async def request(self, method: str, path: str, *, body: Any = None, query: list[tuple[str, str]] | None = None,
-                      content_type: str = "application/json", mutating: bool | None = None) -> dict[str, Any]:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+        mutating: bool | None = None,
+    ) -> dict[str, Any]:
         hold = self.holds.pop(method, None)
         if hold is not None:
             self.held += 1
@@ -119,8 +127,9 @@ class RecordingClient(kube.KubeClient):
         doomed = self.partitioned()
         self.doomed += doomed
         try:
-            out = await super().request(method, path, body=body, query=query, content_type=content_type,
-                                        mutating=mutating)
+            out = await super().request(
+                method, path, body=body, query=query, content_type=content_type, mutating=mutating
+            )
         except kube.KubeError as e:
             self._note(method, path, e.status, spec, sent)
             raise
@@ -163,8 +172,15 @@ class Cluster:
 
     async def seed(self, spec: dict[str, Any]) -> None:
         """A Lease as another process left it."""
-        await self.admin.create(LEASES, {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                                         "metadata": {"name": NAME, "namespace": NS}, "spec": spec})
+        await self.admin.create(
+            LEASES,
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": NAME, "namespace": NS},
+                "spec": spec,
+            },
+        )
 
 
 # -- candidates --------------------------------------------------------------------------------------
@@ -229,8 +245,13 @@ def one_writer(*cands: Candidate) -> None:
     assert len(writers) <= 1, writers
 
 
-async def drive(cands: Iterable[Candidate], seconds: float, *, stop: Callable[[], bool] | None = None,
-                check: Callable[[], None] | None = None) -> float:
+async def drive(
+    cands: Iterable[Candidate],
+    seconds: float,
+    *,
+    stop: Callable[[], bool] | None = None,
+    check: Callable[[], None] | None = None,
+) -> float:
     """Move every candidate's clock TICK at a time, letting each settle; returns the seconds driven."""
     cands = list(cands)
     elapsed = 0.0
@@ -263,15 +284,17 @@ async def client_for(server: KubeAPIServer, tmp_path: Path) -> AsyncIterator[Mak
     """A RecordingClient for a new token: the agent's ServiceAccount by default, or an admin."""
     made: list[RecordingClient] = []
 
-    async def factory(name: str, *, clock: Callable[[], float] = lambda: 0.0, admin: bool = False,
-                      token: str | None = None) -> RecordingClient:
+    async def factory(
+        name: str, *, clock: Callable[[], float] = lambda: 0.0, admin: bool = False, token: str | None = None
+    ) -> RecordingClient:
         if token is None:
             token = server.admin_token if admin else server.service_account_token(NS, "tandem-agent")
         path = tmp_path / f"kubeconfig-{name}"
         write_kubeconfig(path, server.url, token, namespace=NS)
         bearer = token
-        client = RecordingClient(await kube.load_api_client(kubeconfig=str(path)), clock,
-                                 lambda: bearer in server.state.dropped)
+        client = RecordingClient(
+            await kube.load_api_client(kubeconfig=str(path)), clock, lambda: bearer in server.state.dropped
+        )
         made.append(client)
         return client
 
@@ -289,16 +312,23 @@ async def cluster(server: KubeAPIServer, client_for: MakeClient) -> Cluster:
 async def make(server: KubeAPIServer, cluster: Cluster, client_for: MakeClient) -> AsyncIterator[MakeCandidate]:
     made: list[Candidate] = []
 
-    async def factory(name: str, *, wall: Callable[[], float] | None = None, wall_skew_s: float = 0.0,
-                      rand: float = 0.5) -> Candidate:
+    async def factory(
+        name: str, *, wall: Callable[[], float] | None = None, wall_skew_s: float = 0.0, rand: float = 0.5
+    ) -> Candidate:
         clock = VirtualClock()
         token = server.service_account_token(NS, "tandem-agent")
         client = await client_for(name, clock=clock, token=token)
         cand = Candidate(name, token, clock, client, cluster)
         cand.elector = LeaderElector(
-            client, CONFIG, f"{name}_{token[:6]}", clock=clock,
-            wall=wall or (lambda: WALL0 + wall_skew_s + clock()), sleep=clock.sleep, rand=lambda: rand,
-            on_start=cand.started, on_stop=cand.stopped,
+            client,
+            CONFIG,
+            f"{name}_{token[:6]}",
+            clock=clock,
+            wall=wall or (lambda: WALL0 + wall_skew_s + clock()),
+            sleep=clock.sleep,
+            rand=lambda: rand,
+            on_start=cand.started,
+            on_stop=cand.stopped,
         )
         client.guard = cand.elector.may_write  # as the agent installs it: the elector's own writes pass
         made.append(cand)
@@ -317,8 +347,12 @@ async def make(server: KubeAPIServer, cluster: Cluster, client_for: MakeClient) 
                     await c.task
 
 
-CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "reservation-x", "namespace": NS},
-             "data": {"k": "v"}}
+CONFIGMAP = {
+    "apiVersion": "v1",
+    "kind": "ConfigMap",
+    "metadata": {"name": "reservation-x", "namespace": NS},
+    "data": {"k": "v"},
+}
 
 
 # -- the tests -----------------------------------------------------------------------------------------
@@ -330,8 +364,9 @@ def test_micro_time_always_has_six_fractional_digits_in_utc() -> None:
     assert micro_time(0.000001) == "1970-01-01T00:00:00.000001Z"
 
 
-async def test_two_candidates_exactly_one_leads_and_the_epoch_rises_on_takeover(make: MakeCandidate,
-                                                                                  cluster: Cluster) -> None:
+async def test_two_candidates_exactly_one_leads_and_the_epoch_rises_on_takeover(
+    make: MakeCandidate, cluster: Cluster
+) -> None:
     a, b = await make("a"), await make("b")
     a.start()
     b.start()  # both find no Lease and race to create it: one create wins, the other gets AlreadyExists
@@ -364,8 +399,9 @@ async def test_two_candidates_exactly_one_leads_and_the_epoch_rises_on_takeover(
     assert lease["spec"]["leaseTransitions"] == 1
 
 
-async def test_a_partitioned_leader_steps_down_before_the_other_can_take_over(make: MakeCandidate,
-                                                                                cluster: Cluster) -> None:
+async def test_a_partitioned_leader_steps_down_before_the_other_can_take_over(
+    make: MakeCandidate, cluster: Cluster
+) -> None:
     a, b = await make("a"), await make("b")
     a.start()
     await settle(a)
@@ -395,8 +431,9 @@ async def test_a_partitioned_leader_steps_down_before_the_other_can_take_over(ma
     assert a.elector.holder == b.elector.identity and b.elector.is_leader
 
 
-async def test_may_write_turns_false_at_the_deadline_while_the_renew_hangs(make: MakeCandidate,
-                                                                           cluster: Cluster) -> None:
+async def test_may_write_turns_false_at_the_deadline_while_the_renew_hangs(
+    make: MakeCandidate, cluster: Cluster
+) -> None:
     a = await make("a")
     await a.elector.step()
     assert a.elector.is_leader
@@ -488,8 +525,15 @@ async def test_release_on_shutdown_hands_over_within_one_retry(make: MakeCandida
 
 
 async def test_a_free_lease_is_taken_at_once_with_the_next_epoch(make: MakeCandidate, cluster: Cluster) -> None:
-    await cluster.seed({"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": 7,
-                        "renewTime": micro_time(WALL0), "acquireTime": micro_time(WALL0)})
+    await cluster.seed(
+        {
+            "holderIdentity": "",
+            "leaseDurationSeconds": 1,
+            "leaseTransitions": 7,
+            "renewTime": micro_time(WALL0),
+            "acquireTime": micro_time(WALL0),
+        }
+    )
     b = await make("b")
     await b.elector.step()
     assert b.elector.is_leader and b.elector.epoch == 8
@@ -500,11 +544,18 @@ async def test_a_free_lease_is_taken_at_once_with_the_next_epoch(make: MakeCandi
     [(-365 * 86400.0, 0.0), (365 * 86400.0, 0.0), (0.0, -3600.0), (0.0, 30 * 86400.0)],
     ids=["renewTime-a-year-ago", "renewTime-a-year-ahead", "our-wall-an-hour-behind", "our-wall-a-month-ahead"],
 )
-async def test_wall_clock_skew_does_not_change_the_decision(make: MakeCandidate, cluster: Cluster,
-                                                            renew_offset_s: float, wall_skew_s: float) -> None:
-    await cluster.seed({"holderIdentity": "ghost_1", "leaseDurationSeconds": 15, "leaseTransitions": 4,
-                        "renewTime": micro_time(WALL0 + renew_offset_s),
-                        "acquireTime": micro_time(WALL0 + renew_offset_s)})
+async def test_wall_clock_skew_does_not_change_the_decision(
+    make: MakeCandidate, cluster: Cluster, renew_offset_s: float, wall_skew_s: float
+) -> None:
+    await cluster.seed(
+        {
+            "holderIdentity": "ghost_1",
+            "leaseDurationSeconds": 15,
+            "leaseTransitions": 4,
+            "renewTime": micro_time(WALL0 + renew_offset_s),
+            "acquireTime": micro_time(WALL0 + renew_offset_s),
+        }
+    )
     b = await make("b", wall_skew_s=wall_skew_s)
     b.start()
     await settle(b)
@@ -516,8 +567,9 @@ async def test_wall_clock_skew_does_not_change_the_decision(make: MakeCandidate,
     assert CONFIG.duration_s < b.at("start") - first_seen <= CONFIG.duration_s + RETRY_MAX + TICK
 
 
-async def test_written_micro_times_have_six_digits_even_on_a_whole_second(make: MakeCandidate,
-                                                                           cluster: Cluster) -> None:
+async def test_written_micro_times_have_six_digits_even_on_a_whole_second(
+    make: MakeCandidate, cluster: Cluster
+) -> None:
     clock_holder: list[VirtualClock] = []
     a = await make("a", wall=lambda: float(math.floor(WALL0 + clock_holder[0]())))
     clock_holder.append(a.clock)
@@ -538,16 +590,20 @@ async def test_written_micro_times_have_six_digits_even_on_a_whole_second(make: 
         assert refused.value.status == 400
 
 
-async def test_a_conflict_on_renew_after_someone_else_wrote_means_lost(make: MakeCandidate,
-                                                                       cluster: Cluster) -> None:
+async def test_a_conflict_on_renew_after_someone_else_wrote_means_lost(make: MakeCandidate, cluster: Cluster) -> None:
     a = await make("a")
     a.start()
     await settle(a)
     await drive([a], 1)
     lease = await cluster.lease()
     now = micro_time(WALL0 + a.clock())
-    spec = {"holderIdentity": "intruder_1", "leaseDurationSeconds": 15, "acquireTime": now, "renewTime": now,
-            "leaseTransitions": lease["spec"]["leaseTransitions"] + 1}
+    spec = {
+        "holderIdentity": "intruder_1",
+        "leaseDurationSeconds": 15,
+        "acquireTime": now,
+        "renewTime": now,
+        "leaseTransitions": lease["spec"]["leaseTransitions"] + 1,
+    }
     await cluster.admin.replace(LEASE, {**lease, "spec": spec})
     taken = a.clock()
 
@@ -563,7 +619,8 @@ async def test_a_conflict_on_renew_after_someone_else_wrote_means_lost(make: Mak
 
 
 async def test_a_conflict_on_renew_from_an_edit_that_keeps_us_the_holder_is_not_a_loss(
-        make: MakeCandidate, cluster: Cluster) -> None:
+    make: MakeCandidate, cluster: Cluster
+) -> None:
     a = await make("a")
     a.start()
     await settle(a)
@@ -593,8 +650,9 @@ async def test_a_create_race_lost_with_already_exists_leaves_a_follower(make: Ma
     assert not b.elector.is_leader and b.elector.holder == a.elector.identity
 
 
-async def test_a_deleted_lease_under_a_live_leader_is_not_recreated_by_a_follower(make: MakeCandidate,
-                                                                                   cluster: Cluster) -> None:
+async def test_a_deleted_lease_under_a_live_leader_is_not_recreated_by_a_follower(
+    make: MakeCandidate, cluster: Cluster
+) -> None:
     a, b = await make("a"), await make("b")
     await a.elector.step()
     await b.elector.step()
@@ -636,9 +694,17 @@ async def test_timing_and_identity_are_checked(client_for: MakeClient) -> None:
 
 @pytest.mark.parametrize("rand", [0.0, 0.5, 1.0])
 async def test_acquire_retries_are_jittered_by_up_to_a_fifth_and_renewals_are_not(
-        make: MakeCandidate, cluster: Cluster, rand: float) -> None:
-    await cluster.seed({"holderIdentity": "ghost_1", "leaseDurationSeconds": 15, "leaseTransitions": 0,
-                        "renewTime": micro_time(WALL0), "acquireTime": micro_time(WALL0)})
+    make: MakeCandidate, cluster: Cluster, rand: float
+) -> None:
+    await cluster.seed(
+        {
+            "holderIdentity": "ghost_1",
+            "leaseDurationSeconds": 15,
+            "leaseTransitions": 0,
+            "renewTime": micro_time(WALL0),
+            "acquireTime": micro_time(WALL0),
+        }
+    )
     b = await make("b", rand=rand)
     assert await b.elector.step() == pytest.approx(CONFIG.retry_period_s * (1 + 0.2 * rand))
     a = await make("a", rand=rand)

@@ -11,8 +11,15 @@ import pytest
 
 from extender import kube
 from extender.agent.config import AgentConfig
-from extender.agent.preflight import (AUDIT_LABEL, ENFORCE_LABEL, TENANT_NAMESPACE_LABEL, WARN_LABEL,
-                                      pod_security_problem, refused_tenants, render_rbac)
+from extender.agent.preflight import (
+    AUDIT_LABEL,
+    ENFORCE_LABEL,
+    TENANT_NAMESPACE_LABEL,
+    WARN_LABEL,
+    pod_security_problem,
+    refused_tenants,
+    render_rbac,
+)
 from sim.kubeapi import KubeAPIServer, write_kubeconfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,22 +41,52 @@ RULES: list[tuple[str, dict[str, str], str, list[str], str | None]] = [
     ("restricted enforces restricted", labels("restricted"), "restricted", [], None),
     ("label missing", labels(), "baseline", [], f"label {ENFORCE_LABEL} is missing"),
     ("privileged", labels("privileged"), "baseline", [], f"label {ENFORCE_LABEL} is privileged"),
-    ("baseline for a restricted tenant", labels("baseline"), "restricted", [], "weaker than the tenant's Pod "
-     "Security level restricted"),
+    (
+        "baseline for a restricted tenant",
+        labels("baseline"),
+        "restricted",
+        [],
+        "weaker than the tenant's Pod Security level restricted",
+    ),
     ("not a level", labels("strict"), "baseline", [], f"label {ENFORCE_LABEL}=strict is not a Pod Security level"),
     ("exception namespace", EXCEPTION, "baseline", ["IPC_LOCK"], None),
-    ("exception warns stronger", {**EXCEPTION, WARN_LABEL: "restricted", AUDIT_LABEL: "restricted"}, "baseline",
-     ["IPC_LOCK"], None),
-    ("exception but enforcing baseline", labels("baseline"), "baseline", ["IPC_LOCK"],
-     f"need {ENFORCE_LABEL}=privileged"),
+    (
+        "exception warns stronger",
+        {**EXCEPTION, WARN_LABEL: "restricted", AUDIT_LABEL: "restricted"},
+        "baseline",
+        ["IPC_LOCK"],
+        None,
+    ),
+    (
+        "exception but enforcing baseline",
+        labels("baseline"),
+        "baseline",
+        ["IPC_LOCK"],
+        f"need {ENFORCE_LABEL}=privileged",
+    ),
     ("exception, enforce missing", labels(), "baseline", ["IPC_LOCK"], f"{ENFORCE_LABEL} is missing"),
-    ("exception without warn", {k: v for k, v in EXCEPTION.items() if k != WARN_LABEL}, "baseline", ["IPC_LOCK"],
-     f"label {WARN_LABEL} is missing"),
-    ("exception auditing privileged", {**EXCEPTION, AUDIT_LABEL: "privileged"}, "baseline", ["IPC_LOCK"],
-     f"label {AUDIT_LABEL}=privileged"),
+    (
+        "exception without warn",
+        {k: v for k, v in EXCEPTION.items() if k != WARN_LABEL},
+        "baseline",
+        ["IPC_LOCK"],
+        f"label {WARN_LABEL} is missing",
+    ),
+    (
+        "exception auditing privileged",
+        {**EXCEPTION, AUDIT_LABEL: "privileged"},
+        "baseline",
+        ["IPC_LOCK"],
+        f"label {AUDIT_LABEL}=privileged",
+    ),
     ("exception warns below the level", EXCEPTION, "restricted", ["IPC_LOCK"], f"label {WARN_LABEL}=baseline"),
-    ("exception not fenced", {k: v for k, v in EXCEPTION.items() if k != TENANT_NAMESPACE_LABEL}, "baseline",
-     ["IPC_LOCK"], f"label {TENANT_NAMESPACE_LABEL} is missing"),
+    (
+        "exception not fenced",
+        {k: v for k, v in EXCEPTION.items() if k != TENANT_NAMESPACE_LABEL},
+        "baseline",
+        ["IPC_LOCK"],
+        f"label {TENANT_NAMESPACE_LABEL} is missing",
+    ),
 ]
 
 
@@ -66,9 +103,15 @@ def test_pod_security_labels_rule(ns_labels: dict[str, str], level: str, extra: 
 
 CONFIG = AgentConfig(
     cluster_name="c",
-    tenants={"plain": ["team-plain"], "unlabelled": ["team-unlabelled"], "strict": ["team-baseline"],
-             "nccl": ["team-ib"], "nccl-misconfigured": ["team-baseline-2"], "shared": ["team-plain", "team-open"],
-             "ghost": ["team-missing"]},
+    tenants={
+        "plain": ["team-plain"],
+        "unlabelled": ["team-unlabelled"],
+        "strict": ["team-baseline"],
+        "nccl": ["team-ib"],
+        "nccl-misconfigured": ["team-baseline-2"],
+        "shared": ["team-plain", "team-open"],
+        "ghost": ["team-missing"],
+    },
     tenant_pod_security={"strict": "restricted"},
     tenant_extra_capabilities={"nccl": ["IPC_LOCK"], "nccl-misconfigured": ["IPC_LOCK"]},
 )
@@ -102,10 +145,15 @@ async def agent_client(tmp_path: Path) -> AsyncIterator[kube.KubeClient]:
         admin = await client(server.admin_token, "admin")
         for name, ns_labels in NAMESPACES.items():  # some exist already: the RoleBindings' namespaces
             if await admin.get(kube.api_path("", "v1", "namespaces", name=name)) is None:
-                await admin.create(kube.api_path("", "v1", "namespaces"),
-                                   {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-            await admin.patch(kube.api_path("", "v1", "namespaces", name=name), {"metadata": {"labels": ns_labels}},
-                              content_type="application/merge-patch+json")
+                await admin.create(
+                    kube.api_path("", "v1", "namespaces"),
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+                )
+            await admin.patch(
+                kube.api_path("", "v1", "namespaces", name=name),
+                {"metadata": {"labels": ns_labels}},
+                content_type="application/merge-patch+json",
+            )
         yield await client(server.service_account_token("tandem-system", "tandem-agent"), "agent")
     finally:
         for c in made:
@@ -114,7 +162,8 @@ async def agent_client(tmp_path: Path) -> AsyncIterator[kube.KubeClient]:
 
 
 async def test_tenants_whose_namespaces_enforce_less_than_their_level_are_refused(
-        agent_client: kube.KubeClient) -> None:
+    agent_client: kube.KubeClient,
+) -> None:
     refused = await refused_tenants(agent_client, CONFIG)
     assert set(refused) == {"unlabelled", "strict", "nccl-misconfigured", "shared", "ghost"}, refused
     assert refused["unlabelled"].startswith(f"namespace team-unlabelled: label {ENFORCE_LABEL} is missing")
@@ -125,16 +174,27 @@ async def test_tenants_whose_namespaces_enforce_less_than_their_level_are_refuse
 
 
 async def test_a_fully_labelled_fleet_refuses_no_one(agent_client: kube.KubeClient) -> None:
-    ok = AgentConfig(cluster_name="c", tenants={"plain": ["team-plain"], "nccl": ["team-ib"]},
-                     tenant_extra_capabilities={"nccl": ["IPC_LOCK"]})
+    ok = AgentConfig(
+        cluster_name="c",
+        tenants={"plain": ["team-plain"], "nccl": ["team-ib"]},
+        tenant_extra_capabilities={"nccl": ["IPC_LOCK"]},
+    )
     assert await refused_tenants(agent_client, ok) == {}
 
 
 def test_the_agent_config_reads_levels_and_exceptions() -> None:
-    cfg = AgentConfig.model_validate({"cluster_name": "c", "tenants": {"a": ["ns"], "b": ["ns"]},
-                                      "tenant_pod_security": {"b": "restricted"},
-                                      "tenant_extra_capabilities": {"a": ["IPC_LOCK"]}})
-    assert (cfg.pod_security("a"), cfg.pod_security("b"), cfg.pod_security("unknown")) == \
-        ("baseline", "restricted", "baseline")
+    cfg = AgentConfig.model_validate(
+        {
+            "cluster_name": "c",
+            "tenants": {"a": ["ns"], "b": ["ns"]},
+            "tenant_pod_security": {"b": "restricted"},
+            "tenant_extra_capabilities": {"a": ["IPC_LOCK"]},
+        }
+    )
+    assert (cfg.pod_security("a"), cfg.pod_security("b"), cfg.pod_security("unknown")) == (
+        "baseline",
+        "restricted",
+        "baseline",
+    )
     with pytest.raises(ValueError):
         AgentConfig.model_validate({"tenant_pod_security": {"a": "privileged"}})

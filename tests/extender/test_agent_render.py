@@ -29,8 +29,9 @@ from tests.fixtures import fixture_json
 
 K8S_VERSION = "1.36.0"
 NAMESPACE = "team-a"
-CONFIG = AgentConfig(cluster_name="gpu-east-1", tenants={"research": [NAMESPACE]},
-                     priority_classes={"high": "tandem-gang-high"})
+CONFIG = AgentConfig(
+    cluster_name="gpu-east-1", tenants={"research": [NAMESPACE]}, priority_classes={"high": "tandem-gang-high"}
+)
 RENDERER = IndexedJobRenderer(CONFIG)
 NOW = 1_795_000_000.0
 ZONE, BLOCK, RACK, CLIQUE, HOST = CONFIG.extender.topology.keys
@@ -57,8 +58,12 @@ def shape_of(tpl: dict[str, Any]) -> PodShape:
     return shape_from_pod({"spec": tpl["spec"]})
 
 
-def pod_set(name: str = "workers", nodes: tuple[tuple[str, int], ...] = (("node-0007", 1), ("node-0008", 1)),
-            tpl: dict[str, Any] | None = None, **changes: Any) -> PodSetOrder:
+def pod_set(
+    name: str = "workers",
+    nodes: tuple[tuple[str, int], ...] = (("node-0007", 1), ("node-0008", 1)),
+    tpl: dict[str, Any] | None = None,
+    **changes: Any,
+) -> PodSetOrder:
     tpl = tpl or template()
     count = sum(n for _, n in nodes)
     shape = changes.pop("shape", None) or shape_of(tpl)
@@ -66,9 +71,18 @@ def pod_set(name: str = "workers", nodes: tuple[tuple[str, int], ...] = (("node-
 
 
 def order(*pod_sets: PodSetOrder, **changes: Any) -> Order:
-    base = Order(job_id="train-42", attempt=3, tenant="research", pod_sets=pod_sets or (pod_set(),),
-                 domain=("us-east-1a", "b1", "r7"), start_deadline=NOW + 600, dispatch_id="4f1c2d/train-42/3",
-                 job_set="llama-sweep", queue="research-main", rendezvous_port=29500)
+    base = Order(
+        job_id="train-42",
+        attempt=3,
+        tenant="research",
+        pod_sets=pod_sets or (pod_set(),),
+        domain=("us-east-1a", "b1", "r7"),
+        start_deadline=NOW + 600,
+        dispatch_id="4f1c2d/train-42/3",
+        job_set="llama-sweep",
+        queue="research-main",
+        rendezvous_port=29500,
+    )
     return replace(base, **changes)
 
 
@@ -85,20 +99,43 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
-def server_pod(job: dict[str, Any], index: int, *, rv: str = "4711",
-               created: str = "2026-11-30T06:00:00Z") -> dict[str, Any]:
+def server_pod(
+    job: dict[str, Any], index: int, *, rv: str = "4711", created: str = "2026-11-30T06:00:00Z"
+) -> dict[str, Any]:
     """The pod the Job controller created for `index`, as the API server returns it right after creation."""
     pod = pod_for_dry_run(job, index)
     meta = pod["metadata"]
-    meta.update(name=f"{meta['generateName']}x7k2p", uid=f"6d1f0c3a-0000-4000-8000-{index:012d}", resourceVersion=rv,
-                creationTimestamp=created)
-    meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
-                                "uid": "0b6e2b4c-5a7d-4e8f-9c1d-2e3f4a5b6c7d", "controller": True,
-                                "blockOwnerDeletion": True}]
+    meta.update(
+        name=f"{meta['generateName']}x7k2p",
+        uid=f"6d1f0c3a-0000-4000-8000-{index:012d}",
+        resourceVersion=rv,
+        creationTimestamp=created,
+    )
+    meta["ownerReferences"] = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job["metadata"]["name"],
+            "uid": "0b6e2b4c-5a7d-4e8f-9c1d-2e3f4a5b6c7d",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     pod["spec"]["priority"] = 1000
-    pod["status"] = {"phase": "Pending", "qosClass": "Burstable", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "lastProbeTime": None,
-         "lastTransitionTime": created, "message": "Scheduling is blocked due to non-empty scheduling gates"}]}
+    pod["status"] = {
+        "phase": "Pending",
+        "qosClass": "Burstable",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "SchedulingGated",
+                "lastProbeTime": None,
+                "lastTransitionTime": created,
+                "message": "Scheduling is blocked due to non-empty scheduling gates",
+            }
+        ],
+    }
     return pod
 
 
@@ -145,20 +182,26 @@ LONG_SET = "workersabcde"  # 12 characters
 
 def long_order() -> Order:
     dra = DeviceRequestSpec("gpus", "gpu.nvidia.com", (H200,), 4)
-    return order(pod_set(LONG_SET, (("node-0007", 2),), device_requests=(dra,)), job_id=LONG_JOB, attempt=20,
-                 dispatch_id=f"4f1c2d/{LONG_JOB}/20")
+    return order(
+        pod_set(LONG_SET, (("node-0007", 2),), device_requests=(dra,)),
+        job_id=LONG_JOB,
+        attempt=20,
+        dispatch_id=f"4f1c2d/{LONG_JOB}/20",
+    )
 
 
 def _names(r: Any) -> list[tuple[str, str, re.Pattern[str], int]]:
     o = long_order()
     job = r.jobs[0]
-    out = [("Service", r.service["metadata"]["name"], DNS1035, 63),
-           ("ConfigMap", r.reservation["metadata"]["name"], DNS1123_SUBDOMAIN, 253),
-           ("Job", job["metadata"]["name"], DNS1123_LABEL, 63),  # its name is also the job-name label's value
-           ("subdomain", job["spec"]["template"]["spec"]["subdomain"], DNS1035, 63),
-           ("hostname", f"{job['metadata']['name']}-{INDEX_MAX}", DNS1123_LABEL, 63),
-           ("generateName", pod_for_dry_run(job, 1)["metadata"]["generateName"] + "x7k2p", DNS1123_SUBDOMAIN, 63),
-           ("rendezvous host", r.rendezvous.split(":")[0].split(".")[0], DNS1123_LABEL, 63)]
+    out = [
+        ("Service", r.service["metadata"]["name"], DNS1035, 63),
+        ("ConfigMap", r.reservation["metadata"]["name"], DNS1123_SUBDOMAIN, 253),
+        ("Job", job["metadata"]["name"], DNS1123_LABEL, 63),  # its name is also the job-name label's value
+        ("subdomain", job["spec"]["template"]["spec"]["subdomain"], DNS1035, 63),
+        ("hostname", f"{job['metadata']['name']}-{INDEX_MAX}", DNS1123_LABEL, 63),
+        ("generateName", pod_for_dry_run(job, 1)["metadata"]["generateName"] + "x7k2p", DNS1123_SUBDOMAIN, 63),
+        ("rendezvous host", r.rendezvous.split(":")[0].split(".")[0], DNS1123_LABEL, 63),
+    ]
     out += [("ResourceClaimTemplate", c["metadata"]["name"], DNS1123_SUBDOMAIN, 253) for c in r.claim_templates]
     labels = {**job["metadata"]["labels"], **job["spec"]["template"]["metadata"]["labels"]}
     out += [(f"label {k}", v, LABEL_VALUE, 63) for k, v in labels.items()]
@@ -166,23 +209,30 @@ def _names(r: Any) -> list[tuple[str, str, re.Pattern[str], int]]:
     return out
 
 
-@pytest.mark.parametrize(("kind", "name", "pattern", "limit"), _names(RENDERER.render(long_order(), NAMESPACE, now=NOW)))
-def test_the_name_budget_holds_for_the_longest_names(kind: str, name: str, pattern: re.Pattern[str], limit: int) -> None:
+@pytest.mark.parametrize(
+    ("kind", "name", "pattern", "limit"), _names(RENDERER.render(long_order(), NAMESPACE, now=NOW))
+)
+def test_the_name_budget_holds_for_the_longest_names(
+    kind: str, name: str, pattern: re.Pattern[str], limit: int
+) -> None:
     check_name_budget()
     assert len(name) <= limit, (kind, name, len(name))
     assert pattern.fullmatch(name), (kind, name)
 
 
-@pytest.mark.parametrize(("bad", "match"), [
-    (order(job_id="j" * 56), "hostname"),
-    (order(pod_set("Workers")), "DNS-1035"),
-    (order(pod_set(), pod_set()), "unique"),
-    (order(rendezvous_port=0), "port"),
-    (order(domain=("a", "b", "c", "d", "e", "f")), "levels"),
-    (order(pod_set(tpl={"metadata": {}, "spec": {"containers": []}})), "no containers"),
-    (order(replace(pod_set(), count=3)), "nodes hold 2 replicas, not 3"),
-    (order(pod_set(device_requests=(DeviceRequestSpec("GPUs", "gpu.nvidia.com"),))), "device request"),
-])
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (order(job_id="j" * 56), "hostname"),
+        (order(pod_set("Workers")), "DNS-1035"),
+        (order(pod_set(), pod_set()), "unique"),
+        (order(rendezvous_port=0), "port"),
+        (order(domain=("a", "b", "c", "d", "e", "f")), "levels"),
+        (order(pod_set(tpl={"metadata": {}, "spec": {"containers": []}})), "no containers"),
+        (order(replace(pod_set(), count=3)), "nodes hold 2 replicas, not 3"),
+        (order(pod_set(device_requests=(DeviceRequestSpec("GPUs", "gpu.nvidia.com"),))), "device request"),
+    ],
+)
 def test_orders_the_api_server_would_refuse_are_refused_before_anything_is_created(bad: Order, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         render(bad)
@@ -190,40 +240,55 @@ def test_orders_the_api_server_would_refuse_are_refused_before_anything_is_creat
 
 # ----------------------------------------------------------------------------------------- the pod template (H-4)
 
-UNTRUSTED = template(schedulerName="default-scheduler", nodeName="node-0001", priorityClassName="system-node-critical",
-                     priority=2_000_000_000, preemptionPolicy="PreemptLowerPriority", hostname="evil",
-                     subdomain="other-svc", restartPolicy="Always", activeDeadlineSeconds=5,
-                     schedulingGates=[{"name": "example.com/hold"}], overhead={"cpu": "250m"},
-                     terminationGracePeriodSeconds=3600)
+UNTRUSTED = template(
+    schedulerName="default-scheduler",
+    nodeName="node-0001",
+    priorityClassName="system-node-critical",
+    priority=2_000_000_000,
+    preemptionPolicy="PreemptLowerPriority",
+    hostname="evil",
+    subdomain="other-svc",
+    restartPolicy="Always",
+    activeDeadlineSeconds=5,
+    schedulingGates=[{"name": "example.com/hold"}],
+    overhead={"cpu": "250m"},
+    terminationGracePeriodSeconds=3600,
+)
 UNTRUSTED["metadata"] = {"name": "x", "namespace": "kube-system", "labels": {"tandem.dev/job": "someone-else"}}
 
 
-@pytest.mark.parametrize(("field", "expected"), [
-    ("schedulerName", "tandem-scheduler"),
-    ("nodeName", None),
-    ("priorityClassName", "tandem-gang"),
-    ("priority", None),
-    ("preemptionPolicy", None),
-    ("hostname", None),  # the Job controller writes <job>-<index>
-    ("subdomain", "train-42-3"),
-    ("restartPolicy", "Never"),
-    ("activeDeadlineSeconds", None),
-    ("schedulingGates", [{"name": GATE}]),
-    ("overhead", None),
-    ("terminationGracePeriodSeconds", 45),
-    ("tolerations", UNTRUSTED["spec"]["tolerations"]),  # kept: the broker judged them
-    ("nodeSelector", UNTRUSTED["spec"]["nodeSelector"]),
-])
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [
+        ("schedulerName", "tandem-scheduler"),
+        ("nodeName", None),
+        ("priorityClassName", "tandem-gang"),
+        ("priority", None),
+        ("preemptionPolicy", None),
+        ("hostname", None),  # the Job controller writes <job>-<index>
+        ("subdomain", "train-42-3"),
+        ("restartPolicy", "Never"),
+        ("activeDeadlineSeconds", None),
+        ("schedulingGates", [{"name": GATE}]),
+        ("overhead", None),
+        ("terminationGracePeriodSeconds", 45),
+        ("tolerations", UNTRUSTED["spec"]["tolerations"]),  # kept: the broker judged them
+        ("nodeSelector", UNTRUSTED["spec"]["nodeSelector"]),
+    ],
+)
 def test_an_untrusted_template_loses_every_field_the_agent_owns(field: str, expected: Any) -> None:
     spec = pod_template(order(pod_set(tpl=UNTRUSTED), grace_s=44.5))["spec"]
     assert spec.get(field) == expected
 
 
-@pytest.mark.parametrize(("o", "expected"), [
-    (order(), "tandem-gang"),
-    (order(priority_band="high"), "tandem-gang-high"),
-    (order(priority_band="high", preemptible=True), "tandem-gang-preemptible"),
-])
+@pytest.mark.parametrize(
+    ("o", "expected"),
+    [
+        (order(), "tandem-gang"),
+        (order(priority_band="high"), "tandem-gang-high"),
+        (order(priority_band="high", preemptible=True), "tandem-gang-preemptible"),
+    ],
+)
 def test_the_priority_class_follows_band_and_preemptibility(o: Order, expected: str) -> None:
     assert pod_template(o)["spec"]["priorityClassName"] == expected
 
@@ -234,43 +299,60 @@ def test_grace_falls_back_to_the_configured_default() -> None:
 
 RESERVED_TEMPLATE = template()
 RESERVED_TEMPLATE["metadata"] = {
-    "labels": {"tandem.dev/job": "someone-else", "kueue.x-k8s.io/queue-name": "q", "team": "vision",
-               "batch.kubernetes.io/job-name": "x", "kubernetes.io/hostname": "h", "jobset.sigs.k8s.io/jobset-name": "j",
-               "k8s.io/x": "y", "app.kubernetes.io/name": "trainer", "node.kubernetes.io/instance-type": "h100",
-               "topology.k8s.io/zone": "z", "NODE.Kubernetes.IO/x": "y", "app.kubernetes.io/managed-by": "me",
-               "x-k8s.io/team": "a"},
+    "labels": {
+        "tandem.dev/job": "someone-else",
+        "kueue.x-k8s.io/queue-name": "q",
+        "team": "vision",
+        "batch.kubernetes.io/job-name": "x",
+        "kubernetes.io/hostname": "h",
+        "jobset.sigs.k8s.io/jobset-name": "j",
+        "k8s.io/x": "y",
+        "app.kubernetes.io/name": "trainer",
+        "node.kubernetes.io/instance-type": "h100",
+        "topology.k8s.io/zone": "z",
+        "NODE.Kubernetes.IO/x": "y",
+        "app.kubernetes.io/managed-by": "me",
+        "x-k8s.io/team": "a",
+    },
     "annotations": {"tandem.dev/dispatch": "forged", "kubectl.kubernetes.io/default-container": "trainer"},
 }
 
 
-@pytest.mark.parametrize(("where", "key", "expected"), [
-    ("labels", "tandem.dev/job", "train-42"),
-    ("labels", "tandem.dev/attempt", "3"),
-    ("labels", "tandem.dev/pod-set", "workers"),
-    ("labels", "app.kubernetes.io/managed-by", "tandem"),
-    ("labels", "kueue.x-k8s.io/queue-name", None),  # would hand the Job to Kueue, which suspends it
-    ("labels", "batch.kubernetes.io/job-name", None),
-    ("labels", "kubernetes.io/hostname", None),
-    ("labels", "jobset.sigs.k8s.io/jobset-name", None),
-    ("labels", "k8s.io/x", None),
-    ("labels", "team", "vision"),
-    ("labels", "app.kubernetes.io/name", "trainer"),
-    ("labels", "owner", "alice"),  # order.labels
-    ("labels", "tandem.dev/preemptible", None),
-    ("annotations", "tandem.dev/dispatch", "4f1c2d/train-42/3"),
-    ("annotations", "tandem.dev/job-set", "llama-sweep"),
-    ("annotations", "tandem.dev/queue", "research-main"),
-    ("annotations", "kubectl.kubernetes.io/default-container", "trainer"),
-    ("labels", "node.kubernetes.io/instance-type", None),  # a subdomain of a reserved domain
-    ("labels", "topology.k8s.io/zone", None),
-    ("labels", "NODE.Kubernetes.IO/x", None),  # domains are case-insensitive
-    ("labels", "x-k8s.io/team", "a"),  # not a subdomain of k8s.io
-    ("annotations", "example.com/note", "hi"),  # order.annotations
-])
-def test_labels_and_annotations_drop_reserved_prefixes_and_carry_tandems(where: str, key: str,
-                                                                        expected: str | None) -> None:
-    o = order(pod_set(tpl=RESERVED_TEMPLATE), labels={"owner": "alice", "tandem.dev/job": "x"},
-              annotations={"example.com/note": "hi"})
+@pytest.mark.parametrize(
+    ("where", "key", "expected"),
+    [
+        ("labels", "tandem.dev/job", "train-42"),
+        ("labels", "tandem.dev/attempt", "3"),
+        ("labels", "tandem.dev/pod-set", "workers"),
+        ("labels", "app.kubernetes.io/managed-by", "tandem"),
+        ("labels", "kueue.x-k8s.io/queue-name", None),  # would hand the Job to Kueue, which suspends it
+        ("labels", "batch.kubernetes.io/job-name", None),
+        ("labels", "kubernetes.io/hostname", None),
+        ("labels", "jobset.sigs.k8s.io/jobset-name", None),
+        ("labels", "k8s.io/x", None),
+        ("labels", "team", "vision"),
+        ("labels", "app.kubernetes.io/name", "trainer"),
+        ("labels", "owner", "alice"),  # order.labels
+        ("labels", "tandem.dev/preemptible", None),
+        ("annotations", "tandem.dev/dispatch", "4f1c2d/train-42/3"),
+        ("annotations", "tandem.dev/job-set", "llama-sweep"),
+        ("annotations", "tandem.dev/queue", "research-main"),
+        ("annotations", "kubectl.kubernetes.io/default-container", "trainer"),
+        ("labels", "node.kubernetes.io/instance-type", None),  # a subdomain of a reserved domain
+        ("labels", "topology.k8s.io/zone", None),
+        ("labels", "NODE.Kubernetes.IO/x", None),  # domains are case-insensitive
+        ("labels", "x-k8s.io/team", "a"),  # not a subdomain of k8s.io
+        ("annotations", "example.com/note", "hi"),  # order.annotations
+    ],
+)
+def test_labels_and_annotations_drop_reserved_prefixes_and_carry_tandems(
+    where: str, key: str, expected: str | None
+) -> None:
+    o = order(
+        pod_set(tpl=RESERVED_TEMPLATE),
+        labels={"owner": "alice", "tandem.dev/job": "x"},
+        annotations={"example.com/note": "hi"},
+    )
     assert pod_template(o)["metadata"][where].get(key) == expected
 
 
@@ -291,8 +373,11 @@ def test_preemptible_attempts_label_their_pods() -> None:
 # ----------------------------------------------------------------------------------------- domain affinity
 
 IN_RACK = {"key": RACK, "operator": "In", "values": ["r7"]}
-DOMAIN = [{"key": ZONE, "operator": "In", "values": ["us-east-1a"]}, {"key": BLOCK, "operator": "In", "values": ["b1"]},
-          IN_RACK]
+DOMAIN = [
+    {"key": ZONE, "operator": "In", "values": ["us-east-1a"]},
+    {"key": BLOCK, "operator": "In", "values": ["b1"]},
+    IN_RACK,
+]
 ARM = {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]}
 AMD = {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}
 FIELD = {"key": "metadata.name", "operator": "NotIn", "values": ["node-0001"]}
@@ -310,17 +395,27 @@ def _affinity(*terms: dict[str, Any], preferred: list[dict[str, Any]] | None = N
     return {"nodeAffinity": node}
 
 
-@pytest.mark.parametrize(("affinity", "domain", "expected_terms"), [
-    (None, ("us-east-1a", "b1", "r7"), [{"matchExpressions": DOMAIN}]),
-    (_affinity({"matchExpressions": [ARM]}), ("us-east-1a", "b1", "r7"), [{"matchExpressions": [ARM, *DOMAIN]}]),
-    (_affinity({"matchExpressions": [ARM]}, {"matchExpressions": [AMD], "matchFields": [FIELD]}), ("us-east-1a",),
-     [{"matchExpressions": [ARM, DOMAIN[0]]}, {"matchExpressions": [AMD, DOMAIN[0]], "matchFields": [FIELD]}]),
-    ({"podAffinity": {}}, ("us-east-1a", "", "r7"),
-     [{"matchExpressions": [DOMAIN[0], {"key": BLOCK, "operator": "DoesNotExist"}, IN_RACK]}]),
-    (None, (), None),  # unconstrained: no term (the pin then creates the one term)
-])
+@pytest.mark.parametrize(
+    ("affinity", "domain", "expected_terms"),
+    [
+        (None, ("us-east-1a", "b1", "r7"), [{"matchExpressions": DOMAIN}]),
+        (_affinity({"matchExpressions": [ARM]}), ("us-east-1a", "b1", "r7"), [{"matchExpressions": [ARM, *DOMAIN]}]),
+        (
+            _affinity({"matchExpressions": [ARM]}, {"matchExpressions": [AMD], "matchFields": [FIELD]}),
+            ("us-east-1a",),
+            [{"matchExpressions": [ARM, DOMAIN[0]]}, {"matchExpressions": [AMD, DOMAIN[0]], "matchFields": [FIELD]}],
+        ),
+        (
+            {"podAffinity": {}},
+            ("us-east-1a", "", "r7"),
+            [{"matchExpressions": [DOMAIN[0], {"key": BLOCK, "operator": "DoesNotExist"}, IN_RACK]}],
+        ),
+        (None, (), None),  # unconstrained: no term (the pin then creates the one term)
+    ],
+)
 def test_domain_requirements_are_anded_into_every_required_term(
-        affinity: dict[str, Any] | None, domain: tuple[str, ...], expected_terms: list[dict[str, Any]] | None) -> None:
+    affinity: dict[str, Any] | None, domain: tuple[str, ...], expected_terms: list[dict[str, Any]] | None
+) -> None:
     tpl = template(**_with_affinity(affinity))
     spec = pod_template(order(pod_set(tpl=tpl), domain=domain))["spec"]
     terms = spec.get("affinity", {}).get("nodeAffinity", {}).get(TERMS[2], {}).get(TERMS[3])
@@ -341,20 +436,36 @@ def test_the_narrowest_domain_level_names_the_reservation() -> None:
 # ----------------------------------------------------------------------------------------- Jobs (A-4)
 
 
-@pytest.mark.parametrize(("field", "expected"), [
-    ("completionMode", "Indexed"), ("completions", 2), ("parallelism", 2), ("backoffLimit", 0),
-    ("podReplacementPolicy", "Failed"), ("suspend", False), ("ttlSecondsAfterFinished", 604800),
-    ("selector", None), ("manualSelector", None), ("activeDeadlineSeconds", None),
-])
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [
+        ("completionMode", "Indexed"),
+        ("completions", 2),
+        ("parallelism", 2),
+        ("backoffLimit", 0),
+        ("podReplacementPolicy", "Failed"),
+        ("suspend", False),
+        ("ttlSecondsAfterFinished", 604800),
+        ("selector", None),
+        ("manualSelector", None),
+        ("activeDeadlineSeconds", None),
+    ],
+)
 def test_the_job_spec_is_exactly_a4(field: str, expected: Any) -> None:
     assert render().jobs[0]["spec"].get(field) == expected
 
 
-@pytest.mark.parametrize(("max_runtime", "start_timeout", "expected"), [
-    (86_400.0, 900.0, 87_300), (3600.5, 600.0, 4201), (None, 600.0, None),
-])
-def test_the_jobs_deadline_adds_the_start_timeout(max_runtime: float | None, start_timeout: float,
-                                                  expected: int | None) -> None:
+@pytest.mark.parametrize(
+    ("max_runtime", "start_timeout", "expected"),
+    [
+        (86_400.0, 900.0, 87_300),
+        (3600.5, 600.0, 4201),
+        (None, 600.0, None),
+    ],
+)
+def test_the_jobs_deadline_adds_the_start_timeout(
+    max_runtime: float | None, start_timeout: float, expected: int | None
+) -> None:
     job = render(order(max_runtime_s=max_runtime, start_timeout_s=start_timeout)).jobs[0]
     assert job["spec"].get("activeDeadlineSeconds") == expected
 
@@ -381,7 +492,10 @@ def test_the_reservation_reads_back_as_the_orders_placement() -> None:
     assert (held.job, held.attempt, held.dispatch_id) == ("train-42", "3", "4f1c2d/train-42/3")
     assert held.expires_at == NOW + 600 + CONFIG.reservation_grace_s
     assert sorted((p.pod_set, p.node, p.replicas, p.shape.gpus) for p in held.reservation.parts) == [
-        ("head", "node-0007", 1, 8), ("workers", "node-0007", 1, 8), ("workers", "node-0008", 3, 8)]
+        ("head", "node-0007", 1, 8),
+        ("workers", "node-0007", 1, 8),
+        ("workers", "node-0008", 3, 8),
+    ]
 
 
 # ----------------------------------------------------------------------------------------- environment (A-15)
@@ -390,44 +504,74 @@ TWO_SETS = order(pod_set("head", (("node-0007", 1),), tpl=template(gpus=4)), pod
 INDEX_REF = {"fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{INDEX_LABEL}']"}}
 
 
-@pytest.mark.parametrize(("i", "name", "expected"), [
-    (0, "TANDEM_JOB_ID", "train-42"), (0, "TANDEM_ATTEMPT", "3"), (1, "TANDEM_POD_SET", "workers"),
-    (0, "TANDEM_RANK_OFFSET", "0"), (1, "TANDEM_RANK_OFFSET", "1"), (1, "TANDEM_REPLICAS", "3"),
-    (1, "TANDEM_RENDEZVOUS_HOST", "train-42-3-head-0.train-42-3"), (1, "TANDEM_RENDEZVOUS_PORT", "29500"),
-    (0, "TANDEM_CLUSTER", "gpu-east-1"),
-    (1, "PET_NNODES", "3"), (0, "PET_NPROC_PER_NODE", "4"), (1, "PET_NPROC_PER_NODE", "8"),
-    (1, "PET_MASTER_ADDR", "train-42-3-head-0.train-42-3"), (1, "PET_MASTER_PORT", "29500"),
-    (0, "PET_NODE_RANK", INDEX_REF), (1, "PET_NODE_RANK", None),  # later pod sets add TANDEM_RANK_OFFSET themselves
-    (1, "MASTER_ADDR", "train-42-3-head-0.train-42-3"), (0, "MASTER_PORT", "29500"), (0, "WORLD_SIZE", "20"),
-    (0, "RAY_ADDRESS", None), (0, "TANDEM_MPI_HOSTS", None),
-])
+@pytest.mark.parametrize(
+    ("i", "name", "expected"),
+    [
+        (0, "TANDEM_JOB_ID", "train-42"),
+        (0, "TANDEM_ATTEMPT", "3"),
+        (1, "TANDEM_POD_SET", "workers"),
+        (0, "TANDEM_RANK_OFFSET", "0"),
+        (1, "TANDEM_RANK_OFFSET", "1"),
+        (1, "TANDEM_REPLICAS", "3"),
+        (1, "TANDEM_RENDEZVOUS_HOST", "train-42-3-head-0.train-42-3"),
+        (1, "TANDEM_RENDEZVOUS_PORT", "29500"),
+        (0, "TANDEM_CLUSTER", "gpu-east-1"),
+        (1, "PET_NNODES", "3"),
+        (0, "PET_NPROC_PER_NODE", "4"),
+        (1, "PET_NPROC_PER_NODE", "8"),
+        (1, "PET_MASTER_ADDR", "train-42-3-head-0.train-42-3"),
+        (1, "PET_MASTER_PORT", "29500"),
+        (0, "PET_NODE_RANK", INDEX_REF),
+        (1, "PET_NODE_RANK", None),  # later pod sets add TANDEM_RANK_OFFSET themselves
+        (1, "MASTER_ADDR", "train-42-3-head-0.train-42-3"),
+        (0, "MASTER_PORT", "29500"),
+        (0, "WORLD_SIZE", "20"),
+        (0, "RAY_ADDRESS", None),
+        (0, "TANDEM_MPI_HOSTS", None),
+    ],
+)
 def test_torchrun_gets_its_pet_environment(i: int, name: str, expected: Any) -> None:
     assert env_of(pod_template(TWO_SETS, i)["spec"]["containers"][0]).get(name) == expected
 
 
-@pytest.mark.parametrize(("o", "name", "expected"), [
-    (order(restart_reason="INFRA_FAILED", previous_cluster="gpu-west-2"), "TANDEM_RESTART_REASON", "INFRA_FAILED"),
-    (order(restart_reason="INFRA_FAILED", previous_cluster="gpu-west-2"), "TANDEM_PREVIOUS_CLUSTER", "gpu-west-2"),
-    (order(), "TANDEM_RESTART_REASON", ""),
-    (order(), "PET_NNODES", None),
-    (order(pod_set("head", (("node-0007", 1),)), pod_set("workers"), framework="RAY", rendezvous_port=6379),
-     "RAY_ADDRESS", "train-42-3-head-0.train-42-3:6379"),
-    (order(pod_set("launcher", (("node-0007", 1),), tpl=template(gpus=0)), pod_set("workers"), framework="MPI"),
-     "TANDEM_MPI_HOSTS", "train-42-3-workers-0.train-42-3,train-42-3-workers-1.train-42-3"),
-    (order(pod_set("launcher", (("node-0007", 1),), tpl=template(gpus=0)), pod_set("workers"), framework="MPI"),
-     "TANDEM_MPI_HOSTS_SLOTS", "train-42-3-workers-0.train-42-3:8,train-42-3-workers-1.train-42-3:8"),
-])
+@pytest.mark.parametrize(
+    ("o", "name", "expected"),
+    [
+        (order(restart_reason="INFRA_FAILED", previous_cluster="gpu-west-2"), "TANDEM_RESTART_REASON", "INFRA_FAILED"),
+        (order(restart_reason="INFRA_FAILED", previous_cluster="gpu-west-2"), "TANDEM_PREVIOUS_CLUSTER", "gpu-west-2"),
+        (order(), "TANDEM_RESTART_REASON", ""),
+        (order(), "PET_NNODES", None),
+        (
+            order(pod_set("head", (("node-0007", 1),)), pod_set("workers"), framework="RAY", rendezvous_port=6379),
+            "RAY_ADDRESS",
+            "train-42-3-head-0.train-42-3:6379",
+        ),
+        (
+            order(pod_set("launcher", (("node-0007", 1),), tpl=template(gpus=0)), pod_set("workers"), framework="MPI"),
+            "TANDEM_MPI_HOSTS",
+            "train-42-3-workers-0.train-42-3,train-42-3-workers-1.train-42-3",
+        ),
+        (
+            order(pod_set("launcher", (("node-0007", 1),), tpl=template(gpus=0)), pod_set("workers"), framework="MPI"),
+            "TANDEM_MPI_HOSTS_SLOTS",
+            "train-42-3-workers-0.train-42-3:8,train-42-3-workers-1.train-42-3:8",
+        ),
+    ],
+)
 def test_framework_and_restart_environment(o: Order, name: str, expected: Any) -> None:
     assert env_of(pod_template(o)["spec"]["containers"][0]).get(name) == expected
 
 
 def test_template_variables_of_tandems_names_are_overwritten_and_tandems_come_first() -> None:
     tpl = template()
-    tpl["spec"]["containers"][0]["env"] = [{"name": "TANDEM_JOB_ID", "value": "forged"},
-                                           {"name": "RANK", "value": "$(TANDEM_RANK_OFFSET)"},
-                                           {"name": "PET_NODE_RANK", "value": "0"}]
-    env = pod_template(order(pod_set("head", (("node-0007", 1),)), pod_set("workers", tpl=tpl), framework="TORCHRUN"),
-                       1)["spec"]["containers"][0]["env"]
+    tpl["spec"]["containers"][0]["env"] = [
+        {"name": "TANDEM_JOB_ID", "value": "forged"},
+        {"name": "RANK", "value": "$(TANDEM_RANK_OFFSET)"},
+        {"name": "PET_NODE_RANK", "value": "0"},
+    ]
+    env = pod_template(
+        order(pod_set("head", (("node-0007", 1),)), pod_set("workers", tpl=tpl), framework="TORCHRUN"), 1
+    )["spec"]["containers"][0]["env"]
     names = [e["name"] for e in env]
     assert names.count("TANDEM_JOB_ID") == 1 and env_of({"env": env})["TANDEM_JOB_ID"] == "train-42"
     assert names[-1] == "RANK" and names.index("TANDEM_RANK_OFFSET") < names.index("RANK")
@@ -435,8 +579,12 @@ def test_template_variables_of_tandems_names_are_overwritten_and_tandems_come_fi
 
 
 def test_native_sidecars_get_only_tandems_identity_and_init_containers_everything() -> None:
-    sidecar = {"name": "log-shipper", "image": "fluent/fluent-bit:3.2", "restartPolicy": "Always",
-               "env": [{"name": "MASTER_ADDR", "value": "logs.example.com"}]}
+    sidecar = {
+        "name": "log-shipper",
+        "image": "fluent/fluent-bit:3.2",
+        "restartPolicy": "Always",
+        "env": [{"name": "MASTER_ADDR", "value": "logs.example.com"}],
+    }
     init = {"name": "fetch-dataset", "image": "busybox:1.36", "command": ["true"]}
     tpl = template(initContainers=[init, sidecar])
     spec = pod_template(order(pod_set(tpl=tpl), framework="TORCHRUN"))["spec"]
@@ -446,21 +594,24 @@ def test_native_sidecars_get_only_tandems_identity_and_init_containers_everythin
     assert shipper["MASTER_ADDR"] == "logs.example.com"  # a sidecar's own variables are its business
 
 
-@pytest.mark.parametrize(("framework", "success", "groups"), [
-    ("PLAIN", ("head", "workers"), (("head", "workers"),)),
-    ("TORCHRUN", ("head", "workers"), (("head", "workers"),)),
-    ("RAY", ("head",), (("head", "workers"),)),
-    ("MPI", ("head",), (("workers",), ("head",))),
-])
-def test_success_rule_and_start_order_per_framework(framework: str, success: tuple[str, ...],
-                                                    groups: tuple[tuple[str, ...], ...]) -> None:
+@pytest.mark.parametrize(
+    ("framework", "success", "groups"),
+    [
+        ("PLAIN", ("head", "workers"), (("head", "workers"),)),
+        ("TORCHRUN", ("head", "workers"), (("head", "workers"),)),
+        ("RAY", ("head",), (("head", "workers"),)),
+        ("MPI", ("head",), (("workers",), ("head",))),
+    ],
+)
+def test_success_rule_and_start_order_per_framework(
+    framework: str, success: tuple[str, ...], groups: tuple[tuple[str, ...], ...]
+) -> None:
     o = order(pod_set("head", (("node-0007", 1),)), pod_set("workers"), framework=framework)
     assert RENDERER.success_pod_sets(o) == success
     assert RENDERER.start_groups(o) == groups
 
 
 # ----------------------------------------------------------------------------------------- DRA (A-22)
-
 
 
 def dra_order(*requests: DeviceRequestSpec) -> Order:
@@ -472,13 +623,24 @@ def dra_order(*requests: DeviceRequestSpec) -> Order:
     return order(pod_set(tpl=tpl, shape=shape, device_requests=requests))
 
 
-@pytest.mark.parametrize(("request_", "exactly"), [
-    (DeviceRequestSpec("gpus", "gpu.nvidia.com", (H200,), 4),
-     {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": H200}}], "allocationMode": "ExactCount",
-      "count": 4}),
-    (DeviceRequestSpec("nics", "rdma.example.com", all_devices=True),
-     {"deviceClassName": "rdma.example.com", "allocationMode": "All"}),
-])
+@pytest.mark.parametrize(
+    ("request_", "exactly"),
+    [
+        (
+            DeviceRequestSpec("gpus", "gpu.nvidia.com", (H200,), 4),
+            {
+                "deviceClassName": "gpu.nvidia.com",
+                "selectors": [{"cel": {"expression": H200}}],
+                "allocationMode": "ExactCount",
+                "count": 4,
+            },
+        ),
+        (
+            DeviceRequestSpec("nics", "rdma.example.com", all_devices=True),
+            {"deviceClassName": "rdma.example.com", "allocationMode": "All"},
+        ),
+    ],
+)
 def test_each_dra_request_gets_its_claim_template(request_: DeviceRequestSpec, exactly: dict[str, Any]) -> None:
     r = render(dra_order(request_))
     (rct,) = r.claim_templates
@@ -491,23 +653,43 @@ def test_each_dra_request_gets_its_claim_template(request_: DeviceRequestSpec, e
 
 # ----------------------------------------------------------------------------------------- strict schemas
 
-MIXED = order(pod_set("head", (("node-0007", 1),), tpl=template(initContainers=[
-    {"name": "log-shipper", "image": "fluent/fluent-bit:3.2", "restartPolicy": "Always"}])),
+MIXED = order(
+    pod_set(
+        "head",
+        (("node-0007", 1),),
+        tpl=template(
+            initContainers=[{"name": "log-shipper", "image": "fluent/fluent-bit:3.2", "restartPolicy": "Always"}]
+        ),
+    ),
     pod_set("workers", tpl=template(affinity=_affinity({"matchExpressions": [ARM]}, preferred=PREFERRED))),
-    framework="TORCHRUN", max_runtime_s=86_400.0, preemptible=True)
-SCHEMA_ORDERS = {"plain": order(), "torchrun": MIXED, "long names": long_order(),
-                 "dra": dra_order(DeviceRequestSpec("gpus", "gpu.nvidia.com", (H200,), 4),
-                                  DeviceRequestSpec("nics", "rdma.example.com", all_devices=True)),
-                 "untrusted": order(pod_set(tpl=UNTRUSTED), domain=("us-east-1a", "")),
-                 "unconstrained": order(domain=(), framework="MPI")}
+    framework="TORCHRUN",
+    max_runtime_s=86_400.0,
+    preemptible=True,
+)
+SCHEMA_ORDERS = {
+    "plain": order(),
+    "torchrun": MIXED,
+    "long names": long_order(),
+    "dra": dra_order(
+        DeviceRequestSpec("gpus", "gpu.nvidia.com", (H200,), 4),
+        DeviceRequestSpec("nics", "rdma.example.com", all_devices=True),
+    ),
+    "untrusted": order(pod_set(tpl=UNTRUSTED), domain=("us-east-1a", "")),
+    "unconstrained": order(domain=(), framework="MPI"),
+}
 
 
-@pytest.mark.parametrize(("obj"), [
-    pytest.param(obj, id=f"{name}-{obj['kind']}-{obj['metadata'].get('name') or obj['metadata']['generateName']}")
-    for name, o in SCHEMA_ORDERS.items()
-    for obj in (*RENDERER.render(o, NAMESPACE, now=NOW).objects(),
-                *(pod_for_dry_run(j, 0) for j in RENDERER.render(o, NAMESPACE, now=NOW).jobs))
-])
+@pytest.mark.parametrize(
+    ("obj"),
+    [
+        pytest.param(obj, id=f"{name}-{obj['kind']}-{obj['metadata'].get('name') or obj['metadata']['generateName']}")
+        for name, o in SCHEMA_ORDERS.items()
+        for obj in (
+            *RENDERER.render(o, NAMESPACE, now=NOW).objects(),
+            *(pod_for_dry_run(j, 0) for j in RENDERER.render(o, NAMESPACE, now=NOW).jobs),
+        )
+    ],
+)
 def test_every_rendered_object_validates_against_the_strict_schema(obj: dict[str, Any]) -> None:
     kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
@@ -531,8 +713,11 @@ def test_the_dry_run_pod_is_what_the_job_controller_creates() -> None:
         pod_for_dry_run(job, 2)
 
 
-ISTIO = {"name": "istio-proxy", "image": "docker.io/istio/proxyv2:1.24.0",
-         "resources": {"requests": {"cpu": "2", "memory": "128Mi"}}}
+ISTIO = {
+    "name": "istio-proxy",
+    "image": "docker.io/istio/proxyv2:1.24.0",
+    "resources": {"requests": {"cpu": "2", "memory": "128Mi"}},
+}
 
 
 def _admitted(change: str) -> dict[str, Any]:
@@ -551,16 +736,24 @@ def _admitted(change: str) -> dict[str, Any]:
     return pod
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    ("none", None),
-    ("sidecar", "admission changed the pod's requests: cpu 8 -> 10, memory 64Gi -> 65664Mi "
-                "(containers added by admission: istio-proxy)"),
-    ("limitrange", "admission changed the pod's requests: memory 64Gi -> 65Gi "
-                   "(a sidecar injector or a LimitRange default?)"),
-    ("gpus", "admission changed the pod's requests: GPUs 8 -> 4"),
-    ("extended", "admission changed the pod's requests: rdma/ib 0 -> 1"),
-    ("broken", "admission left a pod whose requests cannot be read"),
-])
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("none", None),
+        (
+            "sidecar",
+            "admission changed the pod's requests: cpu 8 -> 10, memory 64Gi -> 65664Mi "
+            "(containers added by admission: istio-proxy)",
+        ),
+        (
+            "limitrange",
+            "admission changed the pod's requests: memory 64Gi -> 65Gi (a sidecar injector or a LimitRange default?)",
+        ),
+        ("gpus", "admission changed the pod's requests: GPUs 8 -> 4"),
+        ("extended", "admission changed the pod's requests: rdma/ib 0 -> 1"),
+        ("broken", "admission left a pod whose requests cannot be read"),
+    ],
+)
 def test_admission_changes_to_what_the_fit_depends_on_are_named(change: str, expected: str | None) -> None:
     rendered = pod_for_dry_run(render().jobs[0], 0)
     problem = admitted_shape_problem(_admitted(change), order().pod_sets[0].shape, rendered=rendered)
@@ -591,12 +784,16 @@ PIN_CASES: dict[str, tuple[dict[str, Any] | None, tuple[str, ...]]] = {
     "pod affinity only": ({"podAffinity": {}}, ()),
     "preferred only": ({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": PREFERRED}}, ()),
     "two terms, one with fields": (
-        _affinity({"matchExpressions": [ARM]}, {"matchExpressions": [AMD], "matchFields": [FIELD]}), ("us-east-1a",)),
+        _affinity({"matchExpressions": [ARM]}, {"matchExpressions": [AMD], "matchFields": [FIELD]}),
+        ("us-east-1a",),
+    ),
 }
 
 
 @pytest.mark.parametrize(("affinity", "domain"), PIN_CASES.values(), ids=PIN_CASES.keys())
-def test_the_pin_only_narrows_and_pinned_node_reads_it(affinity: dict[str, Any] | None, domain: tuple[str, ...]) -> None:
+def test_the_pin_only_narrows_and_pinned_node_reads_it(
+    affinity: dict[str, Any] | None, domain: tuple[str, ...]
+) -> None:
     pod = _gated_pod(affinity, domain)
     before = _terms(pod)
     ops = pin_patch(pod, "node-0007")
@@ -608,9 +805,10 @@ def test_the_pin_only_narrows_and_pinned_node_reads_it(affinity: dict[str, Any] 
     assert len(terms) == max(1, len(before))  # A-1: the number of terms never changes once there are terms
     for old, new in zip(before, terms):  # only requirements appended within each existing term
         for kind in ("matchExpressions", "matchFields"):
-            assert new.get(kind, [])[:len(old.get(kind, []))] == old.get(kind, [])
+            assert new.get(kind, [])[: len(old.get(kind, []))] == old.get(kind, [])
     assert {k: v for k, v in after["spec"].items() if k != "affinity"} == {
-        k: v for k, v in pod["spec"].items() if k != "affinity"}
+        k: v for k, v in pod["spec"].items() if k != "affinity"
+    }
     assert apply_patch(after, pin_patch(after, "node-0007")) == after  # pinning twice adds nothing
 
 
@@ -624,12 +822,15 @@ def test_a_pin_on_a_changed_pod_fails_its_test() -> None:
         pin_patch(pod_for_dry_run(render().jobs[0], 0), "node-0007")
 
 
-@pytest.mark.parametrize(("gates", "left"), [
-    ([GATE], []),
-    (["example.com/quota", GATE, "example.com/hold"], ["example.com/quota", "example.com/hold"]),
-    (["example.com/quota"], None),
-    ([], None),
-])
+@pytest.mark.parametrize(
+    ("gates", "left"),
+    [
+        ([GATE], []),
+        (["example.com/quota", GATE, "example.com/hold"], ["example.com/quota", "example.com/hold"]),
+        (["example.com/quota"], None),
+        ([], None),
+    ],
+)
 def test_ungating_removes_only_tandems_gate(gates: list[str], left: list[str] | None) -> None:
     pod = _gated_pod(None)
     pod["spec"]["schedulingGates"] = [{"name": g} for g in gates]
@@ -645,13 +846,18 @@ def test_ungating_removes_only_tandems_gate(gates: list[str], left: list[str] | 
         apply_patch(shifted, ops)
 
 
-@pytest.mark.parametrize(("parts", "pointer"), [
-    (("spec", "schedulingGates", 0), "/spec/schedulingGates/0"),
-    (("metadata", "annotations", INDEX_LABEL), "/metadata/annotations/batch.kubernetes.io~1job-completion-index"),
-    (("metadata", "labels", "a~b/c"), "/metadata/labels/a~0b~1c"),
-])
+@pytest.mark.parametrize(
+    ("parts", "pointer"),
+    [
+        (("spec", "schedulingGates", 0), "/spec/schedulingGates/0"),
+        (("metadata", "annotations", INDEX_LABEL), "/metadata/annotations/batch.kubernetes.io~1job-completion-index"),
+        (("metadata", "labels", "a~b/c"), "/metadata/labels/a~0b~1c"),
+    ],
+)
 def test_json_pointers_escape_keys(parts: tuple[str | int, ...], pointer: str) -> None:
     assert json_pointer(*parts) == pointer
-    doc = {"spec": {"schedulingGates": [{"name": "g"}]},
-           "metadata": {"annotations": {INDEX_LABEL: "1"}, "labels": {"a~b/c": "x"}}}
+    doc = {
+        "spec": {"schedulingGates": [{"name": "g"}]},
+        "metadata": {"annotations": {INDEX_LABEL: "1"}, "labels": {"a~b/c": "x"}},
+    }
     apply_patch(doc, [{"op": "remove", "path": pointer}])

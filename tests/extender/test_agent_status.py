@@ -37,7 +37,7 @@ NO_MATCH = "0/12 nodes are available: 12 node(s) didn't match Pod's node affinit
 
 
 def ts(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ----------------------------------------------------------------------------------------- pod builders
@@ -58,8 +58,16 @@ def _node(pod: Pod) -> str:
 
 
 def _cstatus(state: dict[str, Any], *, ready: bool = False, name: str = "trainer", restarts: int = 0) -> dict[str, Any]:
-    out = {"name": name, "image": IMAGE, "imageID": "", "ready": ready, "restartCount": restarts, "started": ready,
-           "state": state, "lastState": {}}
+    out = {
+        "name": name,
+        "image": IMAGE,
+        "imageID": "",
+        "ready": ready,
+        "restartCount": restarts,
+        "started": ready,
+        "state": state,
+        "lastState": {},
+    }
     if "waiting" not in state:
         out.update(imageID=f"{IMAGE.split(':')[0]}@sha256:{'ab' * 32}", containerID=f"containerd://{'cd' * 32}")
     return out
@@ -68,15 +76,29 @@ def _cstatus(state: dict[str, Any], *, ready: bool = False, name: str = "trainer
 def ungated(pod: Pod, message: str = NO_MATCH) -> Pod:
     pod = copy.deepcopy(pod)
     pod["spec"]["schedulingGates"] = [g for g in pod["spec"]["schedulingGates"] if g["name"] != GATE]
-    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                    "message": message, "lastProbeTime": None, "lastTransitionTime": ts(T0 + 60)}]
+    pod["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": ts(T0 + 60),
+        }
+    ]
     return pod
 
 
 def _conditions(ready: bool, scheduled_at: float) -> list[dict[str, Any]]:
-    out = [{"type": kind, "status": "True" if ready or kind in ("Initialized", "PodScheduled") else "False",
-            "lastProbeTime": None, "lastTransitionTime": ts(scheduled_at)}
-           for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")]
+    out = [
+        {
+            "type": kind,
+            "status": "True" if ready or kind in ("Initialized", "PodScheduled") else "False",
+            "lastProbeTime": None,
+            "lastTransitionTime": ts(scheduled_at),
+        }
+        for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+    ]
     return out
 
 
@@ -84,32 +106,57 @@ def bound(pod: Pod, *, waiting: str = "ContainerCreating", message: str = "") ->
     pod = ungated(pod)
     pod["spec"]["nodeName"] = _node(pod)
     w = {"reason": waiting, **({"message": message} if message else {})}
-    pod["status"].update(phase="Pending", conditions=_conditions(False, T0 + 70), hostIP="10.0.7.11",
-                         startTime=ts(T0 + 70), containerStatuses=[_cstatus({"waiting": w})])
+    pod["status"].update(
+        phase="Pending",
+        conditions=_conditions(False, T0 + 70),
+        hostIP="10.0.7.11",
+        startTime=ts(T0 + 70),
+        containerStatuses=[_cstatus({"waiting": w})],
+    )
     return pod
 
 
 def running(pod: Pod, started: float = T0 + 300) -> Pod:
     pod = bound(pod)
-    pod["status"].update(phase="Running", conditions=_conditions(True, T0 + 70), podIP="10.244.7.23",
-                         containerStatuses=[_cstatus({"running": {"startedAt": ts(started)}}, ready=True)])
+    pod["status"].update(
+        phase="Running",
+        conditions=_conditions(True, T0 + 70),
+        podIP="10.244.7.23",
+        containerStatuses=[_cstatus({"running": {"startedAt": ts(started)}}, ready=True)],
+    )
     return pod
 
 
 def ended(pod: Pod, code: int, *, at: float = NOW - 60, reason: str = "", message: str = "") -> Pod:
     pod = running(pod)
-    term = {"exitCode": code, "reason": reason or ("Completed" if code == 0 else "Error"), "startedAt": ts(T0 + 300),
-            "finishedAt": ts(at), "containerID": f"containerd://{'cd' * 32}", **({"message": message} if message else {})}
-    pod["status"].update(phase="Succeeded" if code == 0 else "Failed", conditions=_conditions(False, at),
-                         containerStatuses=[_cstatus({"terminated": term})])
+    term = {
+        "exitCode": code,
+        "reason": reason or ("Completed" if code == 0 else "Error"),
+        "startedAt": ts(T0 + 300),
+        "finishedAt": ts(at),
+        "containerID": f"containerd://{'cd' * 32}",
+        **({"message": message} if message else {}),
+    }
+    pod["status"].update(
+        phase="Succeeded" if code == 0 else "Failed",
+        conditions=_conditions(False, at),
+        containerStatuses=[_cstatus({"terminated": term})],
+    )
     return pod
 
 
 def disrupted(pod: Pod, reason: str, message: str = "", at: float = NOW - 30) -> Pod:
     pod = copy.deepcopy(pod)
-    pod["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": reason,
-                                        "message": message or f"{reason}: disrupted", "lastProbeTime": None,
-                                        "lastTransitionTime": ts(at)})
+    pod["status"]["conditions"].append(
+        {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": reason,
+            "message": message or f"{reason}: disrupted",
+            "lastProbeTime": None,
+            "lastTransitionTime": ts(at),
+        }
+    )
     return pod
 
 
@@ -119,23 +166,39 @@ def deleted(pod: Pod, asked: float = NOW - 20, grace: int = 30) -> Pod:
     return pod
 
 
-def server_job(o: Order, i: int = 0, *conditions: tuple[str, str, str], deadline_s: int | None = None,
-               started: float = T0) -> Pod:
+def server_job(
+    o: Order, i: int = 0, *conditions: tuple[str, str, str], deadline_s: int | None = None, started: float = T0
+) -> Pod:
     job: Pod = copy.deepcopy(render(o).jobs[i])
-    job["metadata"].update(uid=f"0b6e2b4c-5a7d-4e8f-9c1d-{i:012d}", resourceVersion="5120", creationTimestamp=ts(T0),
-                           generation=1)
+    job["metadata"].update(
+        uid=f"0b6e2b4c-5a7d-4e8f-9c1d-{i:012d}", resourceVersion="5120", creationTimestamp=ts(T0), generation=1
+    )
     if deadline_s is not None:
         job["spec"]["activeDeadlineSeconds"] = deadline_s
-    job["status"] = {"startTime": ts(started), "active": job["spec"]["completions"], "ready": 0, "terminating": 0,
-                     "uncountedTerminatedPods": {},
-                     "conditions": [{"type": kind, "status": "True", "reason": reason, "message": message,
-                                     "lastProbeTime": ts(NOW - 10), "lastTransitionTime": ts(NOW - 10)}
-                                    for kind, reason, message in conditions]}
+    job["status"] = {
+        "startTime": ts(started),
+        "active": job["spec"]["completions"],
+        "ready": 0,
+        "terminating": 0,
+        "uncountedTerminatedPods": {},
+        "conditions": [
+            {
+                "type": kind,
+                "status": "True",
+                "reason": reason,
+                "message": message,
+                "lastProbeTime": ts(NOW - 10),
+                "lastTransitionTime": ts(NOW - 10),
+            }
+            for kind, reason, message in conditions
+        ],
+    }
     return job
 
 
-def view(pods: list[Pod], o: Order = PLAIN, jobs: list[Pod] | None = None, nodes: frozenset[str] = NODES,
-         **kw: Any) -> Any:
+def view(
+    pods: list[Pod], o: Order = PLAIN, jobs: list[Pod] | None = None, nodes: frozenset[str] = NODES, **kw: Any
+) -> Any:
     return attempt_view(o, pods, jobs or [], nodes, CONFIG, now=NOW, **kw)
 
 
@@ -147,7 +210,9 @@ A, B = gated_pods()
 
 def _sidecar_crashed(pod: Pod) -> Pod:
     pod = running(pod)
-    pod["spec"]["initContainers"] = [{"name": "log-shipper", "image": "fluent/fluent-bit:3.2", "restartPolicy": "Always"}]
+    pod["spec"]["initContainers"] = [
+        {"name": "log-shipper", "image": "fluent/fluent-bit:3.2", "restartPolicy": "Always"}
+    ]
     crashed = {"terminated": {"exitCode": 2, "reason": "Error", "startedAt": ts(NOW - 5), "finishedAt": ts(NOW - 1)}}
     pod["status"]["initContainerStatuses"] = [_cstatus(crashed, name="log-shipper", restarts=3)]
     return pod
@@ -156,8 +221,22 @@ def _sidecar_crashed(pod: Pod) -> Pod:
 def _init_failed(pod: Pod) -> Pod:
     pod = bound(pod)
     pod["spec"]["initContainers"] = [{"name": "fetch-dataset", "image": "busybox:1.36"}]
-    pod["status"].update(phase="Failed", initContainerStatuses=[_cstatus({"terminated": {
-        "exitCode": 2, "reason": "Error", "startedAt": ts(NOW - 90), "finishedAt": ts(NOW - 80)}}, name="fetch-dataset")])
+    pod["status"].update(
+        phase="Failed",
+        initContainerStatuses=[
+            _cstatus(
+                {
+                    "terminated": {
+                        "exitCode": 2,
+                        "reason": "Error",
+                        "startedAt": ts(NOW - 90),
+                        "finishedAt": ts(NOW - 80),
+                    }
+                },
+                name="fetch-dataset",
+            )
+        ],
+    )
     return pod
 
 
@@ -179,22 +258,26 @@ def _other_gate(pod: Pod) -> Pod:
     return pod
 
 
-@pytest.mark.parametrize(("make", "phase", "node", "exit_code", "reason"), [
-    (lambda p: p, ReplicaPhase.GATED, "", None, "SchedulingGated"),
-    (ungated, ReplicaPhase.PENDING, "", None, "Unschedulable"),
-    (_other_gate, ReplicaPhase.PENDING, "", None, "Unschedulable"),
-    (bound, ReplicaPhase.BOUND, "node-0008", None, "ContainerCreating"),
-    (running, ReplicaPhase.RUNNING, "node-0008", None, ""),
-    (lambda p: ended(p, 0), ReplicaPhase.SUCCEEDED, "node-0008", 0, "Completed"),
-    (lambda p: ended(p, 1), ReplicaPhase.FAILED, "node-0008", 1, "Error"),
-    (lambda p: ended(p, 137, reason="OOMKilled"), ReplicaPhase.FAILED, "node-0008", 137, "OOMKilled"),
-    (_evicted, ReplicaPhase.FAILED, "node-0008", 137, "Evicted"),
-    (_unknown, ReplicaPhase.UNKNOWN, "node-0008", None, ""),
-    (_sidecar_crashed, ReplicaPhase.RUNNING, "node-0008", None, ""),  # never a sidecar's exit code
-    (_init_failed, ReplicaPhase.FAILED, "node-0008", 2, "Error"),
-])
-def test_replica_views(make: Callable[[Pod], Pod], phase: ReplicaPhase, node: str, exit_code: int | None,
-                       reason: str) -> None:
+@pytest.mark.parametrize(
+    ("make", "phase", "node", "exit_code", "reason"),
+    [
+        (lambda p: p, ReplicaPhase.GATED, "", None, "SchedulingGated"),
+        (ungated, ReplicaPhase.PENDING, "", None, "Unschedulable"),
+        (_other_gate, ReplicaPhase.PENDING, "", None, "Unschedulable"),
+        (bound, ReplicaPhase.BOUND, "node-0008", None, "ContainerCreating"),
+        (running, ReplicaPhase.RUNNING, "node-0008", None, ""),
+        (lambda p: ended(p, 0), ReplicaPhase.SUCCEEDED, "node-0008", 0, "Completed"),
+        (lambda p: ended(p, 1), ReplicaPhase.FAILED, "node-0008", 1, "Error"),
+        (lambda p: ended(p, 137, reason="OOMKilled"), ReplicaPhase.FAILED, "node-0008", 137, "OOMKilled"),
+        (_evicted, ReplicaPhase.FAILED, "node-0008", 137, "Evicted"),
+        (_unknown, ReplicaPhase.UNKNOWN, "node-0008", None, ""),
+        (_sidecar_crashed, ReplicaPhase.RUNNING, "node-0008", None, ""),  # never a sidecar's exit code
+        (_init_failed, ReplicaPhase.FAILED, "node-0008", 2, "Error"),
+    ],
+)
+def test_replica_views(
+    make: Callable[[Pod], Pod], phase: ReplicaPhase, node: str, exit_code: int | None, reason: str
+) -> None:
     first, second = replica_views(PLAIN, [A, make(B)], CONFIG)
     assert (first.pod_set, first.index, first.phase) == ("workers", 0, ReplicaPhase.GATED)
     assert (second.index, second.pod, second.phase) == (1, B["metadata"]["name"], phase)
@@ -215,8 +298,9 @@ def test_replica_messages_are_cut_at_one_kib_without_splitting_a_character() -> 
 def test_the_live_pod_of_an_index_is_reported_else_the_newest() -> None:
     old = deleted(running(B))
     new = copy.deepcopy(B)
-    new["metadata"].update(name="train-42-3-workers-1-q9w8e", uid="6d1f0c3a-0000-4000-8000-0000000000ff",
-                           creationTimestamp=ts(NOW - 5))
+    new["metadata"].update(
+        name="train-42-3-workers-1-q9w8e", uid="6d1f0c3a-0000-4000-8000-0000000000ff", creationTimestamp=ts(NOW - 5)
+    )
     assert replica_views(PLAIN, [A, new, old], CONFIG)[1].pod == "train-42-3-workers-1-q9w8e"
     assert replica_views(PLAIN, [A, old, ended(new, 1)], CONFIG)[1].pod == "train-42-3-workers-1-q9w8e"
     stranger = copy.deepcopy(new)
@@ -234,75 +318,151 @@ def _disrupted_row(reason: str) -> Callable[[], dict[str, Any]]:
 
 
 def _pull_row(reason: str) -> Callable[[], dict[str, Any]]:
-    return lambda: dict(pods=[running(A), bound(B, waiting=reason, message="not found")],
-                        first_seen={B["metadata"]["uid"]: NOW - PULL_BOUND})
+    return lambda: dict(
+        pods=[running(A), bound(B, waiting=reason, message="not found")],
+        first_seen={B["metadata"]["uid"]: NOW - PULL_BOUND},
+    )
 
 
 ROWS: dict[str, tuple[Callable[[], dict[str, Any]], Outcome | None, int | None, str]] = {
-    "main container exits non-zero": (lambda: dict(pods=[running(A), ended(B, 1)]), Outcome.APP_FAILED, 1,
-                                      "exited with code 1"),
-    "OOMKilled": (lambda: dict(pods=[running(A), ended(B, 137, reason="OOMKilled")]), Outcome.APP_FAILED, 137,
-                  "OOMKilled"),
-    "regular init container fails": (lambda: dict(pods=[running(A), _init_failed(B)]), Outcome.APP_FAILED, 2,
-                                     "fetch-dataset"),
+    "main container exits non-zero": (
+        lambda: dict(pods=[running(A), ended(B, 1)]),
+        Outcome.APP_FAILED,
+        1,
+        "exited with code 1",
+    ),
+    "OOMKilled": (
+        lambda: dict(pods=[running(A), ended(B, 137, reason="OOMKilled")]),
+        Outcome.APP_FAILED,
+        137,
+        "OOMKilled",
+    ),
+    "regular init container fails": (
+        lambda: dict(pods=[running(A), _init_failed(B)]),
+        Outcome.APP_FAILED,
+        2,
+        "fetch-dataset",
+    ),
     "a native sidecar crashing is no failure": (lambda: dict(pods=[running(A), _sidecar_crashed(B)]), None, None, ""),
     "preempted by the scheduler": (
         lambda: dict(pods=[running(A), deleted(disrupted(ended(B, 143), "PreemptionByScheduler"))]),
-        Outcome.PREEMPTED, None, "preempted"),
-    **{f"disrupted: {reason}": (_disrupted_row(reason), Outcome.INFRA_FAILED, None, reason)
-       for reason in ("DeletionByTaintManager", "EvictionByEvictionAPI", "DeletionByPodGC", "TerminationByKubelet")},
-    "node gone": (lambda: dict(pods=[running(A), running(B)], nodes=frozenset({"node-0007"})),
-                  Outcome.INFRA_FAILED, None, "node node-0008 is gone"),
-    "node NotReady past the bound": (lambda: dict(pods=[running(A), running(B)], not_ready_since={"node-0008": NOW - 61}),
-                                     Outcome.INFRA_FAILED, None, "NotReady for 61 s"),
+        Outcome.PREEMPTED,
+        None,
+        "preempted",
+    ),
+    **{
+        f"disrupted: {reason}": (_disrupted_row(reason), Outcome.INFRA_FAILED, None, reason)
+        for reason in ("DeletionByTaintManager", "EvictionByEvictionAPI", "DeletionByPodGC", "TerminationByKubelet")
+    },
+    "node gone": (
+        lambda: dict(pods=[running(A), running(B)], nodes=frozenset({"node-0007"})),
+        Outcome.INFRA_FAILED,
+        None,
+        "node node-0008 is gone",
+    ),
+    "node NotReady past the bound": (
+        lambda: dict(pods=[running(A), running(B)], not_ready_since={"node-0008": NOW - 61}),
+        Outcome.INFRA_FAILED,
+        None,
+        "NotReady for 61 s",
+    ),
     "node NotReady within the bound": (
-        lambda: dict(pods=[running(A), running(B)], not_ready_since={"node-0008": NOW - 30}), None, None, ""),
-    "kubelet refused the pod": (lambda: dict(pods=[running(A), _kubelet_refused(B)]), Outcome.INFRA_FAILED, None,
-                                "UnexpectedAdmissionError"),
-    **{f"{reason} past the bound": (
-        _pull_row(reason), Outcome.APP_FAILED, None,
-        f"configuration: replica workers-1 (pod {B['metadata']['name']}): container trainer")
-       for reason in ("ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "InvalidImageName")},
+        lambda: dict(pods=[running(A), running(B)], not_ready_since={"node-0008": NOW - 30}),
+        None,
+        None,
+        "",
+    ),
+    "kubelet refused the pod": (
+        lambda: dict(pods=[running(A), _kubelet_refused(B)]),
+        Outcome.INFRA_FAILED,
+        None,
+        "UnexpectedAdmissionError",
+    ),
+    **{
+        f"{reason} past the bound": (
+            _pull_row(reason),
+            Outcome.APP_FAILED,
+            None,
+            f"configuration: replica workers-1 (pod {B['metadata']['name']}): container trainer",
+        )
+        for reason in ("ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "InvalidImageName")
+    },
     "image pull error, no memory: timed from the pod's start": (
-        lambda: dict(pods=[running(A), bound(B, waiting="ErrImagePull")]), Outcome.APP_FAILED, None, "for 3530 s"),
+        lambda: dict(pods=[running(A), bound(B, waiting="ErrImagePull")]),
+        Outcome.APP_FAILED,
+        None,
+        "for 3530 s",
+    ),
     "image pull error within the bound": (
         lambda: dict(pods=[running(A), bound(B, waiting="ErrImagePull")], first_seen={B["metadata"]["uid"]: NOW - 10}),
-        None, None, ""),
+        None,
+        None,
+        "",
+    ),
     "Job DeadlineExceeded, pods being deleted": (
-        lambda: dict(pods=[deleted(running(A)), deleted(running(B))],
-                     jobs=[server_job(PLAIN, 0, DEADLINE)]),
-        Outcome.APP_FAILED, None, "max runtime exceeded"),
+        lambda: dict(pods=[deleted(running(A)), deleted(running(B))], jobs=[server_job(PLAIN, 0, DEADLINE)]),
+        Outcome.APP_FAILED,
+        None,
+        "max runtime exceeded",
+    ),
     "Job deadline passed, condition not seen yet": (
         lambda: dict(pods=[deleted(running(A)), running(B)], jobs=[server_job(PLAIN, 0, deadline_s=3500)]),
-        Outcome.APP_FAILED, None, "max runtime exceeded: Job train-42-3-workers passed its activeDeadlineSeconds"),
-    "gated pod deleted by someone else": (lambda: dict(pods=[A, deleted(B)]), Outcome.INFRA_FAILED, None,
-                                          "pod deleted while gated"),
+        Outcome.APP_FAILED,
+        None,
+        "max runtime exceeded: Job train-42-3-workers passed its activeDeadlineSeconds",
+    ),
+    "gated pod deleted by someone else": (
+        lambda: dict(pods=[A, deleted(B)]),
+        Outcome.INFRA_FAILED,
+        None,
+        "pod deleted while gated",
+    ),
     "gated pod deleted by the agent": (lambda: dict(pods=[A, deleted(B)], deleted_by_agent=True), None, None, ""),
     "an app exit with a node gone elsewhere is the node's fault": (
-        lambda: dict(pods=[ended(A, 1), running(B)], nodes=frozenset({"node-0008"})), Outcome.INFRA_FAILED, None, "gone"),
+        lambda: dict(pods=[ended(A, 1), running(B)], nodes=frozenset({"node-0008"})),
+        Outcome.INFRA_FAILED,
+        None,
+        "gone",
+    ),
     "the first app exit, then the Job's teardown": (
-        lambda: dict(pods=[ended(A, 1, at=NOW - 60), deleted(ended(B, 143, at=NOW - 30), asked=NOW - 59)],
-                     jobs=[server_job(PLAIN, 0, BACKOFF)]),
-        Outcome.APP_FAILED, 1, "replica workers-0"),
+        lambda: dict(
+            pods=[ended(A, 1, at=NOW - 60), deleted(ended(B, 143, at=NOW - 30), asked=NOW - 59)],
+            jobs=[server_job(PLAIN, 0, BACKOFF)],
+        ),
+        Outcome.APP_FAILED,
+        1,
+        "replica workers-0",
+    ),
     "a pod deleted by a user, then its peer exits": (
-        lambda: dict(pods=[ended(A, 1, at=NOW - 50), deleted(running(B), asked=NOW - 55)]), Outcome.INFRA_FAILED, None,
-        "pod deleted while running"),
+        lambda: dict(pods=[ended(A, 1, at=NOW - 50), deleted(running(B), asked=NOW - 55)]),
+        Outcome.INFRA_FAILED,
+        None,
+        "pod deleted while running",
+    ),
     "the Job failed and no pod says why": (
         lambda: dict(pods=[], jobs=[server_job(PLAIN, 0, BACKOFF)]),
-        Outcome.INFRA_FAILED, None, "job failed: Job train-42-3-workers (BackoffLimitExceeded)"),
+        Outcome.INFRA_FAILED,
+        None,
+        "job failed: Job train-42-3-workers (BackoffLimitExceeded)",
+    ),
 }
 
 
 def _kubelet_refused(pod: Pod) -> Pod:
     pod = bound(pod)
-    pod["status"].update(phase="Failed", reason="UnexpectedAdmissionError", containerStatuses=[],
-                         message="Allocate failed due to requested number of devices unavailable for nvidia.com/gpu")
+    pod["status"].update(
+        phase="Failed",
+        reason="UnexpectedAdmissionError",
+        containerStatuses=[],
+        message="Allocate failed due to requested number of devices unavailable for nvidia.com/gpu",
+    )
     return pod
 
 
 @pytest.mark.parametrize(("case", "outcome", "exit_code", "message"), list(ROWS.values()), ids=list(ROWS))
-def test_the_a5_classification_table(case: Callable[[], dict[str, Any]], outcome: Outcome | None, exit_code: int | None,
-                                     message: str) -> None:
+def test_the_a5_classification_table(
+    case: Callable[[], dict[str, Any]], outcome: Outcome | None, exit_code: int | None, message: str
+) -> None:
     kw = case()
     v = view(kw.pop("pods"), jobs=kw.pop("jobs", None), **kw)
     assert (v.outcome, v.exit_code) == (outcome, exit_code), v.message
@@ -339,20 +499,30 @@ PHASES: dict[str, tuple[Callable[[], dict[str, Any]], WorkloadPhase, str]] = {
     "one done, one running": (lambda: dict(pods=[ended(A, 0), running(B)]), WorkloadPhase.RUNNING, ""),
     "all succeeded": (lambda: dict(pods=[ended(A, 0), ended(B, 0)]), WorkloadPhase.SUCCEEDED, "succeeded"),
     "Job Complete, pods gone": (
-        lambda: dict(pods=[], jobs=[server_job(PLAIN, 0, MET,
-                                               COMPLETE)]),
-        WorkloadPhase.SUCCEEDED, ""),
+        lambda: dict(pods=[], jobs=[server_job(PLAIN, 0, MET, COMPLETE)]),
+        WorkloadPhase.SUCCEEDED,
+        "",
+    ),
     "Job SuccessCriteriaMet, pods terminating": (
-        lambda: dict(pods=[ended(A, 0), deleted(running(B))],
-                     jobs=[server_job(PLAIN, 0, MET)]),
-        WorkloadPhase.SUCCEEDED, ""),
+        lambda: dict(pods=[ended(A, 0), deleted(running(B))], jobs=[server_job(PLAIN, 0, MET)]),
+        WorkloadPhase.SUCCEEDED,
+        "",
+    ),
     "MPI launcher done, workers torn down": (
         lambda: dict(o=MPI, pods=_mpi(lambda p: ended(p, 0), lambda p: deleted(ended(p, 143)))),
-        WorkloadPhase.SUCCEEDED, ""),
-    "MPI workers running, launcher gated": (lambda: dict(o=MPI, pods=_mpi(lambda p: p, running)),
-                                            WorkloadPhase.STARTING, ""),
-    "MPI workers done, launcher running": (lambda: dict(o=MPI, pods=_mpi(running, lambda p: ended(p, 0))),
-                                           WorkloadPhase.RUNNING, ""),
+        WorkloadPhase.SUCCEEDED,
+        "",
+    ),
+    "MPI workers running, launcher gated": (
+        lambda: dict(o=MPI, pods=_mpi(lambda p: p, running)),
+        WorkloadPhase.STARTING,
+        "",
+    ),
+    "MPI workers done, launcher running": (
+        lambda: dict(o=MPI, pods=_mpi(running, lambda p: ended(p, 0))),
+        WorkloadPhase.RUNNING,
+        "",
+    ),
 }
 
 
@@ -369,8 +539,10 @@ def test_attempt_phases(case: Callable[[], dict[str, Any]], phase: WorkloadPhase
 
 # ----------------------------------------------------------------------------------------- scheduling feedback (A-10)
 
-UNSCHEDULABLE = ("0/12 nodes are available: 1 rack r7 holds 6 free GPUs for gang train-42, needs 8, "
-                 "11 node(s) didn't match Pod's node affinity/selector.")
+UNSCHEDULABLE = (
+    "0/12 nodes are available: 1 rack r7 holds 6 free GPUs for gang train-42, needs 8, "
+    "11 node(s) didn't match Pod's node affinity/selector."
+)
 
 
 def _scheduled(pod: Pod) -> Pod:
@@ -380,16 +552,20 @@ def _scheduled(pod: Pod) -> Pod:
     return pod
 
 
-@pytest.mark.parametrize(("make", "expected"), [
-    (lambda p: ungated(p, UNSCHEDULABLE), [("workers", 1, "Unschedulable", UNSCHEDULABLE, T0 + 60)]),
-    (lambda p: p, []),  # SchedulingGated is not a verdict
-    (_other_gate, []),  # still gated by another controller: kube-scheduler has not judged it
-    (bound, []),
-    (_scheduled, []),
-    (lambda p: deleted(ungated(p)), []),
-])
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda p: ungated(p, UNSCHEDULABLE), [("workers", 1, "Unschedulable", UNSCHEDULABLE, T0 + 60)]),
+        (lambda p: p, []),  # SchedulingGated is not a verdict
+        (_other_gate, []),  # still gated by another controller: kube-scheduler has not judged it
+        (bound, []),
+        (_scheduled, []),
+        (lambda p: deleted(ungated(p)), []),
+    ],
+)
 def test_scheduling_feedback_is_kube_schedulers_verdict_on_ungated_unbound_pods(
-        make: Callable[[Pod], Pod], expected: list[tuple[str, int, str, str, float]]) -> None:
+    make: Callable[[Pod], Pod], expected: list[tuple[str, int, str, str, float]]
+) -> None:
     got = scheduling_feedback([A, make(B)])
     assert [(f.pod_set, f.index, f.reason, f.message, f.time) for f in got] == expected
     assert all(f.pod == B["metadata"]["name"] for f in got)
@@ -415,8 +591,9 @@ PINS: dict[str, tuple[Callable[[], list[Pod]], int, int, int, int]] = {
 
 
 @pytest.mark.parametrize(("pods", "need", "wrong", "missing", "problems"), list(PINS.values()), ids=list(PINS))
-def test_pin_state_and_ready_to_start(pods: Callable[[], list[Pod]], need: int, wrong: int, missing: int,
-                                      problems: int) -> None:
+def test_pin_state_and_ready_to_start(
+    pods: Callable[[], list[Pod]], need: int, wrong: int, missing: int, problems: int
+) -> None:
     state = pin_state(pods(), PLAIN, CONFIG)
     counts = (len(state.need_pin), len(state.wrong), len(state.missing), len(state.problems))
     assert counts == (need, wrong, missing, problems)
@@ -438,8 +615,9 @@ def test_applying_the_needed_pins_makes_the_gang_ready() -> None:
 def test_the_problem_at_start_names_what_is_wrong() -> None:
     state = pin_state([pinned(A, "node-0099")], PLAIN, CONFIG)
     name = A["metadata"]["name"]
-    assert state.problem == (f"replica workers-0 (pod {name}) is pinned to node-0099, assigned node-0007; "
-                             "1 pod(s) missing: workers-1")
+    assert state.problem == (
+        f"replica workers-0 (pod {name}) is pinned to node-0099, assigned node-0007; 1 pod(s) missing: workers-1"
+    )
 
 
 def test_pin_state_of_one_start_group() -> None:

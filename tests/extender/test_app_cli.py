@@ -48,9 +48,21 @@ def test_serve_file_mode_answers_filter(tmp_path: Path) -> None:
     cfg = tmp_path / "extender.yaml"
     cfg.write_text("url_prefix: /tandem\nreservation_namespace: tandem-system\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "extender.main", "serve", "--inventory-file", str(FIXTURES / "cluster.json"),
-         "--listen", f"127.0.0.1:{port}", "--config", str(cfg)],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "extender.main",
+            "serve",
+            "--inventory-file",
+            str(FIXTURES / "cluster.json"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--config",
+            str(cfg),
+        ],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 60
@@ -60,8 +72,9 @@ def test_serve_file_mode_answers_filter(tmp_path: Path) -> None:
             time.sleep(0.05)
         import urllib.request
 
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/tandem/filter",
-                                     data=fixture_bytes("args-want-8-allnodes.json"), method="POST")
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/tandem/filter", data=fixture_bytes("args-want-8-allnodes.json"), method="POST"
+        )
         with urllib.request.urlopen(req, timeout=5) as r:
             assert json.loads(r.read())["NodeNames"] == ["h100-r1-n2"]
     finally:
@@ -87,20 +100,25 @@ def test_config_file_and_overrides(tmp_path: Path) -> None:
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     import ipaddress
 
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = tmp / "tls.crt", tmp / "tls.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -117,8 +135,9 @@ async def test_tls(tmp_path: Path) -> None:
     try:
         client_ctx = ssl.create_default_context(cafile=str(cert))
         async with aiohttp.ClientSession() as s:
-            async with s.post(f"https://127.0.0.1:{port}/filter", data=fixture_bytes("args-want-8-names.json"),
-                              ssl=client_ctx) as r:
+            async with s.post(
+                f"https://127.0.0.1:{port}/filter", data=fixture_bytes("args-want-8-names.json"), ssl=client_ctx
+            ) as r:
                 assert r.status == 200
                 assert (await r.json())["NodeNames"] == ["h100-r1-n2"]
     finally:
@@ -129,7 +148,13 @@ def test_serve_with_no_inventory_source_and_no_cluster_fails_fast(tmp_path: Path
     """Without --kube, --inventory-file or a cluster in the environment it would never become ready."""
     env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
     env["HOME"] = str(tmp_path)  # no ~/.kube/config
-    proc = subprocess.run([sys.executable, "-m", "extender.main", "serve", "--listen", "127.0.0.1:0"],
-                          env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "extender.main", "serve", "--listen", "127.0.0.1:0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
     assert "no inventory source" in proc.stderr and "--kube" in proc.stderr

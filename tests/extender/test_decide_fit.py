@@ -32,7 +32,9 @@ def refusal(reply: dict[str, Any], name: str) -> tuple[str, str]:
 
 async def test_cordoned_and_not_ready_are_unresolvable() -> None:
     inv = make_inventory([node(name="h100-cordoned", cordoned=True)])
-    reply = await call(inv, "filter", args(fixture_pod("want-4-h100"), ["h100-cordoned", "h100-notready", "h100-r1-n2"]))
+    reply = await call(
+        inv, "filter", args(fixture_pod("want-4-h100"), ["h100-cordoned", "h100-notready", "h100-r1-n2"])
+    )
     assert reply["NodeNames"] == ["h100-r1-n2"]
     assert refusal(reply, "h100-cordoned") == ("unresolvable", "node h100-cordoned is cordoned (unschedulable)")
     assert refusal(reply, "h100-notready") == ("unresolvable", "node h100-notready is not Ready")
@@ -65,9 +67,15 @@ async def test_gpu_model_from_node_selector() -> None:
 
 async def test_gpu_memory_via_affinity() -> None:
     p = pod("p", gpus=1)
-    p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["40000"]}]}]}}}
+    p["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["40000"]}]}
+                ]
+            }
+        }
+    }
     reply = await call(make_inventory(), "filter", args(p, ["t4-1", "h100-r2-n1"]))
     assert reply["NodeNames"] == ["h100-r2-n1"]
     assert "affinity" in refusal(reply, "t4-1")[1]
@@ -96,8 +104,14 @@ async def test_mig_profile_counts() -> None:
     assert reply["NodeNames"] == ["a100-mig-1"]
     assert "offers no MIG instances of profile 3g.40gb" in refusal(reply, "h100-r1-n2")[1]
     # three more 3g.40gb instances in use: all four taken
-    busy = pod("serve-more", extra={"nvidia.com/mig-3g.40gb": "3"}, cpu="1", memory="1Gi",
-               node_name="a100-mig-1", phase="Running")
+    busy = pod(
+        "serve-more",
+        extra={"nvidia.com/mig-3g.40gb": "3"},
+        cpu="1",
+        memory="1Gi",
+        node_name="a100-mig-1",
+        phase="Running",
+    )
     inv.apply("Pod", "ADDED", busy)
     reply = await call(inv, "filter", args(p, ["a100-mig-1"]))
     kind, message = refusal(reply, "a100-mig-1")
@@ -120,8 +134,9 @@ async def test_fractional_share() -> None:
     reply = await call(inv, "filter", args(p, ["t4-1"]))
     assert reply["NodeNames"] == ["t4-1"]
     for i in range(2):  # each T4 now 600/1000 used
-        inv.apply("Pod", "ADDED", pod(f"sharer-{i}", extra=share, cpu="1", memory="1Gi", node_name="t4-1",
-                                      phase="Running"))
+        inv.apply(
+            "Pod", "ADDED", pod(f"sharer-{i}", extra=share, cpu="1", memory="1Gi", node_name="t4-1", phase="Running")
+        )
     reply = await call(inv, "filter", args(p, ["t4-1"]))
     kind, message = refusal(reply, "t4-1")
     assert kind == "failed" and "600/1000" in message
@@ -145,8 +160,12 @@ async def test_dra_counts_allocated_devices() -> None:
     ("selector", "passes", "text"),
     [
         ("device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'", True, ""),
-        ("device.attributes['gpu.nvidia.com'].architecture == 'Hopper' && "
-         "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('140Gi')) >= 0", True, ""),
+        (
+            "device.attributes['gpu.nvidia.com'].architecture == 'Hopper' && "
+            "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('140Gi')) >= 0",
+            True,
+            "",
+        ),
         ("device.attributes['gpu.nvidia.com'].driverVersion.isGreaterThan(semver('580.0.0'))", True, ""),
         ("device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'", False, "no DRA device matching"),
         ("device.attributes['gpu.nvidia.com'].noSuchAttribute == 1", False, "selector failed"),
@@ -163,15 +182,22 @@ async def test_dra_selectors(selector: str, passes: bool, text: str) -> None:
 
 
 async def test_dra_device_class_from_cluster_and_unknown_class() -> None:
-    inv = make_inventory([
-        device_class("numa0-h200", "device.driver == 'gpu.nvidia.com'",
-                     "device.attributes['resource.kubernetes.io'].numaNode == 0"),
-        claim("numa", 4, device_class="numa0-h200"),
-        claim("numa-too-many", 5, device_class="numa0-h200"),
-        claim("nope", 1, device_class="no-such-class"),
-    ])
+    inv = make_inventory(
+        [
+            device_class(
+                "numa0-h200",
+                "device.driver == 'gpu.nvidia.com'",
+                "device.attributes['resource.kubernetes.io'].numaNode == 0",
+            ),
+            claim("numa", 4, device_class="numa0-h200"),
+            claim("numa-too-many", 5, device_class="numa0-h200"),
+            claim("nope", 1, device_class="no-such-class"),
+        ]
+    )
+
     def dra_pod(claim_name: str) -> dict[str, Any]:
         return pod("d", claims=[{"name": "g", "resourceClaimName": claim_name}], cpu="1", memory="1Gi")
+
     reply = await call(inv, "filter", args(dra_pod("numa"), ["h200-dra-1"]))
     assert reply["NodeNames"] == []  # numa 0 holds gpu-0..3, two of them allocated
     assert "2 free DRA devices" in refusal(reply, "h200-dra-1")[1]

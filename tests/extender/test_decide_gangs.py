@@ -115,8 +115,7 @@ async def test_reservations_outside_the_namespace_are_ignored() -> None:
 
 
 async def test_gang_refusal_names_the_domain_and_what_it_still_needs() -> None:
-    res = reservation("train-42", "1", {"h100-r2-n1": 1, "h100-r2-n2": 1}, gpus=4,
-                      domain="network.example.com/rack=r2")
+    res = reservation("train-42", "1", {"h100-r2-n1": 1, "h100-r2-n2": 1}, gpus=4, domain="network.example.com/rack=r2")
     inv = make_inventory([res])
     inv.apply("Pod", "ADDED", pod("squatter", gpus=3, node_name="h100-r2-n1", phase="Running"))
     p = gang_pod("train-42-0", "train-42", "1", 4, pinned="h100-r2-n1")

@@ -37,10 +37,10 @@ async def test_keeps_nodes_where_victims_make_room() -> None:
         "NodeNameToVictims": None,
         "NodeNameToMetaVictims": {
             "h100-r1-n1": meta("llm-pretrain-0", pdb=1),  # frees 6 of 8: fits
-            "h100-r2-n1": meta("finetune-0"),             # frees 2: fits
-            "gb200-r5-n1": meta("nvl-worker-0"),          # 4 GPUs in all: never fits
+            "h100-r2-n1": meta("finetune-0"),  # frees 2: fits
+            "gb200-r5-n1": meta("nvl-worker-0"),  # 4 GPUs in all: never fits
             "h100-r2-n2": {"Pods": [], "NumPDBViolations": 0},  # no victims: dropped
-            "ghost": meta("finetune-1"),                  # unknown node: dropped
+            "ghost": meta("finetune-1"),  # unknown node: dropped
         },
     }
     reply = await preempt(make_inventory(), body)
@@ -75,10 +75,14 @@ async def test_drops_nodes_where_the_pod_still_would_not_fit() -> None:
 
 async def test_full_victim_pods_when_not_node_cache_capable() -> None:
     victim = next(o for o in cluster_items() if o["kind"] == "Pod" and o["metadata"]["name"] == "finetune-0")
-    body = {"Pod": fixture_pod("want-8"), "NodeNameToVictims": {"h100-r2-n1": {"Pods": [victim], "NumPDBViolations": 0}}}
+    body = {
+        "Pod": fixture_pod("want-8"),
+        "NodeNameToVictims": {"h100-r2-n1": {"Pods": [victim], "NumPDBViolations": 0}},
+    }
     reply = await preempt(make_inventory(), body)
-    assert reply["NodeNameToMetaVictims"] == {"h100-r2-n1": {"Pods": [{"UID": uid_of("finetune-0")}],
-                                                             "NumPDBViolations": 0}}
+    assert reply["NodeNameToMetaVictims"] == {
+        "h100-r2-n1": {"Pods": [{"UID": uid_of("finetune-0")}], "NumPDBViolations": 0}
+    }
 
 
 async def test_dra_victim_frees_its_devices() -> None:

@@ -70,8 +70,14 @@ def test_equivalence_classes_give_the_same_verdicts_as_checking_each_node(
         sel["nvidia.com/gpu.product"] = model
     if rack:
         sel["network.example.com/rack"] = rack
-    p = pod("p", gpus=0 if mig else gpus, cpu=cpu, memory="1Gi", node_selector=sel or None,
-            extra={mig: "2"} if mig else None)
+    p = pod(
+        "p",
+        gpus=0 if mig else gpus,
+        cpu=cpu,
+        memory="1Gi",
+        node_selector=sel or None,
+        extra={mig: "2"} if mig else None,
+    )
     snap = REPL.snapshot()
     q = query_for(p, REPL)
     memo = QueryMemo(q)
@@ -86,9 +92,11 @@ def test_equivalence_classes_give_the_same_verdicts_as_checking_each_node(
 def _many_copies():  # type: ignore[no-untyped-def]
     from tests.extender.extender_builders import node
 
-    extra = [node(base, name=f"{base}-x{c}", labels={"network.example.com/rack": f"rk{c % 3}"})
-             for base in ("h100-r1-n2", "h100-r2-n1", "t4-1", "a100-mig-1", "gb200-r5-n2", "h100-notready", "cpu-1")
-             for c in range(8)]
+    extra = [
+        node(base, name=f"{base}-x{c}", labels={"network.example.com/rack": f"rk{c % 3}"})
+        for base in ("h100-r1-n2", "h100-r2-n1", "t4-1", "a100-mig-1", "gb200-r5-n2", "h100-notready", "cpu-1")
+        for c in range(8)
+    ]
     return make_inventory(extra)
 
 
@@ -144,8 +152,11 @@ def _replies(inv, body: bytes) -> tuple[dict, list]:  # type: ignore[no-untyped-
 
 
 @settings(max_examples=120, deadline=None)
-@given(names=st.lists(st.sampled_from(ALL_NODES + ["ghost-1"]), min_size=1, max_size=25),
-       gpus=st.integers(0, 9), big=st.booleans())
+@given(
+    names=st.lists(st.sampled_from(ALL_NODES + ["ghost-1"]), min_size=1, max_size=25),
+    gpus=st.integers(0, 9),
+    big=st.booleans(),
+)
 def test_raw_bytes_path_gives_the_replies_of_the_decoded_path(names: list[str], gpus: int, big: bool) -> None:
     # Go-shaped bodies take the table lookup, the echo and (big) the lazy decoding; spaced bodies
     # are decoded whole and looked up name by name. The replies must be the same.
@@ -187,10 +198,10 @@ def test_refusals_of_every_node_follow_the_inventory() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(gpus=st.integers(1, 8), cpu=st.sampled_from(["1", "8", "150"]), seed=st.integers(0, 100),
-       mig=st.booleans())
-def test_prioritize_after_an_all_node_filter_scores_as_computed_afresh(gpus: int, cpu: str, seed: int,
-                                                                      mig: bool) -> None:
+@given(gpus=st.integers(1, 8), cpu=st.sampled_from(["1", "8", "150"]), seed=st.integers(0, 100), mig=st.booleans())
+def test_prioritize_after_an_all_node_filter_scores_as_computed_afresh(
+    gpus: int, cpu: str, seed: int, mig: bool
+) -> None:
     import random
 
     # The prioritize that follows a filter naming every node gets the fitting nodes' scores once

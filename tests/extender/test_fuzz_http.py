@@ -140,8 +140,11 @@ def rand_value(r: random.Random) -> Any:
 def _pick(r: random.Random, root: Any, kind: type) -> Any:
     """An object or array of the tree; half the time one inside the Pod (where the fields are read)."""
     pod = member(root, "Pod") if isinstance(root, Obj) and r.random() < 0.5 else None
-    found = [n for n in nodes_of(pod if isinstance(pod, Obj) else root)
-             if isinstance(n, kind) and (kind is list or (isinstance(n, Obj) and n.members))]
+    found = [
+        n
+        for n in nodes_of(pod if isinstance(pod, Obj) else root)
+        if isinstance(n, kind) and (kind is list or (isinstance(n, Obj) and n.members))
+    ]
     return r.choice(found) if found else None
 
 
@@ -160,8 +163,12 @@ def _retune(r: random.Random, root: Obj) -> None:
                 if r.random() < 0.5:
                     m[1] = r.choice(QUANTITIES)
             elif key in ("nodeSelector", "labels") and isinstance(m[1], Obj) and r.random() < 0.5:
-                m[1].members.append([orjson.dumps(r.choice(["nvidia.com/gpu.product", "tandem.dev/job", "x"])),
-                                     r.choice(["NVIDIA-H100-80GB-HBM3", "job-1", "y"])])
+                m[1].members.append(
+                    [
+                        orjson.dumps(r.choice(["nvidia.com/gpu.product", "tandem.dev/job", "x"])),
+                        r.choice(["NVIDIA-H100-80GB-HBM3", "job-1", "y"]),
+                    ]
+                )
 
 
 def _recase(r: random.Random, raw_key: bytes) -> bytes:
@@ -197,8 +204,9 @@ def mutate_tree(r: random.Random, root: Obj) -> None:
         o = _pick(r, root, Obj)
         if o is not None:
             m = r.choice(o.members)
-            o.members.insert(r.randrange(len(o.members) + 1),
-                             [m[0], copy.deepcopy(m[1]) if r.random() < 0.5 else rand_value(r)])
+            o.members.insert(
+                r.randrange(len(o.members) + 1), [m[0], copy.deepcopy(m[1]) if r.random() < 0.5 else rand_value(r)]
+            )
     elif k == 3:  # reorder an object's keys
         o = _pick(r, root, Obj)
         if o is not None:
@@ -211,8 +219,9 @@ def mutate_tree(r: random.Random, root: Obj) -> None:
     elif k == 5:  # a NodeNames key planted in some object, or its text in some string
         o = _pick(r, root, Obj)
         if o is not None:
-            o.members.insert(r.randrange(len(o.members) + 1),
-                             [b'"NodeNames"', [r.choice(NAMES) for _ in range(r.randrange(1, 4))]])
+            o.members.insert(
+                r.randrange(len(o.members) + 1), [b'"NodeNames"', [r.choice(NAMES) for _ in range(r.randrange(1, 4))]]
+            )
     elif k == 6:  # a huge array (of up to 256 KiB: one element written once, repeated)
         arr = _pick(r, root, list)
         if arr:
@@ -257,7 +266,7 @@ def mutate_bytes(r: random.Random, body: bytes) -> bytes:
         return body + r.choice([b"\n", b" \t\r\n", b"\x0c", b"\x0b", b"}", b"]", b",", b"x", b"{}"])
     if k == 3 and body:
         at = r.randrange(len(body))
-        return body[:at] + bytes([r.randrange(256)]) + body[at + 1:]
+        return body[:at] + bytes([r.randrange(256)]) + body[at + 1 :]
     return body
 
 
@@ -272,7 +281,9 @@ def mutated(r: random.Random, base: Any, rounds: int = 3) -> bytes:
 
 
 def _uid(name: str) -> str:
-    return next(str(o["metadata"]["uid"]) for o in cluster_items() if o["kind"] == "Pod" and o["metadata"]["name"] == name)
+    return next(
+        str(o["metadata"]["uid"]) for o in cluster_items() if o["kind"] == "Pod" and o["metadata"]["name"] == name
+    )
 
 
 def preempt_body() -> dict[str, Any]:
@@ -292,9 +303,14 @@ def preempt_body() -> dict[str, Any]:
 def full_victims_body() -> dict[str, Any]:
     """The same for an extender that is not nodeCacheCapable: the victim Pods in full."""
     pods = {o["metadata"]["name"]: o for o in cluster_items() if o["kind"] == "Pod"}
-    return {"Pod": fixture_pod("want-8"), "NodeNameToMetaVictims": None,
-            "NodeNameToVictims": {"h100-r1-n1": {"Pods": [pods["llm-pretrain-0"]], "NumPDBViolations": 0},
-                                  "h100-r2-n1": {"Pods": [pods["finetune-0"]], "NumPDBViolations": 0}}}
+    return {
+        "Pod": fixture_pod("want-8"),
+        "NodeNameToMetaVictims": None,
+        "NodeNameToVictims": {
+            "h100-r1-n1": {"Pods": [pods["llm-pretrain-0"]], "NumPDBViolations": 0},
+            "h100-r2-n1": {"Pods": [pods["finetune-0"]], "NumPDBViolations": 0},
+        },
+    }
 
 
 def review_body() -> dict[str, Any]:
@@ -302,7 +318,9 @@ def review_body() -> dict[str, Any]:
 
 
 BASES: dict[str, list[Any]] = {
-    "names": [fixture_json(f"args-{n}-names.json") for n in ("want-8", "want-4-h100", "want-mig-3g", "want-dra-4", "no-gpu")]
+    "names": [
+        fixture_json(f"args-{n}-names.json") for n in ("want-8", "want-4-h100", "want-mig-3g", "want-dra-4", "no-gpu")
+    ]
     + [fixture_json(f"args-{n}-allnodes.json") for n in ("want-8", "want-4-h100", "no-gpu")],
     "nodelist": [fixture_json("args-want-4-h100-nodelist.json")],
     "preempt": [preempt_body(), full_victims_body()],
@@ -359,8 +377,10 @@ class Served:
 
     def internal_errors(self) -> float:
         reg = self.app[METRICS_KEY].registry
-        return sum(reg.get_sample_value("tandem_extender_request_errors_total", {"verb": v, "kind": "internal"}) or 0.0
-                   for v in ("filter", "prioritize", "preempt"))
+        return sum(
+            reg.get_sample_value("tandem_extender_request_errors_total", {"verb": v, "kind": "internal"}) or 0.0
+            for v in ("filter", "prioritize", "preempt")
+        )
 
     def check_sentinels(self, every: bool = False) -> None:
         """The genuine requests still get their answers: the next one in turn, or all of them."""
@@ -414,8 +434,10 @@ def _asked(body: bytes) -> tuple[str, list[Any]] | None:
         return "names", names if isinstance(names, list) else []
     nodes = f.get("Nodes")
     items = nodes.get("items") if isinstance(nodes, dict) else None
-    return "nodes", [(i.get("metadata") or {}).get("name") if isinstance(i, dict) and isinstance(i.get("metadata"), dict)
-                     else None for i in items] if isinstance(items, list) else []
+    return "nodes", [
+        (i.get("metadata") or {}).get("name") if isinstance(i, dict) and isinstance(i.get("metadata"), dict) else None
+        for i in items
+    ] if isinstance(items, list) else []
 
 
 def check_filter(body: bytes, status: int, reply: bytes) -> None:
@@ -442,7 +464,9 @@ def check_filter(body: bytes, status: int, reply: bytes) -> None:
     assert set(passed) <= set(names) and failed <= set(names) and unres <= set(names)
     assert set(passed) | failed | unres == set(names)  # every candidate answered
     assert not set(passed) & (failed | unres)
-    assert all(isinstance(v, str) and v for v in [*out["FailedNodes"].values(), *out["FailedAndUnresolvableNodes"].values()])
+    assert all(
+        isinstance(v, str) and v for v in [*out["FailedNodes"].values(), *out["FailedAndUnresolvableNodes"].values()]
+    )
 
 
 def check_prioritize(body: bytes, status: int, reply: bytes) -> None:
@@ -513,7 +537,10 @@ def check_review(body: bytes, status: int, reply: bytes) -> None:
 
 
 CHECKS: dict[str, Callable[[bytes, int, bytes], None]] = {
-    "filter": check_filter, "prioritize": check_prioritize, "preempt": check_preempt, "mutate": check_review,
+    "filter": check_filter,
+    "prioritize": check_prioritize,
+    "preempt": check_preempt,
+    "mutate": check_review,
 }
 
 
@@ -525,8 +552,12 @@ def run_one(served: Served, path: str, body: bytes) -> None:
     assert served.internal_errors() == before, "a handler failed on this body"
 
 
-FUZZ = settings(max_examples=120, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @FUZZ
@@ -555,10 +586,16 @@ _LAYOUTS = ("names-last", "names-first", "escaped-key", "duplicate-after", "othe
 
 
 @settings(FUZZ, max_examples=100)
-@given(r=st.randoms(use_true_random=False), which=st.sampled_from([5, 6, 7, 7, 1, 0]),
-       layout=st.sampled_from(_LAYOUTS), decoy=st.booleans(), big=st.booleans())
-def test_prioritize_after_filter(served: Served, r: random.Random, which: int, layout: str, decoy: bool,
-                                 big: bool) -> None:
+@given(
+    r=st.randoms(use_true_random=False),
+    which=st.sampled_from([5, 6, 7, 7, 1, 0]),
+    layout=st.sampled_from(_LAYOUTS),
+    decoy=st.booleans(),
+    big=st.booleans(),
+)
+def test_prioritize_after_filter(
+    served: Served, r: random.Random, which: int, layout: str, decoy: bool, big: bool
+) -> None:
     """kube-scheduler's own sequence, filter then prioritize of what passed, with the prioritize body
     written every way JSON allows and the filter's list planted where it is not the candidates."""
     base = copy.deepcopy(BASES["names"][which])
@@ -607,11 +644,18 @@ def test_webhook_reviews(served: Served, r: random.Random, which: int) -> None:
 
 
 @settings(FUZZ, max_examples=60)
-@given(body=st.one_of(st.binary(max_size=300), st.text(max_size=200).map(str.encode),
-                      st.recursive(st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 63) - 1) | st.text(max_size=8),
-                                   lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
-                                   max_leaves=20).map(orjson.dumps)),
-       path=st.sampled_from(["filter", "prioritize", "preempt", "mutate"]))
+@given(
+    body=st.one_of(
+        st.binary(max_size=300),
+        st.text(max_size=200).map(str.encode),
+        st.recursive(
+            st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 63) - 1) | st.text(max_size=8),
+            lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+            max_leaves=20,
+        ).map(orjson.dumps),
+    ),
+    path=st.sampled_from(["filter", "prioritize", "preempt", "mutate"]),
+)
 def test_random_bodies(served: Served, body: bytes, path: str) -> None:
     run_one(served, path, body)
     served.check_sentinels()

@@ -80,7 +80,7 @@ def members(*pairs: tuple[bytes, Any]) -> bytes:
 
 A, X, B, Y = "h100-r1-n1", "h100-r2-n1", "t4-1", "cpu-1"
 PRIMED = [A, Y, B]  # what the priming filter passes (a pod without GPUs passes everywhere)
-ASKED = [A, X, B]   # what prioritize is asked about
+ASKED = [A, X, B]  # what prioritize is asked about
 DECOY = {"NodeNames": PRIMED}
 
 
@@ -180,8 +180,11 @@ async def test_case_duplicates_of_pod_and_victims_follow_go(client: Client) -> N
     assert "cpu-1" in {**reply["FailedNodes"], **reply["FailedAndUnresolvableNodes"]}
     # Preemption: the last victims map wins; a node only in the map that lost never comes back.
     victims = {"Pods": [{"UID": _uid("finetune-0")}], "NumPDBViolations": 0}
-    body = members((b'"Pod"', want8), (b'"NodeNameToMetaVictims"', {"h100-r1-n1": victims}),
-                   (b'"nodeNameToMetaVictims"', {"h100-r2-n1": victims}))
+    body = members(
+        (b'"Pod"', want8),
+        (b'"NodeNameToMetaVictims"', {"h100-r1-n1": victims}),
+        (b'"nodeNameToMetaVictims"', {"h100-r2-n1": victims}),
+    )
     status, reply = await client.post("preempt", body)
     assert status == 200 and set(reply["NodeNameToMetaVictims"]) <= {"h100-r2-n1"}
 
@@ -194,6 +197,7 @@ def _uid(pod_name: str) -> str:
 
 
 # ------------------------------------------------------------- a pod's answer is its own
+
 
 async def test_a_pod_with_a_known_uid_and_version_but_another_spec_gets_its_own_answer(client: Client) -> None:
     genuine = fixture_json("args-want-8-allnodes.json")
@@ -251,7 +255,9 @@ async def test_a_synced_inventory_without_nodes_refuses_per_node() -> None:
         status, reply = await c.post("filter", fixture_json("args-want-4-h100-nodelist.json"))
         assert status == 200 and reply["Nodes"]["items"] == []
         status, reply = await c.post("prioritize", fixture_json("args-want-8-names.json"))
-        assert status == 200 and reply == [{"Host": n, "Score": 0} for n in fixture_json("args-want-8-names.json")["NodeNames"]]
+        assert status == 200 and reply == [
+            {"Host": n, "Score": 0} for n in fixture_json("args-want-8-names.json")["NodeNames"]
+        ]
     finally:
         await session.close()
         await server.close()
@@ -328,8 +334,10 @@ async def test_a_node_too_deep_to_echo_is_an_error_not_a_crash(client: Client) -
 
 
 async def test_a_huge_pdb_count_is_an_error_not_a_crash(client: Client) -> None:
-    body = {"Pod": fixture_pod("want-8"),
-            "NodeNameToMetaVictims": {"h100-r2-n1": {"Pods": [{"UID": _uid("finetune-0")}], "NumPDBViolations": 2**64}}}
+    body = {
+        "Pod": fixture_pod("want-8"),
+        "NodeNameToMetaVictims": {"h100-r2-n1": {"Pods": [{"UID": _uid("finetune-0")}], "NumPDBViolations": 2**64}},
+    }
     status, reply = await client.post("preempt", json.dumps(body).encode())
     assert status == 200 and reply == {"NodeNameToMetaVictims": {}}
 
@@ -365,18 +373,21 @@ def _review(**changes: Any) -> dict[str, Any]:
     return r
 
 
-@pytest.mark.parametrize("changes", [
-    {"request__name": "@DEEP@"},
-    {"request__namespace": "@DEEP@"},
-    {"request__object__metadata__name": "@DEEP@"},
-    {"request__object__metadata__generateName": "@DEEP@"},
-    {"request__object__spec__schedulerName": "@DEEP@"},
-    {"request__object__spec__schedulerName": 5},
-    {"request__object__spec__containers": 5},
-    {"request__object__spec__initContainers": "abc"},
-    {"request__uid": "@DEEP@"},
-    {"apiVersion": "@DEEP@"},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"request__name": "@DEEP@"},
+        {"request__namespace": "@DEEP@"},
+        {"request__object__metadata__name": "@DEEP@"},
+        {"request__object__metadata__generateName": "@DEEP@"},
+        {"request__object__spec__schedulerName": "@DEEP@"},
+        {"request__object__spec__schedulerName": 5},
+        {"request__object__spec__containers": 5},
+        {"request__object__spec__initContainers": "abc"},
+        {"request__uid": "@DEEP@"},
+        {"apiVersion": "@DEEP@"},
+    ],
+)
 async def test_webhook_always_allows_with_a_well_formed_review(webhook_url: str, changes: dict[str, Any]) -> None:
     review = _review(**changes)
     async with aiohttp.ClientSession() as s:

@@ -161,8 +161,15 @@ def test_unknown_kind_is_an_error() -> None:
 def test_device_classes_from_cluster_override_fallbacks() -> None:
     inv = make_inventory()
     assert "gpu.nvidia.com" in inv.device_classes()
-    inv.apply("DeviceClass", "ADDED", {"kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
-                                       "spec": {"selectors": [{"cel": {"expression": "true"}}]}})
+    inv.apply(
+        "DeviceClass",
+        "ADDED",
+        {
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"selectors": [{"cel": {"expression": "true"}}]},
+        },
+    )
     assert inv.device_classes()["gpu.nvidia.com"] == ("true",)
 
 

@@ -22,7 +22,6 @@ from tests.extender.kube_fakes import (
     fixture_items,
     hang,
     node_list,
-    times,
     with_rv,
 )
 
@@ -127,9 +126,18 @@ async def test_synced_only_after_every_kind_listed(kmock: Any, api: kclient.ApiC
 
 
 async def test_dra_api_not_served_counts_as_empty_and_does_not_block_sync(kmock: Any, api: kclient.ApiClient) -> None:
-    for kind, (path, list_kind, items) in ENDPOINTS.items():
+    for path, list_kind, items in ENDPOINTS.values():
         if path.startswith("resource.k8s.io"):
-            kmock[f"list {path}"] << 404 << {"kind": "Status", "code": 404, "reason": "NotFound", "message": "the server could not find the requested resource"}
+            (
+                kmock[f"list {path}"]
+                << 404
+                << {
+                    "kind": "Status",
+                    "code": 404,
+                    "reason": "NotFound",
+                    "message": "the server could not find the requested resource",
+                }
+            )
         else:
             kmock[f"list {path}"] << node_list("10", items, kind=list_kind)
             kmock[f"watch {path}"] << hang

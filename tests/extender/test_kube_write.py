@@ -15,13 +15,21 @@ from extender import kube
 RESERVATION = {
     "apiVersion": "v1",
     "kind": "ConfigMap",
-    "metadata": {"name": "reservation-job-7-1", "namespace": "tandem-system", "labels": {"tandem.dev/reservation": "job-7"}},
+    "metadata": {
+        "name": "reservation-job-7-1",
+        "namespace": "tandem-system",
+        "labels": {"tandem.dev/reservation": "job-7"},
+    },
     "data": {"reservation.json": '{"job": "job-7", "attempt": 1}'},
 }
 JOB = {
     "apiVersion": "batch/v1",
     "kind": "Job",
-    "metadata": {"name": "job-7-1", "namespace": "team-a", "labels": {"tandem.dev/job": "job-7", "tandem.dev/attempt": "1"}},
+    "metadata": {
+        "name": "job-7-1",
+        "namespace": "team-a",
+        "labels": {"tandem.dev/job": "job-7", "tandem.dev/attempt": "1"},
+    },
     "spec": {
         "completionMode": "Indexed",
         "completions": 2,
@@ -35,7 +43,9 @@ JOB = {
             "spec": {
                 "restartPolicy": "Never",
                 "schedulingGates": [{"name": "tandem.dev/gang"}],
-                "containers": [{"name": "worker", "image": "trainer:1", "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+                "containers": [
+                    {"name": "worker", "image": "trainer:1", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+                ],
             },
         },
     },
@@ -66,7 +76,10 @@ async def test_create_then_get_existing(kmock: Any, api: kclient.ApiClient, body
     assert first.data == body  # raw JSON: no field dropped by a generated model
     group = "batch/v1" if body["kind"] == "Job" else "v1"
     prefix = "/apis/" if "/" in group else "/api/"
-    assert first.url.path == f"{prefix}{group}/namespaces/{body['metadata']['namespace']}/{'jobs' if body['kind'] == 'Job' else 'configmaps'}"
+    assert (
+        first.url.path
+        == f"{prefix}{group}/namespaces/{body['metadata']['namespace']}/{'jobs' if body['kind'] == 'Job' else 'configmaps'}"
+    )
     assert first.params["fieldManager"] == "tandem-agent"
     assert sent == body  # the caller's dict is not modified
     (get,) = [r for r in list(kmock) if r.method == kmock_lib.method.GET]  # after the 409 of the second POST
@@ -74,8 +87,16 @@ async def test_create_then_get_existing(kmock: Any, api: kclient.ApiClient, body
 
 
 async def test_other_errors_raise_with_the_status(kmock: Any, api: kclient.ApiClient) -> None:
-    kmock["post v1/configmaps"] << 403 << {"kind": "Status", "code": 403, "reason": "Forbidden",
-                                          "message": "configmaps is forbidden: User cannot create resource"}
+    (
+        kmock["post v1/configmaps"]
+        << 403
+        << {
+            "kind": "Status",
+            "code": 403,
+            "reason": "Forbidden",
+            "message": "configmaps is forbidden: User cannot create resource",
+        }
+    )
     with pytest.raises(kube.KubeError) as err:
         await kube.create_or_get(api, copy.deepcopy(RESERVATION))
     assert err.value.status == 403

@@ -43,9 +43,16 @@ def records(out: io.StringIO) -> list[dict[str, Any]]:
 
 
 def test_a_line_is_json_with_the_fixed_keys_then_every_extra(lines: io.StringIO) -> None:
-    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-    extra = {"job_id": "j-1", "attempt": 2, "pod": "team-a/p-0", "node": "h100-r1-n2", "cluster": "a",
-             "error": "boom", "detail": {"gpus": [0, 1], "ok": True}}
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    extra = {
+        "job_id": "j-1",
+        "attempt": 2,
+        "pod": "team-a/p-0",
+        "node": "h100-r1-n2",
+        "cluster": "a",
+        "error": "boom",
+        "detail": {"gpus": [0, 1], "ok": True},
+    }
     logging.getLogger("tandem.extender.test").warning("attempt failed", extra=extra)
     (line,) = records(lines)
     assert list(line)[:4] == list(FIXED_KEYS) == ["time", "level", "logger", "message"]
@@ -56,7 +63,7 @@ def test_a_line_is_json_with_the_fixed_keys_then_every_extra(lines: io.StringIO)
     assert RFC3339_UTC.match(line["time"]), line["time"]
     moment = datetime.datetime.fromisoformat(line["time"])
     assert moment.utcoffset() == datetime.timedelta(0)
-    assert before <= moment <= datetime.datetime.now(datetime.timezone.utc)
+    assert before <= moment <= datetime.datetime.now(datetime.UTC)
 
 
 def test_exceptions_are_text_under_exc_info(lines: io.StringIO) -> None:
@@ -82,7 +89,7 @@ def test_levels_odd_values_and_fixed_keys_that_extras_cannot_replace(lines: io.S
     assert set(line) == set(FIXED_KEYS) | {"detail"}
 
 
-async def test_the_apps_log_calls_keep_their_fields(lines: io.StringIO, client: Client) -> None:  # noqa: F811
+async def test_the_apps_log_calls_keep_their_fields(lines: io.StringIO, client: Client) -> None:
     await client.post("filter", {"Pod": None, "NodeNames": []})
     (line,) = [r for r in records(lines) if r["message"] == "request refused"]
     assert line["logger"] == "tandem.extender" and line["level"] == "WARNING"

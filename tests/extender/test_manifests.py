@@ -53,7 +53,9 @@ def scheduler_config() -> dict[str, Any]:
 
 
 def extender_config() -> ExtenderConfig:
-    return ExtenderConfig.model_validate(yaml.safe_load(one("ConfigMap", "tandem-extender-config")["data"]["config.yaml"]))
+    return ExtenderConfig.model_validate(
+        yaml.safe_load(one("ConfigMap", "tandem-extender-config")["data"]["config.yaml"])
+    )
 
 
 def pod_template() -> dict[str, Any]:
@@ -109,7 +111,11 @@ def test_kustomize_builds(overlay: str) -> None:
         missing("kubectl (with kustomize)")
     out = subprocess.run(["kubectl", "kustomize", str(MANIFESTS / overlay)], capture_output=True, text=True, check=True)
     built = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out.stdout) if d}
-    expected = {(o["kind"], o["metadata"]["name"]) for o in OBJECTS if overlay or o["apiVersion"] not in {a for a, _ in CRD_KINDS}}
+    expected = {
+        (o["kind"], o["metadata"]["name"])
+        for o in OBJECTS
+        if overlay or o["apiVersion"] not in {a for a, _ in CRD_KINDS}
+    }
     assert built == expected
 
 
@@ -127,14 +133,45 @@ def test_cert_manager_overlay() -> None:
 # ---------------------------------------------------------------------------- scheduler configuration
 
 # Field names of kubescheduler.config.k8s.io/v1 (kube-scheduler decodes strictly: an unknown field stops it).
-KSC_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection", "enableProfiling",
-              "enableContentionProfiling", "percentageOfNodesToScore", "podInitialBackoffSeconds",
-              "podMaxBackoffSeconds", "profiles", "extenders", "delayCacheUntilActive"}
-EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
-                   "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable"}
+KSC_FIELDS = {
+    "apiVersion",
+    "kind",
+    "parallelism",
+    "leaderElection",
+    "clientConnection",
+    "enableProfiling",
+    "enableContentionProfiling",
+    "percentageOfNodesToScore",
+    "podInitialBackoffSeconds",
+    "podMaxBackoffSeconds",
+    "profiles",
+    "extenders",
+    "delayCacheUntilActive",
+}
+EXTENDER_FIELDS = {
+    "urlPrefix",
+    "filterVerb",
+    "preemptVerb",
+    "prioritizeVerb",
+    "weight",
+    "bindVerb",
+    "enableHTTPS",
+    "tlsConfig",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "managedResources",
+    "ignorable",
+}
 PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
-LEADER_FIELDS = {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock", "resourceName",
-                 "resourceNamespace"}
+LEADER_FIELDS = {
+    "leaderElect",
+    "leaseDuration",
+    "renewDeadline",
+    "retryPeriod",
+    "resourceLock",
+    "resourceName",
+    "resourceNamespace",
+}
 
 
 def test_scheduler_configuration_fields_are_known() -> None:
@@ -152,7 +189,11 @@ def test_scheduler_configuration_values() -> None:
     cfg = scheduler_config()
     le = cfg["leaderElection"]
     assert le["leaderElect"] is True
-    assert (le["resourceName"], le["resourceNamespace"], le["resourceLock"]) == ("tandem-scheduler", "tandem-system", "leases")
+    assert (le["resourceName"], le["resourceNamespace"], le["resourceLock"]) == (
+        "tandem-scheduler",
+        "tandem-system",
+        "leases",
+    )
     (profile,) = cfg["profiles"]
     assert profile["schedulerName"] == "tandem-scheduler"
     assert cfg["percentageOfNodesToScore"] == 100 and profile.get("percentageOfNodesToScore", 100) == 100
@@ -190,7 +231,11 @@ def test_extender_url_matches_the_extender_config() -> None:
     xcfg = extender_config()
     assert url.scheme == "http" and url.hostname == "127.0.0.1"  # loopback only: plain HTTP stays in the pod
     assert (url.hostname, url.port) == (xcfg.host, xcfg.port)
-    for verb, field in (("filterVerb", "filter_verb"), ("prioritizeVerb", "prioritize_verb"), ("preemptVerb", "preempt_verb")):
+    for verb, field in (
+        ("filterVerb", "filter_verb"),
+        ("prioritizeVerb", "prioritize_verb"),
+        ("preemptVerb", "preempt_verb"),
+    ):
         assert f"{url.path.rstrip('/')}/{ext[verb]}" == xcfg.verb_path(getattr(xcfg, field))
 
 
@@ -218,7 +263,15 @@ def test_webhook_cannot_block_the_cluster() -> None:
     assert hook["timeoutSeconds"] <= 5
     assert hook["sideEffects"] == "None"
     assert hook["admissionReviewVersions"] == ["v1"]
-    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]
+    assert hook["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
     assert hook["namespaceSelector"] == {"matchLabels": {"tandem.dev/gpu-routing": "enabled"}}
     # The scheduler's own pods never go through the webhook (no dependency loop at startup).
     assert not selector_matches(hook["objectSelector"], pod_template()["metadata"]["labels"])
@@ -298,8 +351,10 @@ EXTENDER_WATCHES = {k: v for k, v in WATCHED.items() if k in kube.INVENTORY_KIND
 
 
 def grants(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
-    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] and not r.get("resourceNames")
-               for r in rules)
+    return any(
+        group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] and not r.get("resourceNames")
+        for r in rules
+    )
 
 
 def bound_roles(sa: str = "tandem-scheduler") -> list[dict[str, Any]]:
@@ -307,7 +362,15 @@ def bound_roles(sa: str = "tandem-scheduler") -> list[dict[str, Any]]:
     for b in OBJECTS:
         if b["kind"] in ("ClusterRoleBinding", "RoleBinding") and any(s["name"] == sa for s in b["subjects"]):
             ref = b["roleRef"]
-            out.append({"binding": b, "ref": ref, "role": next((o for o in OBJECTS if o["kind"] == ref["kind"] and o["metadata"]["name"] == ref["name"]), None)})
+            out.append(
+                {
+                    "binding": b,
+                    "ref": ref,
+                    "role": next(
+                        (o for o in OBJECTS if o["kind"] == ref["kind"] and o["metadata"]["name"] == ref["name"]), None
+                    ),
+                }
+            )
     return out
 
 
@@ -317,7 +380,9 @@ def test_rbac_covers_every_watched_kind(sa: str, watched: dict[Any, tuple[str, s
     for kind, (group, resource, namespace) in watched.items():
         for verb in ("list", "watch"):
             ok = [
-                b for b in bound_roles(sa) if b["role"] is not None
+                b
+                for b in bound_roles(sa)
+                if b["role"] is not None
                 and (namespace is None) == (b["ref"]["kind"] == "ClusterRole")
                 and (namespace is None or b["binding"]["metadata"]["namespace"] == namespace)
                 and grants(b["role"]["rules"], group, resource, verb)
@@ -346,13 +411,22 @@ def test_rbac_is_least_privilege() -> None:
             if role["kind"] == "ClusterRole" and name not in NAMESPACED_ONLY:
                 assert not writes, (name, rule)  # nothing cluster-scoped is written
             elif name == "tandem-agent-workloads":
-                assert set(rule["resources"]) <= {"jobs", "services", "pods", "resourceclaimtemplates", "events",
-                                                  "resourcequotas"}, rule
+                assert set(rule["resources"]) <= {
+                    "jobs",
+                    "services",
+                    "pods",
+                    "resourceclaimtemplates",
+                    "events",
+                    "resourcequotas",
+                }, rule
             elif name == "tandem-agent":
                 assert role["metadata"]["namespace"] == "tandem-system"
                 assert rule["resources"] in (["configmaps"], ["leases"]), rule
-                assert rule["resources"] != ["leases"] or "update" not in writes \
+                assert (
+                    rule["resources"] != ["leases"]
+                    or "update" not in writes
                     or rule["resourceNames"] == ["tandem-agent"]
+                )
             elif writes:
                 # Justified: kube-scheduler's leader Lease (create cannot be scoped by name; get/update are).
                 assert name == "tandem-scheduler-leases", rule
@@ -371,13 +445,20 @@ def test_the_scheduler_and_the_agent_do_not_share_an_identity() -> None:
 def test_agent_rbac_grants_what_the_agent_checks_at_start() -> None:
     from extender.agent.preflight import NAMESPACED_RULES, SYSTEM_RULES
 
-    (workloads,) = [o for o in OBJECTS if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "tandem-agent-workloads"]
+    (workloads,) = [
+        o for o in OBJECTS if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "tandem-agent-workloads"
+    ]
     for p in NAMESPACED_RULES:
         assert grants(workloads["rules"], p.group, p.resource, p.verb), str(p)
     (system,) = [o for o in OBJECTS if o["kind"] == "Role" and o["metadata"]["name"] == "tandem-agent"]
     for p in SYSTEM_RULES:
-        assert any(p.group in r["apiGroups"] and p.resource in r["resources"] and p.verb in r["verbs"]
-                   and (not p.name or p.name in r.get("resourceNames", [p.name])) for r in system["rules"]), str(p)
+        assert any(
+            p.group in r["apiGroups"]
+            and p.resource in r["resources"]
+            and p.verb in r["verbs"]
+            and (not p.name or p.name in r.get("resourceNames", [p.name]))
+            for r in system["rules"]
+        ), str(p)
 
 
 def test_render_rbac_binds_the_workload_role_in_every_tenant_namespace() -> None:
@@ -388,12 +469,19 @@ def test_render_rbac_binds_the_workload_role_in_every_tenant_namespace() -> None
     docs = list(yaml.safe_load_all(render_rbac(cfg)))
     assert sorted(d["metadata"]["namespace"] for d in docs) == ["shared", "team-a", "team-b"]
     for d in docs:
-        assert d["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                "name": "tandem-agent-workloads"}
+        assert d["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "tandem-agent-workloads",
+        }
         assert d["subjects"] == [{"kind": "ServiceAccount", "name": "tandem-agent", "namespace": "tandem-system"}]
         kubernetes_validate.validate(d, "1.35.0", strict=True)
     (cm_role,) = [o for o in OBJECTS if o["kind"] == "Role" and o["metadata"]["name"] == "tandem-extender-reservations"]
-    assert cm_role["metadata"]["namespace"] == "tandem-system" and cm_role["rules"][0]["verbs"] == ["get", "list", "watch"]
+    assert cm_role["metadata"]["namespace"] == "tandem-system" and cm_role["rules"][0]["verbs"] == [
+        "get",
+        "list",
+        "watch",
+    ]
 
 
 def test_agent_config_is_valid_and_agrees_with_the_extender_and_the_deployment() -> None:
@@ -409,7 +497,9 @@ def test_agent_config_is_valid_and_agrees_with_the_extender_and_the_deployment()
     assert container["command"][:3] == ["tandem-extender", "agent", "--kube"]
     assert [p["containerPort"] for p in container["ports"]] == [cfg.port]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert str(cfg.tls_cert_file).startswith(mounts["agent-tls"]) and str(cfg.tls_ca_file).startswith(mounts["agent-tls"])
+    assert str(cfg.tls_cert_file).startswith(mounts["agent-tls"]) and str(cfg.tls_ca_file).startswith(
+        mounts["agent-tls"]
+    )
     secret = next(v["secret"]["secretName"] for v in spec["volumes"] if v["name"] == "agent-tls")
     assert one("Certificate", "tandem-agent")["spec"]["secretName"] == secret
     assert one("Certificate", "tandem-agent")["spec"]["commonName"] == cfg.cluster_name
@@ -426,8 +516,12 @@ KCM = "system:kube-controller-manager"
 GC = "system:serviceaccount:kube-system:generic-garbage-collector"
 TENANT_USER = "alice@example.com"
 POLICIES = {o["metadata"]["name"]: o for o in OBJECTS if o["kind"] == "ValidatingAdmissionPolicy"}
-EXPRESSIONS = [(name, where, e["expression"]) for name, p in POLICIES.items()
-               for where in ("variables", "validations") for e in p["spec"][where]]
+EXPRESSIONS = [
+    (name, where, e["expression"])
+    for name, p in POLICIES.items()
+    for where in ("variables", "validations")
+    for e in p["spec"][where]
+]
 
 
 def test_admission_policies_are_bound_to_the_tenant_namespaces_only() -> None:
@@ -446,27 +540,41 @@ def test_admission_policies_are_bound_to_the_tenant_namespaces_only() -> None:
         text = json.dumps(policy)
         assert AGENT_USER in text
     agent = one("Deployment", "tandem-agent")
-    assert AGENT_USER == f"system:serviceaccount:{agent['metadata']['namespace']}:" \
-                         f"{agent['spec']['template']['spec']['serviceAccountName']}"
+    assert (
+        AGENT_USER == f"system:serviceaccount:{agent['metadata']['namespace']}:"
+        f"{agent['spec']['template']['spec']['serviceAccountName']}"
+    )
 
 
-@pytest.mark.parametrize(("policy", "where", "expression"), EXPRESSIONS,
-                         ids=[f"{n}-{w}-{i}" for i, (n, w, _) in enumerate(EXPRESSIONS)])
+@pytest.mark.parametrize(
+    ("policy", "where", "expression"), EXPRESSIONS, ids=[f"{n}-{w}-{i}" for i, (n, w, _) in enumerate(EXPRESSIONS)]
+)
 def test_every_cel_expression_compiles(policy: str, where: str, expression: str) -> None:
     import cel
 
     cel.compile(expression)
 
 
-def admit(policy: str, operation: str, user: str, obj: dict[str, Any], old: dict[str, Any] | None = None, *,
-          dry_run: bool = False) -> list[str]:
+def admit(
+    policy: str,
+    operation: str,
+    user: str,
+    obj: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    *,
+    dry_run: bool = False,
+) -> list[str]:
     """The messages of the validations that refuse this request (empty: admitted), evaluated as the API
     server does: variables in order, each seeing the earlier ones, then every validation."""
     import cel
 
     spec = POLICIES[policy]["spec"]
-    request = {"operation": operation, "dryRun": dry_run, "userInfo": {"username": user, "groups": []},
-               "resource": {"group": "batch" if "jobs" in policy else "", "resource": policy.rsplit("-", 1)[1]}}
+    request = {
+        "operation": operation,
+        "dryRun": dry_run,
+        "userInfo": {"username": user, "groups": []},
+        "resource": {"group": "batch" if "jobs" in policy else "", "resource": policy.rsplit("-", 1)[1]},
+    }
     variables: dict[str, Any] = {}
 
     def run(expression: str) -> Any:
@@ -509,86 +617,204 @@ def _ungated(pod: dict[str, Any]) -> dict[str, Any]:
 def _relabel(job_id: str) -> Any:
     def change(o: dict[str, Any]) -> None:
         o["metadata"]["labels"]["tandem.dev/job"] = job_id
+
     return change
 
 
 def _own_pod() -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "notebook", "namespace": "team-a",
-                                                            "labels": {"app": "notebook"}},
-            "spec": {"containers": [{"name": "main", "image": "jupyter/base-notebook"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "notebook", "namespace": "team-a", "labels": {"app": "notebook"}},
+        "spec": {"containers": [{"name": "main", "image": "jupyter/base-notebook"}]},
+    }
 
 
 def _own_job() -> dict[str, Any]:
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "etl", "namespace": "team-a"},
-            "spec": {"template": {"metadata": {"labels": {"app": "etl"}},
-                                  "spec": {"restartPolicy": "Never",
-                                           "containers": [{"name": "main", "image": "etl:1"}]}}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "etl", "namespace": "team-a"},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"app": "etl"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "etl:1"}]},
+            }
+        },
+    }
 
 
 def admission_cases() -> list[tuple[str, str, str, str, Any, Any, bool, bool]]:
     job, pod, pinned = gang_objects()
-    tandem_label_job = with_(_own_job(), lambda o: o["spec"]["template"]["metadata"]["labels"].update(
-        {"tandem.dev/job": "train-42"}))
+    tandem_label_job = with_(
+        _own_job(), lambda o: o["spec"]["template"]["metadata"]["labels"].update({"tandem.dev/job": "train-42"})
+    )
     finalized = with_(job, lambda o: o["metadata"].update(finalizers=["foregroundDeletion"]))
     scaled = with_(job, lambda o: o["spec"].update(parallelism=0))
     stranger = with_(_own_pod(), _relabel("train-42"))
     moved = json.loads(json.dumps(pinned))
-    moved["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"][0]["matchFields"][0]["values"] = ["node-0001"]
+    moved["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchFields"
+    ][0]["values"] = ["node-0001"]
     selector = with_(pod, lambda o: o["spec"].update(nodeSelector={"kubernetes.io/hostname": "node-0001"}))
     annotated = with_(pinned, lambda o: o["metadata"]["annotations"].update({"example.com/note": "x"}))
     tracked_off = with_(_ungated(pinned), lambda o: o["metadata"].update(finalizers=[]))
     # (id, policy, operation, user, object, old object, dryRun, admitted)
     return [
         ("the agent creates its Job", "tandem-fencing-jobs", "CREATE", AGENT_USER, job, None, False, True),
-        ("a tenant creates a Job with Tandem's labels", "tandem-fencing-jobs", "CREATE", TENANT_USER, job, None,
-         False, False),
-        ("a tenant's Job template with tandem.dev/job", "tandem-fencing-jobs", "CREATE", TENANT_USER,
-         tandem_label_job, None, False, False),
+        (
+            "a tenant creates a Job with Tandem's labels",
+            "tandem-fencing-jobs",
+            "CREATE",
+            TENANT_USER,
+            job,
+            None,
+            False,
+            False,
+        ),
+        (
+            "a tenant's Job template with tandem.dev/job",
+            "tandem-fencing-jobs",
+            "CREATE",
+            TENANT_USER,
+            tandem_label_job,
+            None,
+            False,
+            False,
+        ),
         ("a tenant's own Job", "tandem-fencing-jobs", "CREATE", TENANT_USER, _own_job(), None, False, True),
         ("a tenant scales a Tandem Job", "tandem-fencing-jobs", "UPDATE", TENANT_USER, scaled, job, False, False),
-        ("a tenant strips Tandem's labels off its Job", "tandem-fencing-jobs", "UPDATE", TENANT_USER,
-         with_(job, lambda o: o["metadata"]["labels"].clear()), job, False, False),
+        (
+            "a tenant strips Tandem's labels off its Job",
+            "tandem-fencing-jobs",
+            "UPDATE",
+            TENANT_USER,
+            with_(job, lambda o: o["metadata"]["labels"].clear()),
+            job,
+            False,
+            False,
+        ),
         ("the agent updates its Job", "tandem-fencing-jobs", "UPDATE", AGENT_USER, scaled, job, False, True),
-        ("the garbage collector finalizes a Tandem Job", "tandem-fencing-jobs", "UPDATE", GC, finalized, job, False,
-         True),
-        ("the controller manager may not change the spec", "tandem-fencing-jobs", "UPDATE", KCM, scaled, job, False,
-         False),
-        ("the Job controller creates a gang pod", "tandem-fencing-pods", "CREATE", JOB_CONTROLLER, pod, None, False,
-         True),
+        (
+            "the garbage collector finalizes a Tandem Job",
+            "tandem-fencing-jobs",
+            "UPDATE",
+            GC,
+            finalized,
+            job,
+            False,
+            True,
+        ),
+        (
+            "the controller manager may not change the spec",
+            "tandem-fencing-jobs",
+            "UPDATE",
+            KCM,
+            scaled,
+            job,
+            False,
+            False,
+        ),
+        (
+            "the Job controller creates a gang pod",
+            "tandem-fencing-pods",
+            "CREATE",
+            JOB_CONTROLLER,
+            pod,
+            None,
+            False,
+            True,
+        ),
         ("the controller manager creates a gang pod", "tandem-fencing-pods", "CREATE", KCM, pod, None, False, True),
         ("the agent's admission dry run", "tandem-fencing-pods", "CREATE", AGENT_USER, pod, None, True, True),
-        ("the agent creates a gang pod for real", "tandem-fencing-pods", "CREATE", AGENT_USER, pod, None, False,
-         False),
-        ("a tenant creates a pod in another gang", "tandem-fencing-pods", "CREATE", TENANT_USER, pod, None, False,
-         False),
+        ("the agent creates a gang pod for real", "tandem-fencing-pods", "CREATE", AGENT_USER, pod, None, False, False),
+        (
+            "a tenant creates a pod in another gang",
+            "tandem-fencing-pods",
+            "CREATE",
+            TENANT_USER,
+            pod,
+            None,
+            False,
+            False,
+        ),
         ("a tenant's own pod", "tandem-fencing-pods", "CREATE", TENANT_USER, _own_pod(), None, False, True),
-        ("a tenant relabels its pod into a gang", "tandem-fencing-pods", "UPDATE", TENANT_USER, stranger, _own_pod(),
-         False, False),
-        ("a tenant moves a pod to another gang", "tandem-fencing-pods", "UPDATE", TENANT_USER,
-         with_(pod, _relabel("train-99")), pod, False, False),
+        (
+            "a tenant relabels its pod into a gang",
+            "tandem-fencing-pods",
+            "UPDATE",
+            TENANT_USER,
+            stranger,
+            _own_pod(),
+            False,
+            False,
+        ),
+        (
+            "a tenant moves a pod to another gang",
+            "tandem-fencing-pods",
+            "UPDATE",
+            TENANT_USER,
+            with_(pod, _relabel("train-99")),
+            pod,
+            False,
+            False,
+        ),
         ("the agent pins", "tandem-fencing-pods", "UPDATE", AGENT_USER, pinned, pod, False, True),
         ("a tenant pins", "tandem-fencing-pods", "UPDATE", TENANT_USER, pinned, pod, False, False),
         ("a tenant moves a pin", "tandem-fencing-pods", "UPDATE", TENANT_USER, moved, pinned, False, False),
         ("a tenant narrows nodeSelector", "tandem-fencing-pods", "UPDATE", TENANT_USER, selector, pod, False, False),
         ("the agent ungates", "tandem-fencing-pods", "UPDATE", AGENT_USER, _ungated(pinned), pinned, False, True),
         ("a tenant ungates", "tandem-fencing-pods", "UPDATE", TENANT_USER, _ungated(pinned), pinned, False, False),
-        ("a tenant annotates a gated pod", "tandem-fencing-pods", "UPDATE", TENANT_USER, annotated, pinned, False,
-         True),
-        ("the Job controller drops its tracking finalizer", "tandem-fencing-pods", "UPDATE", JOB_CONTROLLER,
-         tracked_off, _ungated(pinned), False, True),
-        ("a tenant edits its own pod", "tandem-fencing-pods", "UPDATE", TENANT_USER,
-         with_(_own_pod(), lambda o: o["metadata"]["labels"].update(app="lab")), _own_pod(), False, True),
+        (
+            "a tenant annotates a gated pod",
+            "tandem-fencing-pods",
+            "UPDATE",
+            TENANT_USER,
+            annotated,
+            pinned,
+            False,
+            True,
+        ),
+        (
+            "the Job controller drops its tracking finalizer",
+            "tandem-fencing-pods",
+            "UPDATE",
+            JOB_CONTROLLER,
+            tracked_off,
+            _ungated(pinned),
+            False,
+            True,
+        ),
+        (
+            "a tenant edits its own pod",
+            "tandem-fencing-pods",
+            "UPDATE",
+            TENANT_USER,
+            with_(_own_pod(), lambda o: o["metadata"]["labels"].update(app="lab")),
+            _own_pod(),
+            False,
+            True,
+        ),
     ]
 
 
 ADMISSION = admission_cases()
 
 
-@pytest.mark.parametrize(("policy", "operation", "user", "obj", "old", "dry_run", "admitted"),
-                         [c[1:] for c in ADMISSION], ids=[c[0] for c in ADMISSION])
-def test_admission_policy_decisions(policy: str, operation: str, user: str, obj: dict[str, Any],
-                                    old: dict[str, Any] | None, dry_run: bool, admitted: bool) -> None:
+@pytest.mark.parametrize(
+    ("policy", "operation", "user", "obj", "old", "dry_run", "admitted"),
+    [c[1:] for c in ADMISSION],
+    ids=[c[0] for c in ADMISSION],
+)
+def test_admission_policy_decisions(
+    policy: str,
+    operation: str,
+    user: str,
+    obj: dict[str, Any],
+    old: dict[str, Any] | None,
+    dry_run: bool,
+    admitted: bool,
+) -> None:
     refused = admit(policy, operation, user, obj, old, dry_run=dry_run)
     assert (not refused) == admitted, refused
 
@@ -604,6 +830,9 @@ def test_the_example_tenant_namespace_is_what_the_agent_accepts() -> None:
         assert selector_matches({"matchLabels": {"tandem.dev/tenant-namespace": "true"}}, labels)
         assert pod_security_problem(labels, "baseline", []) is None
         assert pod_security_problem(labels, "baseline", ["IPC_LOCK"]) is not None  # the IPC_LOCK case differs
-    kustomized = {(MANIFESTS / k.parent / r).resolve() for k in MANIFESTS.rglob("kustomization.yaml")
-                  for r in yaml.safe_load(k.read_text())["resources"]}
+    kustomized = {
+        (MANIFESTS / k.parent / r).resolve()
+        for k in MANIFESTS.rglob("kustomization.yaml")
+        for r in yaml.safe_load(k.read_text())["resources"]
+    }
     assert not any(p.is_relative_to(MANIFESTS / "examples") for p in kustomized)

@@ -41,7 +41,7 @@ def test_raw_names_of_a_go_body_are_the_joined_encodings() -> None:
     raw = _go(args(pod("p"), names))
     span = find_raw_names(raw, len(names))
     assert span is not None
-    assert raw[span.start:span.end] == b",".join(orjson.dumps(n) for n in names)
+    assert raw[span.start : span.end] == b",".join(orjson.dumps(n) for n in names)
     again = find_raw_names(raw)  # the count can be left to the array
     assert again is not None and (again.start, again.end) == (span.start, span.end)
     assert find_raw_names(raw, len(names) + 1) is None
@@ -68,8 +68,12 @@ NAME = st.text(st.sampled_from("abc-.0129ü"), min_size=1, max_size=40)
 
 
 @settings(max_examples=150, deadline=None)
-@given(known=st.lists(NAME, min_size=1, max_size=60, unique=True), asked=st.lists(NAME, min_size=1, max_size=60),
-       picks=st.lists(st.integers(0, 59), max_size=60), seed=st.integers(0, 1000))
+@given(
+    known=st.lists(NAME, min_size=1, max_size=60, unique=True),
+    asked=st.lists(NAME, min_size=1, max_size=60),
+    picks=st.lists(st.integers(0, 59), max_size=60),
+    seed=st.integers(0, 1000),
+)
 def test_table_lookup_equals_dict_lookup(known: list[str], asked: list[str], picks: list[int], seed: int) -> None:
     names = asked + [known[i % len(known)] for i in picks]
     random.Random(seed).shuffle(names)

@@ -13,8 +13,9 @@ from tests.extender.extender_builders import gang_pod
 
 def _with_terms(*terms: dict[str, Any]) -> dict[str, Any]:
     pod = gang_pod("p", "train", "1", 8)
-    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": list(terms)}}}
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}
+    }
     return pod
 
 
@@ -22,16 +23,21 @@ RACK = {"key": "network.example.com/rack", "operator": "In", "values": ["r7"]}
 PIN = {"key": "metadata.name", "operator": "In", "values": ["node-0007"]}
 
 
-@pytest.mark.parametrize(("terms", "expected"), [
-    ([{"matchExpressions": [RACK], "matchFields": [PIN]}], "node-0007"),
-    ([{"matchExpressions": [RACK]}], None),  # domain affinity only: not pinned yet
-    ([{"matchFields": [PIN]}, {"matchFields": [PIN]}], "node-0007"),
-    ([{"matchFields": [PIN]}, {"matchExpressions": [RACK]}], None),  # terms are ORed: the second one widens
-    ([{"matchFields": [PIN]}, {"matchFields": [{**PIN, "values": ["node-0008"]}]}], None),
-    ([{"matchFields": [{**PIN, "values": ["node-0007", "node-0008"]}]}], None),
-    ([{"matchFields": [{**PIN, "operator": "NotIn"}]}], None),
-])
-def test_pinned_node_reads_the_field_requirement_in_every_term(terms: list[dict[str, Any]], expected: str | None) -> None:
+@pytest.mark.parametrize(
+    ("terms", "expected"),
+    [
+        ([{"matchExpressions": [RACK], "matchFields": [PIN]}], "node-0007"),
+        ([{"matchExpressions": [RACK]}], None),  # domain affinity only: not pinned yet
+        ([{"matchFields": [PIN]}, {"matchFields": [PIN]}], "node-0007"),
+        ([{"matchFields": [PIN]}, {"matchExpressions": [RACK]}], None),  # terms are ORed: the second one widens
+        ([{"matchFields": [PIN]}, {"matchFields": [{**PIN, "values": ["node-0008"]}]}], None),
+        ([{"matchFields": [{**PIN, "values": ["node-0007", "node-0008"]}]}], None),
+        ([{"matchFields": [{**PIN, "operator": "NotIn"}]}], None),
+    ],
+)
+def test_pinned_node_reads_the_field_requirement_in_every_term(
+    terms: list[dict[str, Any]], expected: str | None
+) -> None:
     assert pinned_node(_with_terms(*terms)) == expected
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from extender.protocol import encode_priorities, host_prefix, parse_extender_args, parse_preemption_args
 from extender.errors import BadRequest, UndecodableBody
+from extender.protocol import encode_priorities, host_prefix, parse_extender_args, parse_preemption_args
 from tests.extender.extender_support import ALL_NODES, Client, client, fixture_bytes, fixture_json  # noqa: F401
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}

@@ -35,7 +35,9 @@ def as_created(pod: dict[str, Any], scheduler: str | None = "default-scheduler")
     return out
 
 
-def admission_review(pod: dict[str, Any], namespace: str, operation: str = "CREATE", uid: str = "0f2b8a4e-3c1d-4e5f-9a6b-7c8d9e0f1a2b") -> dict[str, Any]:
+def admission_review(
+    pod: dict[str, Any], namespace: str, operation: str = "CREATE", uid: str = "0f2b8a4e-3c1d-4e5f-9a6b-7c8d9e0f1a2b"
+) -> dict[str, Any]:
     gvk = {"group": "", "version": "v1", "kind": "Pod"}
     gvr = {"group": "", "version": "v1", "resource": "pods"}
     return {
@@ -132,7 +134,11 @@ async def test_pod_without_scheduler_name_field_gets_it_added(url: str) -> None:
 async def test_gpu_only_in_init_container_limits_is_routed(url: str) -> None:
     pod = as_created(PENDING["no-gpu"])
     pod["spec"]["initContainers"] = [
-        {"name": "warmup", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        {
+            "name": "warmup",
+            "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+        }
     ]
     _, answer = await post(url, admission_review(pod, "team-a"))
     assert decoded_patch(answer) == [{"op": "add", "path": "/spec/schedulerName", "value": "tandem-scheduler"}]
@@ -143,8 +149,13 @@ async def test_gpu_only_in_init_container_limits_is_routed(url: str) -> None:
     [
         ("cpu pod", "team-a", lambda p: p),
         ("other namespace", "default", lambda p: p),
-        ("zero GPUs", "team-a", lambda p: p["spec"]["containers"][0]["resources"].update(
-            {"limits": {"nvidia.com/gpu": "0"}, "requests": {"nvidia.com/gpu": "0"}})),
+        (
+            "zero GPUs",
+            "team-a",
+            lambda p: p["spec"]["containers"][0]["resources"].update(
+                {"limits": {"nvidia.com/gpu": "0"}, "requests": {"nvidia.com/gpu": "0"}}
+            ),
+        ),
         ("already routed", "team-a", lambda p: p["spec"].update(schedulerName="tandem-scheduler")),
         ("bound by hand", "team-a", lambda p: p["spec"].update(nodeName="h100-r1-n2")),
     ],
@@ -191,14 +202,44 @@ async def test_empty_namespace_list_routes_everywhere(url: str) -> None:
     [
         ("not json", b"{not json", "", "not an AdmissionReview object"),
         ("json list", b"[1, 2]", "", "not an AdmissionReview object"),
-        ("no request", json.dumps({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1"}).encode(), "", "not an AdmissionReview request"),
-        ("no uid", json.dumps({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"operation": "CREATE"}}).encode(), "", "without request.uid"),
-        ("object not a pod", json.dumps({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {
-            "uid": "u-1", "operation": "CREATE", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "team-a", "object": "pod"}}).encode(), "u-1", "not a Pod"),
+        (
+            "no request",
+            json.dumps({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1"}).encode(),
+            "",
+            "not an AdmissionReview request",
+        ),
+        (
+            "no uid",
+            json.dumps(
+                {"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"operation": "CREATE"}}
+            ).encode(),
+            "",
+            "without request.uid",
+        ),
+        (
+            "object not a pod",
+            json.dumps(
+                {
+                    "kind": "AdmissionReview",
+                    "apiVersion": "admission.k8s.io/v1",
+                    "request": {
+                        "uid": "u-1",
+                        "operation": "CREATE",
+                        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "namespace": "team-a",
+                        "object": "pod",
+                    },
+                }
+            ).encode(),
+            "u-1",
+            "not a Pod",
+        ),
         ("empty body", b"", "", "not an AdmissionReview object"),
     ],
 )
-async def test_malformed_reviews_are_allowed_with_a_warning(url: str, case: str, raw: bytes, uid: str, warning: str) -> None:
+async def test_malformed_reviews_are_allowed_with_a_warning(
+    url: str, case: str, raw: bytes, uid: str, warning: str
+) -> None:
     status, answer = await post(url, None, raw=raw)
     assert status == 200, case
     resp = answer["response"]
@@ -245,7 +286,10 @@ def test_wants_gpu_table() -> None:
         (pod(requests={"cpu": "4", "memory": "8Gi"}), False),
         (pod(limits={"nvidia.com/gpu": "0"}), False),
         (pod(limits={"example.com/fpga": "1"}), False),
-        ({"spec": {"containers": [], "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gpu-4"}]}}, True),
+        (
+            {"spec": {"containers": [], "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gpu-4"}]}},
+            True,
+        ),
         ({"spec": None}, False),
     ]
     for obj, expected in cases:

@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 
 from extender import webhook
 from extender.config import ExtenderConfig, load_config
-from tests.extender.test_webhook import admission_review, as_created, PENDING
+from tests.extender.test_webhook import PENDING, admission_review, as_created
 
 SERVICE_DNS = "tandem-webhook.tandem-system.svc"
 
@@ -27,12 +27,15 @@ SERVICE_DNS = "tandem-webhook.tandem-system.svc"
 def make_ca() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tandem-test-ca")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
@@ -42,13 +45,18 @@ def make_ca() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
 def issue(ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate], directory: Path, serial: int) -> None:
     ca_key, ca_cert = ca
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SERVICE_DNS)]))
-        .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(serial)
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVICE_DNS), x509.DNSName("localhost")]), critical=False)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(serial)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(SERVICE_DNS), x509.DNSName("localhost")]), critical=False
+        )
         .sign(ca_key, hashes.SHA256())
     )
     (directory / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -91,7 +99,9 @@ async def listener(tmp_path: Path) -> AsyncIterator[Listener]:
     (tmp_path / "ca.crt").write_bytes(ca[1].public_bytes(serialization.Encoding.PEM))
     state: dict[str, Any] = {"ready": False, "ca": ca, "dir": tmp_path}
     settings = webhook.WebhookSettings(
-        listen="127.0.0.1:0", tls_cert_file=tmp_path / "tls.crt", tls_key_file=tmp_path / "tls.key",
+        listen="127.0.0.1:0",
+        tls_cert_file=tmp_path / "tls.crt",
+        tls_key_file=tmp_path / "tls.key",
         cert_check_interval_s=3600,
     )
     app = web.Application()
@@ -139,10 +149,18 @@ async def test_broken_new_pair_keeps_serving_the_old_certificate(listener: Liste
 
 
 def test_settings_from_environment() -> None:
-    env = {"TANDEM_WEBHOOK_LISTEN": "0.0.0.0:8443", "TANDEM_WEBHOOK_TLS_CERT_FILE": "/certs/tls.crt",
-           "TANDEM_WEBHOOK_TLS_KEY_FILE": "/certs/tls.key"}
+    env = {
+        "TANDEM_WEBHOOK_LISTEN": "0.0.0.0:8443",
+        "TANDEM_WEBHOOK_TLS_CERT_FILE": "/certs/tls.crt",
+        "TANDEM_WEBHOOK_TLS_KEY_FILE": "/certs/tls.key",
+    }
     s = load_config(None, env=env).webhook
-    assert (s.listen, s.tls_cert_file, s.tls_key_file, s.path) == ("0.0.0.0:8443", Path("/certs/tls.crt"), Path("/certs/tls.key"), "/mutate")
+    assert (s.listen, s.tls_cert_file, s.tls_key_file, s.path) == (
+        "0.0.0.0:8443",
+        Path("/certs/tls.crt"),
+        Path("/certs/tls.key"),
+        "/mutate",
+    )
     assert load_config(None, env={}).webhook.listen is None
 
 
