@@ -29,6 +29,9 @@ __all__ = ["Agent", "AGENT_VERSION", "default_identity"]
 
 log = logging.getLogger("tandem.agent")
 
+PREPARE_SLICE_NODES = 256
+"""Nodes encoded per event-loop turn while the first snapshot is prepared (about 25 ms of work)."""
+
 AGENT_VERSION = "0.2.0"
 
 
@@ -56,18 +59,28 @@ class Agent(Orders, Following):
         channel = open_channel(self.config)
         stream = Stream(channel, self.config, self.clock)
         try:
-            hello = wire.hello(self.config, self.known_attempts(), epoch=epoch, identity=self.identity,
-                               instance_id=self.instance_id, kubernetes_version=self.kubernetes_version,
-                               agent_version=AGENT_VERSION, dispatch=not self.read_only)
+            hello = wire.hello(
+                self.config,
+                self.known_attempts(),
+                epoch=epoch,
+                identity=self.identity,
+                instance_id=self.instance_id,
+                kubernetes_version=self.kubernetes_version,
+                agent_version=AGENT_VERSION,
+                dispatch=not self.read_only,
+            )
             welcome = await stream.open(hello)
             self.stream = stream
             self.stream_lost_at = None
             self.metrics.connected.set(1)
-            log.info("broker stream open", extra={"detail": {"session": welcome.session_id, "epoch": epoch,
-                                                             "obsolete": len(welcome.obsolete)}})
+            log.info(
+                "broker stream open",
+                extra={"detail": {"session": welcome.session_id, "epoch": epoch, "obsolete": len(welcome.obsolete)}},
+            )
             for key in welcome.obsolete:
                 self._spawn(self.cancel(key, None, "replaced by the broker"), f"obsolete-{key[0]}")
             builder = ReportBuilder(self.labels)
+            await self._prepare_snapshot(builder)
             self._send_snapshot(builder, stream)
             for a in self.attempts.values():
                 a.sent = None  # a new stream (maybe a restarted broker) hears every attempt's status again
@@ -88,13 +101,15 @@ class Agent(Orders, Following):
             await stream.close()
             await channel.close()
 
-    def _on_message(self, builder: ReportBuilder, stream: Stream, sequence: int,
-                    msg: wire.Inbound | wire.WireError) -> None:
+    def _on_message(
+        self, builder: ReportBuilder, stream: Stream, sequence: int, msg: wire.Inbound | wire.WireError
+    ) -> None:
         if isinstance(msg, wire.WireError):
             log.warning("broker message not usable", extra={"detail": str(msg)})
             if msg.key is not None:
-                self._send(dispatch_ack=wire.dispatch_ack(msg.key, rejection=wire.Rejection(
-                    "TEMPLATE_INVALID", str(msg))))
+                self._send(
+                    dispatch_ack=wire.dispatch_ack(msg.key, rejection=wire.Rejection("TEMPLATE_INVALID", str(msg)))
+                )
         elif isinstance(msg, Order):
             self._spawn(self.dispatch(msg), f"dispatch-{msg.job_id}")
         elif isinstance(msg, wire.StartMsg):
@@ -119,10 +134,18 @@ class Agent(Orders, Following):
     def _reservation_keys(self) -> list[AttemptKey]:
         return sorted((r.job, int(r.attempt)) for r in self.inv.reservations())
 
+    async def _prepare_snapshot(self, builder: ReportBuilder) -> None:
+        """Encode the first snapshot's nodes ahead, a slice per event-loop turn: at thousands of nodes one
+        encode takes half a second, which would hold up Lease renewals and the broker stream. Nodes that
+        change meanwhile are encoded again by the snapshot itself (prepared encodings are kept per facts)."""
+        while builder.prepare(self.inv.snapshot().facts, PREPARE_SLICE_NODES):
+            await asyncio.sleep(0)
+
     def _send_snapshot(self, builder: ReportBuilder, stream: Stream) -> None:
         snap = self.inv.snapshot()
-        report = builder.snapshot(snap.facts, self._reservation_keys(), self.clock(),
-                                  applied_broker_sequence=stream.applied)
+        report = builder.snapshot(
+            snap.facts, self._reservation_keys(), self.clock(), applied_broker_sequence=stream.applied
+        )
         self._send(inventory_snapshot=report)
         self.metrics.reports.labels("snapshot").inc()
         self.metrics.report_bytes.observe(report.ByteSize())
@@ -136,8 +159,9 @@ class Agent(Orders, Following):
             if self.inv.version != version:
                 version = self.inv.version
                 snap = self.inv.snapshot()
-                delta = builder.delta(snap.facts, self._reservation_keys(), self.clock(),
-                                      applied_broker_sequence=stream.applied)
+                delta = builder.delta(
+                    snap.facts, self._reservation_keys(), self.clock(), applied_broker_sequence=stream.applied
+                )
                 if delta is not None:
                     self._send(inventory_delta=delta)
                     self.metrics.reports.labels("delta").inc()
