@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -13,7 +13,7 @@ import numpy.typing as npt
 from placement.model import WHOLE_GPU_MILLI, Node, PodShape, TopologyLevels
 from placement.topology import DomainId, domain_of, node_path
 
-__all__ = ["ModelTable", "ClusterArrays", "Fleet", "DomainCandidate", "PendingLike"]
+__all__ = ["ModelTable", "ClusterArrays", "Fleet", "DomainCandidate"]
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
@@ -21,10 +21,6 @@ BOOL = npt.NDArray[np.bool_]
 DCAP_GPUS = (1, 2, 4, 8)
 """GPU counts per replica for which domain capacities are tabulated (a shape uses the largest <= its count)."""
 _DCAP_COL = np.array(DCAP_GPUS, np.int64)[None, :]
-
-
-class PendingLike(Protocol):
-    """What the overlay needs of a reserved-but-unbound replica: (reservation with shapes, replica with node)."""
 
 
 class ModelTable:
@@ -258,7 +254,7 @@ class ClusterArrays:
                 cap = np.where(np.isin(model, self.models.codes_for(shape.gpu_models)), cap, 0)
             elif shape.gpus > 0 or shape.mig_count > 0:
                 cap = np.where(model > 0, cap, 0)
-            if shape.min_gpu_memory_mib > 0:
+            if shape.min_gpu_memory_mib > 0 and shape.gpus > 0:  # as the exact fit: MIG and DRA shapes ignore it
                 cap = np.where(self.gpu_mem[at] >= shape.min_gpu_memory_mib, cap, 0)
         return cap if len(cap) == n else np.zeros(n, np.int64)
 

@@ -297,9 +297,6 @@ class Catalog:
     def reservations_of_job(self, job_id: str) -> list[AttemptKey]:
         return sorted(self._by_job.get(job_id, ()))
 
-    def reservations_on(self, cluster: str) -> list[Reservation]:
-        return list(self._by_cluster.get(cluster, {}).values())
-
     def reservation_count(self, cluster: str) -> int:
         return len(self._by_cluster.get(cluster, ()))
 

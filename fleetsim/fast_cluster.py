@@ -33,13 +33,14 @@ from placement.model import (
     Toleration,
     TopologyLevels,
 )
+from placement.podspec import GPU_RESOURCE
 from placement.scoring import Policy, choose_node
 from placement.topology import DomainId, domain_of
+from placement.usage import mig_gpus
 
 __all__ = [
     "GPU_TAINT",
     "GPU_TOLERATION",
-    "MIG_SLICES",
     "AttemptKey",
     "Cell",
     "PodKey",
@@ -53,11 +54,10 @@ __all__ = [
     "owners",
 ]
 
-GPU_TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
-"""The taint every GPU node carries (as fleetsim.spec's Node objects): every pod here tolerates it."""
-GPU_TOLERATION = Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule")
-MIG_SLICES = 7.0
-"""A MIG slice counts as 1/7 of a GPU (as `WorkItem.gpu_cost` and wire mode)."""
+GPU_TAINT = Taint(GPU_RESOURCE, "present", "NoSchedule")
+"""The taint every GPU node carries (as fleetsim.spec's Node objects): every pod here tolerates it. Its key is
+the GPU resource name, as Kubernetes' ExtendedResourceToleration admission expects."""
+GPU_TOLERATION = Toleration(GPU_RESOURCE, "Exists", "", "NoSchedule")
 
 PodKey = tuple[str, int, int]
 """(job name or background id, attempt, replica index)."""
@@ -190,8 +190,12 @@ def merged_nodes(fleet: FleetSpec) -> tuple[tuple[CatalogLevel, ...], list[Node]
 
 
 def gpus_held(shape: PodShape) -> float:
-    """GPUs one replica of `shape` holds: whole GPUs, shares as fractions, MIG slices as 1/7 each."""
-    return shape.gpus * shape.gpu_milli / 1000.0 + shape.mig_count / MIG_SLICES
+    """GPUs one replica of `shape` holds: whole GPUs, shares as fractions, MIG instances as the core counts them
+    (`placement.usage.mig_gpus`, as `WorkItem.gpu_cost` and wire mode)."""
+    models = shape.gpu_models
+    mig_part = (mig_gpus(shape.mig_profile, next(iter(models)) if len(models) == 1 else None, shape.mig_count)
+                if shape.mig_profile else 0.0)
+    return shape.gpus * shape.gpu_milli / 1000.0 + mig_part
 
 
 # --------------------------------------------------------------------------- one cluster's true state

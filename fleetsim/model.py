@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from placement.usage import mig_gpus
+
 __all__ = ["Level", "NodeGroup", "ClusterSpec", "TenantSpec", "FleetSpec", "WorkItem", "Outcome", "RunResult"]
 
 
@@ -108,9 +110,11 @@ class WorkItem:
 
     @property
     def gpu_cost(self) -> float:
-        """GPUs the item occupies while it runs (MIG slices count as their fraction of a 7-slice GPU)."""
+        """GPUs the item occupies while it runs (MIG instances as the core counts them: compute slices over the
+        GPU's slices, `placement.usage.mig_gpus`, on the item's GPU model when it names exactly one)."""
         if self.mig_count:
-            return self.replicas * self.mig_count / 7.0
+            models = set(self.gpu_models)
+            return mig_gpus(self.mig_profile, models.pop() if len(models) == 1 else None, self.replicas * self.mig_count)
         return self.replicas * self.gpus * self.gpu_milli / 1000.0
 
 

@@ -50,6 +50,7 @@ from extender.inventory import KINDS, Inventory
 from fleetsim.harness import REPO, BrokerEndpoint, BrokerProcess, free_port, tenancy_policy, wait_for
 from fleetsim.model import TenantSpec, WorkItem
 from fleetsim.wire import job_spec
+from placement.podspec import GPU_RESOURCE
 
 __all__ = [
     "AGENT_VERSION",
@@ -274,7 +275,7 @@ def _node_object(base: Mapping[str, Any], layout: FleetLayout, cluster: str, i: 
 
 def _replica_pod(layout: FleetLayout, node: str, i: int) -> dict[str, Any]:
     """A running pod holding one replica's resources (what a bound gang pod takes on its node)."""
-    resources = {"cpu": f"{REPLICA_CPU_MILLI}m", "memory": str(REPLICA_MEMORY), "nvidia.com/gpu": str(REPLICA_GPUS)}
+    resources = {"cpu": f"{REPLICA_CPU_MILLI}m", "memory": str(REPLICA_MEMORY), GPU_RESOURCE: str(REPLICA_GPUS)}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"replica-{i}", "namespace": layout.namespace, "uid": f"replica-{i}"},
             "spec": {"nodeName": node, "schedulerName": "tandem-scheduler", "restartPolicy": "Never",

@@ -624,7 +624,7 @@ def _node_object(cluster: ClusterSpec, loc: NodeLocation, mig_strategy: str) -> 
         "spec": {
             "podCIDR": pod_cidr,
             "podCIDRs": [pod_cidr],
-            "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+            "taints": [{"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}],
         },
         "status": {
             "capacity": dict(resources),

@@ -32,6 +32,9 @@ import grpc
 from broker.launcher.client import BrokerClient, SubmitItem
 from fleetsim.harness import BrokerProcess, Cluster, start_cluster, tenancy_policy, wait_for
 from fleetsim.model import ClusterSpec, FleetSpec, Outcome, RunResult, WorkItem
+from placement import mig
+from placement.podspec import GPU_MILLI_RESOURCE, GPU_RESOURCE, mig_profile_of
+from placement.usage import mig_gpus
 from sim import identities as ids
 from sim import kuberesources as kr
 from sim.informer import Informer
@@ -65,9 +68,7 @@ _TERMINAL = frozenset({job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, jo
 _NOT_STARTED = frozenset({job_pb2.ATTEMPT_OUTCOME_REJECTED, job_pb2.ATTEMPT_OUTCOME_GANG_TIMEOUT,
                           job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED, job_pb2.ATTEMPT_OUTCOME_LOST})
 """Outcomes of an attempt that never ran and is re-planned: a false dispatch when it was dispatched."""
-_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-_MIG_SLICES = 7.0
-"""Memory slices of a MIG-capable GPU: a MIG instance counts as 1/7 of a GPU (as `WorkItem.gpu_cost`)."""
+_TOLERATIONS = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
 
 
 # ----------------------------------------------------------------------------- the job a launcher submits
@@ -88,14 +89,14 @@ def job_spec(item: WorkItem, compression: float = 0.0) -> job_pb2.JobSpec:
     if item.mig_profile:
         shape.mig_profile = item.mig_profile
         shape.mig_count = item.mig_count
-        resources[f"nvidia.com/mig-{item.mig_profile}"] = str(item.mig_count)
+        resources[mig.resource_name(item.mig_profile)] = str(item.mig_count)
     elif item.gpus and item.gpu_milli < 1000:
         shape.gpu_count = 1  # a share is asked of one GPU
         shape.gpu_milli = item.gpu_milli
-        resources["tandem.dev/gpu-milli"] = str(item.gpu_milli)
+        resources[GPU_MILLI_RESOURCE] = str(item.gpu_milli)
     elif item.gpus:
         shape.gpu_count = item.gpus
-        resources["nvidia.com/gpu"] = str(item.gpus)
+        resources[GPU_RESOURCE] = str(item.gpus)
     container = {"name": "main", "image": "registry.example.com/fleetsim/workload:1",
                  "resources": {"requests": resources, "limits": dict(resources)}}
     ps.pod_template_json = json.dumps({"spec": {"containers": [container], "tolerations": _TOLERATIONS}})
@@ -109,18 +110,19 @@ def job_spec(item: WorkItem, compression: float = 0.0) -> job_pb2.JobSpec:
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> float:
-    """GPUs a pod holds: whole GPUs, shares (`tandem.dev/gpu-milli`) and MIG instances as 1/7 each."""
+    """GPUs a pod holds: whole GPUs, shares (`tandem.dev/gpu-milli`) and MIG instances as the core counts them
+    (`placement.usage.mig_gpus`, as `WorkItem.gpu_cost`)."""
     total = 0.0
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         amounts = {**(res.get("limits") or {}), **(res.get("requests") or {})}
         for name, value in amounts.items():
-            if name == "nvidia.com/gpu":
+            if name == GPU_RESOURCE:
                 total += float(value)
-            elif name == "tandem.dev/gpu-milli":
+            elif name == GPU_MILLI_RESOURCE:
                 total += float(value) / 1000.0
-            elif name.startswith("nvidia.com/mig-"):
-                total += float(value) / _MIG_SLICES
+            elif (profile := mig_profile_of(name)) is not None:
+                total += mig_gpus(profile, None, float(value))
     return total
 
 
@@ -366,7 +368,7 @@ class _WireRun:
                             "tolerations": _TOLERATIONS,
                             "containers": [{"name": "main", "image": "registry.example.com/inference:1",
                                             "resources": {"requests": {"cpu": "1", "memory": "4Gi"},
-                                                          "limits": {"nvidia.com/gpu": str(rng.choice(sizes))}}}]}}
+                                                          "limits": {GPU_RESOURCE: str(rng.choice(sizes))}}}]}}
             try:
                 await client.create(kr.PODS, pod, BACKGROUND_NAMESPACE)
                 self.background_created += 1

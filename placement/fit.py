@@ -48,10 +48,6 @@ class Allocation:
     extended: tuple[tuple[str, int], ...] = ()
     dra: tuple[tuple[str, str, str], ...] = ()
 
-    @property
-    def gpu_indices(self) -> tuple[int, ...]:
-        return tuple(i for i, _ in self.gpus)
-
 
 _FITS = tuple(Fit(i) for i in range(257))  # shared instances: building a frozen dataclass costs ~1 us
 

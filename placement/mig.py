@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from placement.model import Gpu, MigInstance
+from placement.podspec import MIG_RESOURCE_PREFIX
 
 __all__ = [
     "MigClass",
@@ -152,7 +153,7 @@ def profile_class(profile: str, model: str | None = None) -> MigClass | None:
 
 def resource_name(profile: str) -> str:
     """Extended resource of a profile under the device plugin's mixed strategy ("+" becomes ".")."""
-    return "nvidia.com/mig-" + profile.replace("+", ".")
+    return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
 
 
 def _span(start: int, size: int) -> int:

@@ -141,10 +141,6 @@ class Gpu:
     healthy: bool = True
 
     @property
-    def mig_enabled(self) -> bool:
-        return bool(self.mig)
-
-    @property
     def is_free(self) -> bool:
         """Healthy, MIG off and nothing running on it: can be given whole."""
         return self.healthy and not self.mig and self.milli_used == 0

@@ -21,6 +21,7 @@ __all__ = [
     "GPU_RESOURCE",
     "GPU_MILLI_RESOURCE",
     "MIG_RESOURCE_PREFIX",
+    "mig_profile_of",
     "NODE_NAME_FIELD",
     "ClaimResolver",
     "shape_from_pod",
@@ -208,8 +209,12 @@ def _models(selector: dict[str, str], affinity: Terms) -> tuple[frozenset[str], 
     return frozenset(allowed), new_affinity
 
 
-def _mig_profile(resource: str) -> str:
-    """"nvidia.com/mig-1g.10gb.me" -> "1g.10gb+me" (the plugin writes "+" as ".")."""
+def mig_profile_of(resource: str) -> str | None:
+    """The MIG profile a mixed-strategy extended resource stands for: "nvidia.com/mig-1g.10gb.me" ->
+    "1g.10gb+me" (the device plugin writes "+" as "."; `mig.resource_name` is the inverse). None for
+    any other resource."""
+    if not resource.startswith(MIG_RESOURCE_PREFIX):
+        return None
     profile = resource[len(MIG_RESOURCE_PREFIX):]
     return profile[: -len(".me")] + "+me" if profile.endswith(".me") else profile
 
@@ -260,7 +265,7 @@ def shape_from_pod(pod: Mapping[str, Any], claims: ClaimResolver | None = None) 
                 continue
             if mig_profile is not None:
                 raise PodSpecError(field, "more than one MIG profile in one pod is not supported")
-            mig_profile, mig_count = _mig_profile(name), n
+            mig_profile, mig_count = mig_profile_of(name), n
         else:
             n = _count(value, field)
             if n:

@@ -304,16 +304,3 @@ def extender_scores(
         out[rows] = EXTENDER_MAX_SCORE - 1
     out[rows[int(np.argmax(raw))]] = EXTENDER_MAX_SCORE
     return out
-
-
-def score_for_extender(
-    arrays: GpuArrays, demand: PodDemand, workload: TargetWorkload,
-    feasible: BOOL | None = None,
-) -> npt.NDArray[np.int64]:
-    """Extender `prioritize` scores 0..10 of the candidate nodes under the default policy.
-
-    `workload` is the cluster's typical pods (`frag.typical_pods` over recent pods);
-    `feasible` defaults to the GPU/CPU/memory filter of `arrays`.
-    """
-    mask = arrays.feasible(demand) if feasible is None else feasible
-    return extender_scores(arrays, demand, mask, make_policy(DEFAULT_POLICY, workload=workload))

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from placement import mig
 from placement.fit import Allocation
 from placement.model import WHOLE_GPU_MILLI, DraDevice, Node
-from placement.podspec import MIG_RESOURCE_PREFIX
+from placement.podspec import mig_profile_of
 
-__all__ = ["UNKNOWN_MODEL", "mig_fraction", "allocation_usage", "merge_usage"]
+__all__ = ["UNKNOWN_MODEL", "mig_fraction", "mig_gpus", "allocation_usage", "merge_usage"]
 
 UNKNOWN_MODEL = "unknown"
 """Model name charged when the inventory does not say which GPU it is."""
@@ -20,11 +20,21 @@ def mig_fraction(profile: str, model: str | None) -> float:
 
     Falls back to the "<g>g." prefix over 7 when the profile cannot be resolved for the model.
     """
+    return mig_gpus(profile, model, 1)
+
+
+def mig_gpus(profile: str, model: str | None, count: float) -> float:
+    """GPUs that `count` instances of `profile` on a `model` GPU amount to: count x compute slices /
+    slices of the GPU (7, or 4 on A30-class GPUs), as `mig_fraction` for one instance.
+
+    `count` x slices is divided once, so N instances cost exactly N/7 of a GPU per compute slice.
+    Unresolved profiles: the "<g>g." prefix over 7, else a whole GPU each.
+    """
     cls = mig.profile_class(profile, model)
     if cls is not None:
-        return cls.compute / (4 if cls.total_slices == 4 else 7)
+        return count * cls.compute / (4 if cls.total_slices == 4 else 7)
     head = profile.split("g.", 1)[0]
-    return int(head) / 7 if head.isascii() and head.isdigit() else 1.0
+    return count * int(head) / 7 if head.isascii() and head.isdigit() else float(count)
 
 
 def _dra_cost(device: DraDevice) -> tuple[str, float]:
@@ -56,9 +66,8 @@ def allocation_usage(node: Node, allocation: Allocation) -> dict[str, float]:
                 out[g.model] = out.get(g.model, 0.0) + mig_fraction(inst.profile, g.model)
                 break
     for name, amount in allocation.extended:
-        if name.startswith(MIG_RESOURCE_PREFIX):
-            profile = name[len(MIG_RESOURCE_PREFIX):]
-            profile = profile[: -len(".me")] + "+me" if profile.endswith(".me") else profile
+        profile = mig_profile_of(name)
+        if profile is not None:
             out[default_model] = out.get(default_model, 0.0) + amount * mig_fraction(profile, node.gpu_model)
     if allocation.dra:
         devices = {d.key: d for d in node.dra_devices}

@@ -10,7 +10,7 @@ import math
 import re
 from fractions import Fraction
 
-__all__ = ["QuantityError", "parse_quantity", "milli_value", "int_value", "format_milli_cpu"]
+__all__ = ["QuantityError", "parse_quantity", "milli_value", "int_value"]
 
 _SUFFIX: dict[str, Fraction] = {
     "": Fraction(1),
@@ -68,8 +68,3 @@ def milli_value(text: str | int | float) -> int:
 def int_value(text: str | int | float) -> int:
     """Whole units, rounded up like ``resource.Quantity.Value`` (memory bytes, GPUs, pods)."""
     return math.ceil(parse_quantity(text))
-
-
-def format_milli_cpu(milli: int) -> str:
-    """Millicores back to the canonical CPU form (``"2"``, ``"500m"``)."""
-    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"

@@ -7,7 +7,6 @@ summarised with FGD's discrete-column method (allocation vs arrived load, 0..130
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import time
 from collections.abc import Sequence
@@ -39,10 +38,6 @@ class RunResult:
     arrived: tuple[int, ...]
     used: tuple[int, ...]
     allocation: tuple[float | None, ...]  # column x = 0..130, GPU allocation ratio in %
-
-    @property
-    def decisions_per_second(self) -> float:
-        return self.pods / self.seconds if self.seconds > 0 else math.inf
 
     def column(self, x: int) -> float | None:
         return self.allocation[x]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -77,11 +77,6 @@ class Store:
 
     def count(self, key: str) -> int:
         return len(self._objects[key])
-
-    def iter_all(self) -> Iterator[tuple[str, Obj]]:
-        for key, objs in self._objects.items():
-            for obj in list(objs.values()):
-                yield key, obj
 
     # -- writes ------------------------------------------------------------------------
 

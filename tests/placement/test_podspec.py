@@ -4,9 +4,10 @@ from typing import Any
 
 import pytest
 
+from placement import mig
 from placement.errors import PodSpecError
 from placement.model import DraRequest, LabelRequirement, Toleration
-from placement.podspec import holds_resources, pod_requests, requests_from_claim, shape_from_pod
+from placement.podspec import holds_resources, mig_profile_of, pod_requests, requests_from_claim, shape_from_pod
 
 from tests.placement.builders import GIB
 
@@ -61,6 +62,12 @@ def test_gpu_mig_share_and_other_extended() -> None:
     assert (s.gpus, s.gpu_milli) == (1, 250)
     s = shape_from_pod(pod([{"name": "c", "resources": {"requests": {"example.com/fpga": "2", "ephemeral-storage": "1Gi", "hugepages-2Mi": "1Gi"}}}]))
     assert s.extended == (("example.com/fpga", 2),)
+
+
+def test_mig_profile_of_a_resource_is_the_inverse_of_its_resource_name() -> None:
+    for profile in ("1g.10gb", "1g.10gb+me", "3g.40gb", "2g.12gb+me"):
+        assert mig_profile_of(mig.resource_name(profile)) == profile
+    assert mig_profile_of("nvidia.com/gpu") is None and mig_profile_of("tandem.dev/gpu-milli") is None
 
 
 def test_gpu_model_from_node_selector_is_lifted() -> None:

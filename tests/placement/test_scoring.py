@@ -12,7 +12,6 @@ from placement.gpuarrays import GpuArrays, PodDemand
 from placement.scoring import (
     DEFAULT_POLICY, POLICY_NAMES, BestFitPolicy, ClusteringPolicy, DotProductPolicy, FgdPolicy,
     PackingPolicy, RandomPolicy, TandemFragPolicy, choose_node, extender_scores, make_policy,
-    score_for_extender,
 )
 
 
@@ -182,9 +181,11 @@ def test_tandem_sends_gpu_heavy_pods_to_gpu_rich_nodes() -> None:
     assert choose_node(FgdPolicy(policy.frag.workload), a, d, a.feasible(d)) == 0
 
 
-def test_score_for_extender_uses_the_default_policy_and_filter() -> None:
+def test_extender_scores_under_the_default_policy_and_the_array_filter() -> None:
+    # As the extender scores a shared-GPU pod: the default policy over the typical pods, feasible nodes only.
     a = nodes((64000, [1000, 1000]), (64000, [500, 1000]), (64000, [300, 0]))
-    assert list(score_for_extender(a, share(500), WORKLOAD)) == [0, 10, 0]
+    d = share(500)
+    assert list(extender_scores(a, d, a.feasible(d), make_policy(DEFAULT_POLICY, workload=WORKLOAD))) == [0, 10, 0]
 
 
 def test_extender_gives_ten_only_to_the_policys_own_pick() -> None:

@@ -5,7 +5,7 @@ import pytest
 from placement.fit import allocate
 from placement.model import DraDevice, DraRequest
 from placement.topology import GangPlacement, fit_gang
-from placement.usage import allocation_usage, merge_usage, mig_fraction
+from placement.usage import allocation_usage, merge_usage, mig_fraction, mig_gpus
 
 from tests.placement.builders import LEVELS, h200_device, job, mig_inst, node, shape
 
@@ -23,6 +23,17 @@ from tests.placement.builders import LEVELS, h200_device, job, mig_inst, node, s
 )
 def test_mig_fraction(profile: str, model: str | None, fraction: float) -> None:
     assert mig_fraction(profile, model) == pytest.approx(fraction)
+
+
+def test_mig_gpus_counts_many_instances_with_one_division() -> None:
+    # N instances cost N x compute slices / slices, divided once: 3 x 1g is exactly 3/7 (not 3 x (1/7)).
+    assert mig_gpus("1g.10gb", None, 3) == 3 / 7
+    assert mig_gpus("1g.10gb", "NVIDIA-A100-SXM4-40GB", 6) == 6 / 7
+    assert mig_gpus("3g.40gb", "NVIDIA-A100-SXM4-80GB", 2) == 6 / 7
+    assert mig_gpus("2g.12gb", "NVIDIA A30", 2) == 1.0  # 4-slice GPU
+    assert mig_gpus("odd", None, 2) == 2.0
+    for profile, model in (("3g.40gb", None), ("2g.12gb", "NVIDIA A30"), ("5g.99gb", None), ("odd", None)):
+        assert mig_gpus(profile, model, 1) == mig_fraction(profile, model)
 
 
 def test_whole_and_shared() -> None:
