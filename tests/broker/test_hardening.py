@@ -17,6 +17,7 @@ from google.rpc import error_details_pb2, status_pb2
 from broker.api import serde
 from broker.domain import errors
 from broker.launcher.client import BrokerClient, SubmitItem, status_details
+from placement.usage import mig_gpus
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
@@ -778,3 +779,15 @@ async def test_a_spec_past_the_size_bound_is_refused_naming_it(broker: Broker) -
     [res] = await broker.client("alpha").submit("big", [SubmitItem("k", _large_spec(0, 7, 240 * 1024))])
     assert not res.job_id and res.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "items[0].spec" in res.error_message and "bytes serialized" in res.error_message
+
+
+def test_mig_demand_counts_compute_slices_as_the_quota_does() -> None:
+    """A job's GPU demand (fair share, pending GPUs) counts a MIG instance as the core's quota charge does:
+    compute slices over the GPU's slices, so 2 x 3g.40gb is 6/7 of a GPU, not 2/7."""
+    s = spec(gpus=0, replicas=2)
+    _mig(s, profile="3g.40gb", count=1)
+    req = svc.SubmitJobsRequest(job_set_id="mig")
+    req.items.add(idempotency_key="k", spec=s)
+    [item] = serde.parse_items(req, "alpha")
+    assert item.error is None and item.new_job is not None
+    assert item.new_job.gpus == pytest.approx(2 * mig_gpus("3g.40gb", None, 1)) == pytest.approx(6 / 7)
