@@ -271,8 +271,11 @@ class ClusterArrays:
             if len(free):
                 for j, g in enumerate(DCAP_GPUS):
                     per = free // g
-                    sums[j] = per.sum() if level is None else np.bincount(self.dom[level], weights=per,
-                                                                          minlength=ndom).astype(np.int64)
+                    sums[j] = (
+                        per.sum()
+                        if level is None
+                        else np.bincount(self.dom[level], weights=per, minlength=ndom).astype(np.int64)
+                    )
             self._dsum[key] = sums
         if sums.shape[1] == 0:
             return np.zeros(len(DCAP_GPUS), np.int64)

@@ -7,12 +7,11 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleetplan.arrays import ClusterArrays, Fleet
 from placement import overlay as core_overlay
 from placement.errors import CapacityError
 from placement.fit import allocate
 from placement.model import Node, PodShape
-
-from fleetplan.arrays import ClusterArrays, Fleet
 
 __all__ = [
     "ReplicaPlacement",
@@ -157,11 +156,19 @@ class ClusterEntry:
 
 def empty_node(node: Node) -> Node:
     """A node with every healthy GPU, CPU, memory and pod slot free."""
-    gpus = tuple(dataclasses.replace(g, milli_used=0, mig=tuple(dataclasses.replace(m, used=False) for m in g.mig))
-                 for g in node.gpus)
-    return dataclasses.replace(node, gpus=gpus, cpu_milli_free=max(node.cpu_milli_allocatable, node.cpu_milli_free),
-                               memory_free=max(node.memory_allocatable, node.memory_free), pods_free=max(node.pods_free, 110),
-                               ready=True, cordoned=False)
+    gpus = tuple(
+        dataclasses.replace(g, milli_used=0, mig=tuple(dataclasses.replace(m, used=False) for m in g.mig))
+        for g in node.gpus
+    )
+    return dataclasses.replace(
+        node,
+        gpus=gpus,
+        cpu_milli_free=max(node.cpu_milli_allocatable, node.cpu_milli_free),
+        memory_free=max(node.memory_allocatable, node.memory_free),
+        pods_free=max(node.pods_free, 110),
+        ready=True,
+        cordoned=False,
+    )
 
 
 class DeltaGap(Exception):

@@ -20,8 +20,6 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
-from placement.model import JobRequest
-
 from fleetplan.decide import (
     ClusterPredicate,
     Decision,
@@ -33,16 +31,30 @@ from fleetplan.decide import (
     level_index,
 )
 from fleetplan.view import ClusterState, FleetView
+from placement.model import JobRequest
 
-__all__ = ["ClusterChoice", "TandemChoice", "AggregateChoice", "RoundRobinChoice", "CHOICES", "make_choice",
-           "usable_clusters"]
+__all__ = [
+    "ClusterChoice",
+    "TandemChoice",
+    "AggregateChoice",
+    "RoundRobinChoice",
+    "CHOICES",
+    "make_choice",
+    "usable_clusters",
+]
 
 
 class ClusterChoice(Protocol):
     name: str
 
-    def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = ...,
-               excluded_clusters: Collection[str] = ...) -> Decision:
+    def decide(
+        self,
+        view: FleetView,
+        req: JobRequest,
+        *,
+        policy_allows: ClusterPredicate = ...,
+        excluded_clusters: Collection[str] = ...,
+    ) -> Decision:
         """Where the job goes in this cycle's view, or why it waits."""
 
 
@@ -57,16 +69,24 @@ class TandemChoice:
         self.limit = limit
         """Candidate domains exact-fitted per cluster."""
 
-    def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = _allow_all,
-               excluded_clusters: Collection[str] = ()) -> Decision:
+    def decide(
+        self,
+        view: FleetView,
+        req: JobRequest,
+        *,
+        policy_allows: ClusterPredicate = _allow_all,
+        excluded_clusters: Collection[str] = (),
+    ) -> Decision:
         return decide(view, req, policy_allows=policy_allows, excluded_clusters=excluded_clusters, limit=self.limit)
 
 
-def usable_clusters(view: FleetView, req: JobRequest, policy_allows: ClusterPredicate,
-                    excluded_clusters: Collection[str]) -> list[ClusterState] | Decision:
+def usable_clusters(
+    view: FleetView, req: JobRequest, policy_allows: ClusterPredicate, excluded_clusters: Collection[str]
+) -> list[ClusterState] | Decision:
     """Allowed, usable clusters that know the job's topology level; or why there are none."""
-    allowed = [e for e in view.clusters.values()
-               if cluster_allowed(e, req, policy_allows) and e.name not in excluded_clusters]
+    allowed = [
+        e for e in view.clusters.values() if cluster_allowed(e, req, policy_allows) and e.name not in excluded_clusters
+    ]
     usable = [e for e in allowed if e.usable and level_index(e, req.required_level) is not False]
     if usable:
         return sorted(usable, key=lambda e: e.name)
@@ -90,8 +110,14 @@ class AggregateChoice:
     def __init__(self, limit: int = 8) -> None:
         self.limit = limit
 
-    def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = _allow_all,
-               excluded_clusters: Collection[str] = ()) -> Decision:
+    def decide(
+        self,
+        view: FleetView,
+        req: JobRequest,
+        *,
+        policy_allows: ClusterPredicate = _allow_all,
+        excluded_clusters: Collection[str] = (),
+    ) -> Decision:
         cands = usable_clusters(view, req, policy_allows, excluded_clusters)
         if isinstance(cands, Decision):
             return cands
@@ -120,8 +146,14 @@ class RoundRobinChoice:
         self.turn = 0
         """How many jobs were decided so far: the next job gets cluster `turn % len(candidates)`."""
 
-    def decide(self, view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = _allow_all,
-               excluded_clusters: Collection[str] = ()) -> Decision:
+    def decide(
+        self,
+        view: FleetView,
+        req: JobRequest,
+        *,
+        policy_allows: ClusterPredicate = _allow_all,
+        excluded_clusters: Collection[str] = (),
+    ) -> Decision:
         cands = usable_clusters(view, req, policy_allows, excluded_clusters)
         if isinstance(cands, Decision):
             return cands
@@ -136,7 +168,10 @@ CHOICES = ("tandem", "aggregate", "round-robin")
 def make_choice(name: str, limit: int = 8) -> ClusterChoice:
     """The cluster choice named `name` (one of CHOICES)."""
     kinds: dict[str, type[TandemChoice] | type[AggregateChoice] | type[RoundRobinChoice]] = {
-        "tandem": TandemChoice, "aggregate": AggregateChoice, "round-robin": RoundRobinChoice}
+        "tandem": TandemChoice,
+        "aggregate": AggregateChoice,
+        "round-robin": RoundRobinChoice,
+    }
     if name not in kinds:
         raise ValueError(f"unknown cluster choice {name!r}: one of {', '.join(CHOICES)}")
     return kinds[name](limit)

@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from fleetplan.arrays import ClusterArrays
+from fleetplan.catalog import ReplicaPlacement, Usability
+from fleetplan.view import ClusterState, FleetView
 from placement.model import JobRequest, PodShape, TopologyLevels
 from placement.ranking import ClusterOption, rank_clusters
 from placement.reasons import Reason
 from placement.topology import GangPlacement, fit_gang
 
-from fleetplan.arrays import ClusterArrays
-from fleetplan.catalog import ReplicaPlacement, Usability
-from fleetplan.view import ClusterState, FleetView
-
 __all__ = [
-    "WaitReason", "Choice", "Decision", "decide", "decide_in", "choice_of", "core_request", "cluster_allowed",
-    "level_index", "could_ever_fit", "demands_of",
-    "Verdict", "ClusterVerdict", "cluster_verdicts", "within_policy", "NO_ALLOWED_MODEL", "ClusterPredicate",
+    "WaitReason",
+    "Choice",
+    "Decision",
+    "decide",
+    "decide_in",
+    "choice_of",
+    "core_request",
+    "cluster_allowed",
+    "level_index",
+    "could_ever_fit",
+    "demands_of",
+    "Verdict",
+    "ClusterVerdict",
+    "cluster_verdicts",
+    "within_policy",
+    "NO_ALLOWED_MODEL",
+    "ClusterPredicate",
 ]
 
 ClusterPredicate = Callable[[ClusterState], bool]
@@ -173,8 +186,10 @@ def core_request(entry: ClusterState, req: JobRequest) -> JobRequest:
     keys = {l.name: l.key for l in entry.meta.levels}
     keys.update({l.key: l.key for l in entry.meta.levels})
     return dataclasses.replace(
-        req, required_level=keys.get(req.required_level) if req.required_level else None,
-        preferred_level=keys.get(req.preferred_level) if req.preferred_level else None)
+        req,
+        required_level=keys.get(req.required_level) if req.required_level else None,
+        preferred_level=keys.get(req.preferred_level) if req.preferred_level else None,
+    )
 
 
 def decide_in(view: FleetView, cluster: str, req: JobRequest, limit: int = 8) -> tuple[Choice | None, bool]:
@@ -202,13 +217,19 @@ def decide_in(view: FleetView, cluster: str, req: JobRequest, limit: int = 8) ->
         placed = fit_gang(nodes, core_req, levels)
         if not isinstance(placed, GangPlacement):
             continue
-        return choice_of(entry, req, placed, lambda name: arrays.nodes[arrays.row[name]].gpu_model,
-                         tuple(s or "" for s in cand.path)), False
+        return choice_of(
+            entry, req, placed, lambda name: arrays.nodes[arrays.row[name]].gpu_model, tuple(s or "" for s in cand.path)
+        ), False
     return None, True
 
 
-def choice_of(entry: ClusterState, req: JobRequest, placed: GangPlacement, model_of: Callable[[str], str | None],
-              domain: tuple[str, ...]) -> Choice:
+def choice_of(
+    entry: ClusterState,
+    req: JobRequest,
+    placed: GangPlacement,
+    model_of: Callable[[str], str | None],
+    domain: tuple[str, ...],
+) -> Choice:
     """The core's gang placement in `entry` as the broker's choice: replicas, the model charged, GPUs."""
     replicas = _placements(req, placed)
     shapes = {ps.name: ps.shape for ps in req.pod_sets}
@@ -229,8 +250,9 @@ def decide(
 ) -> Decision:
     """Where the job goes now (feasible clusters ranked by the core: fit, locality, queue, freshness), or why it waits."""
     now = view.now
-    allowed = [e for e in view.clusters.values()
-               if cluster_allowed(e, req, policy_allows) and e.name not in excluded_clusters]
+    allowed = [
+        e for e in view.clusters.values() if cluster_allowed(e, req, policy_allows) and e.name not in excluded_clusters
+    ]
     usable = [e for e in allowed if e.usable]
     if not usable:
         if allowed and all(e.cordoned for e in allowed):
@@ -265,10 +287,17 @@ def decide(
         if choice is None:
             continue
         found[entry.name] = choice
-        options.append(ClusterOption(entry.name, entry.meta.region, entry.meta.role, feasible=True,
-                                     fragmentation_cost=float(choice.leftover_gpus),
-                                     queue_length=view.reservation_count(entry.name),
-                                     report_age_s=max(0.0, now - entry.last_report)))
+        options.append(
+            ClusterOption(
+                entry.name,
+                entry.meta.region,
+                entry.meta.role,
+                feasible=True,
+                fragmentation_cost=float(choice.leftover_gpus),
+                queue_length=view.reservation_count(entry.name),
+                report_age_s=max(0.0, now - entry.last_report),
+            )
+        )
         # Big gangs cost a lot to exact-fit (one allocation per node): take the first feasible cluster.
         if len(options) >= (max_feasible if req.total_replicas <= 16 else 1):
             break
@@ -276,8 +305,11 @@ def decide(
         ranked = rank_clusters(req, options)
         return Decision(found[ranked[0].cluster])
     if fragmented:
-        return Decision(None, WaitReason.TOPOLOGY_FRAGMENTED,
-                        f"free GPUs exist but no {req.required_level or 'node set'} domain holds the whole gang")
+        return Decision(
+            None,
+            WaitReason.TOPOLOGY_FRAGMENTED,
+            f"free GPUs exist but no {req.required_level or 'node set'} domain holds the whole gang",
+        )
     return Decision(None, WaitReason.INSUFFICIENT_CAPACITY, "no allowed, fresh cluster has room for the gang now")
 
 
@@ -313,7 +345,10 @@ _NOT_USABLE = {
 
 
 def cluster_verdicts(
-    view: FleetView, req: JobRequest, *, policy_allows: ClusterPredicate = lambda _c: True,
+    view: FleetView,
+    req: JobRequest,
+    *,
+    policy_allows: ClusterPredicate = lambda _c: True,
     only: str | None = None,
 ) -> tuple[ClusterVerdict, ...]:
     """Why a queued job goes to none of its allowed clusters now: per cluster, the core's own gang fit over
@@ -327,8 +362,11 @@ def cluster_verdicts(
         if not cluster_allowed(entry, dataclasses.replace(req, tenant=""), policy_allows):
             continue  # not the job's to know about
         if not maps_tenant(entry, req.tenant):
-            out.append(ClusterVerdict(entry.name, Verdict.TENANT_NOT_MAPPED,
-                                      f"the cluster maps no namespace to tenant {req.tenant}"))
+            out.append(
+                ClusterVerdict(
+                    entry.name, Verdict.TENANT_NOT_MAPPED, f"the cluster maps no namespace to tenant {req.tenant}"
+                )
+            )
             continue
         usability = entry.usability
         arrays = view.arrays(entry.name)
@@ -337,8 +375,14 @@ def cluster_verdicts(
             out.append(ClusterVerdict(entry.name, verdict, message))
             continue
         if level_index(entry, req.required_level) is False:
-            out.append(ClusterVerdict(entry.name, Verdict.UNKNOWN_TOPOLOGY_LEVEL,
-                                      f"no topology level {req.required_level}", Reason.UNKNOWN_TOPOLOGY_LEVEL))
+            out.append(
+                ClusterVerdict(
+                    entry.name,
+                    Verdict.UNKNOWN_TOPOLOGY_LEVEL,
+                    f"no topology level {req.required_level}",
+                    Reason.UNKNOWN_TOPOLOGY_LEVEL,
+                )
+            )
             continue
         rows = view.usable_rows(entry.name)
         core_req = core_request(entry, req)
@@ -350,21 +394,26 @@ def cluster_verdicts(
         demands = demands_of(req, _shrunk_counts(req))
         verdict = Verdict.INSUFFICIENT_CAPACITY
         if placed.reason is Reason.NO_FEASIBLE_NODE and not view.empty_arrays(entry.name).candidate_domains(
-                demands, None, 1):
+            demands, None, 1
+        ):
             verdict = Verdict.NO_FEASIBLE_NODE  # not even an empty node of this cluster could hold a replica
-        elif req.required_level and placed.reason is Reason.DOMAIN_TOO_SMALL and arrays.candidate_domains(
-                demands, None, 1):
+        elif (
+            req.required_level
+            and placed.reason is Reason.DOMAIN_TOO_SMALL
+            and arrays.candidate_domains(demands, None, 1)
+        ):
             verdict = Verdict.TOPOLOGY_FRAGMENTED  # the cluster as a whole has the room, no single domain does
         out.append(ClusterVerdict(entry.name, verdict, placed.detail, placed.reason))
     return tuple(out)
 
 
-def could_ever_fit(
-    view: FleetView, req: JobRequest, policy_allows: ClusterPredicate
-) -> tuple[bool | None, str]:
+def could_ever_fit(view: FleetView, req: JobRequest, policy_allows: ClusterPredicate) -> tuple[bool | None, str]:
     """Could the job fit in some allowed cluster if it were empty? None = no cluster known yet (cannot tell)."""
-    known = [e for e in view.clusters.values()
-             if e.has_nodes and not e.meta.read_only and cluster_allowed(e, req, policy_allows)]
+    known = [
+        e
+        for e in view.clusters.values()
+        if e.has_nodes and not e.meta.read_only and cluster_allowed(e, req, policy_allows)
+    ]
     if not [e for e in view.clusters.values() if e.has_nodes]:
         return None, "no cluster inventory known yet"
     if not known:

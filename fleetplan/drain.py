@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from placement.model import JobRequest, Node, PodShape, TopologyLevels
-from placement.topology import GangPlacement, fit_gang
-
 from fleetplan.catalog import ReservedReplica, empty_node
 from fleetplan.decide import ClusterPredicate, cluster_allowed, core_request, level_index
 from fleetplan.view import FleetView
+from placement.model import JobRequest, Node, PodShape, TopologyLevels
+from placement.topology import GangPlacement, fit_gang
 
 __all__ = ["BusyJob", "DrainDomain", "choose_drain_domain", "enforced_end", "hold_parts"]
 

@@ -32,9 +32,14 @@ class GpuCounts:
     unavailable: int
 
     def __add__(self, other: GpuCounts) -> GpuCounts:
-        return GpuCounts(self.model, self.total + other.total, self.free + other.free,
-                         self.reserved + other.reserved, self.used + other.used,
-                         self.unavailable + other.unavailable)
+        return GpuCounts(
+            self.model,
+            self.total + other.total,
+            self.free + other.free,
+            self.reserved + other.reserved,
+            self.used + other.used,
+            self.unavailable + other.unavailable,
+        )
 
 
 def by_model(counts: Iterable[GpuCounts]) -> tuple[GpuCounts, ...]:
@@ -84,8 +89,9 @@ def picture_depth(arrays: ClusterArrays) -> int | None:
     return None
 
 
-def _counts(model: str, total: np.ndarray, free: np.ndarray, reserved: np.ndarray, used: np.ndarray,
-            rows: np.ndarray) -> GpuCounts:
+def _counts(
+    model: str, total: np.ndarray, free: np.ndarray, reserved: np.ndarray, used: np.ndarray, rows: np.ndarray
+) -> GpuCounts:
     t, f, r, u = (int(a[rows].sum()) for a in (total, free, reserved, used))
     return GpuCounts(model, t, f, r, u, max(t - f - r - u, 0))
 
@@ -104,8 +110,9 @@ def occupancy(arrays: ClusterArrays, probe_gpus: int = 8) -> ClusterOccupancy:
     for i, m in enumerate(models):
         if has_gpu[i]:
             per_model.setdefault(m, []).append(i)
-    gpus = tuple(_counts(m, total, free, reserved, used, np.array(rows, np.int64))
-                 for m, rows in sorted(per_model.items()))
+    gpus = tuple(
+        _counts(m, total, free, reserved, used, np.array(rows, np.int64)) for m, rows in sorted(per_model.items())
+    )
     probe = arrays.capacity(PodShape(gpus=max(probe_gpus, 1)))
     whole = has_gpu & (free == total)
     depth = picture_depth(arrays)
@@ -127,9 +134,15 @@ def occupancy(arrays: ClusterArrays, probe_gpus: int = 8) -> ClusterOccupancy:
             if has_gpu[i]:
                 weight[models[i]] = weight.get(models[i], 0) + int(total[i])
         model = max(sorted(weight), key=weight.__getitem__) if weight else ""
-        domains.append(DomainOccupancy(
-            path=paths[d], nodes=len(members), model=model,
-            gpus=_counts(model, total, free, reserved, used, rows),
-            whole_free_nodes=int(whole[rows].sum()), probe_replicas=int(probe[rows].sum())))
+        domains.append(
+            DomainOccupancy(
+                path=paths[d],
+                nodes=len(members),
+                model=model,
+                gpus=_counts(model, total, free, reserved, used, rows),
+                whole_free_nodes=int(whole[rows].sum()),
+                probe_replicas=int(probe[rows].sum()),
+            )
+        )
     domains.sort(key=lambda x: tuple("" if v is None else v for v in x.path))
     return ClusterOccupancy(level, gpus, tuple(domains))

@@ -17,14 +17,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleetplan.decide import (
+    Choice,
+    ClusterPredicate,
+    choice_of,
+    cluster_allowed,
+    core_request,
+    level_index,
+)
+from fleetplan.view import ClusterState, FleetView
 from placement.fit import vacate
 from placement.model import JobRequest, Node, PodShape, TopologyLevels
 from placement.topology import GangPlacement, fit_gang
-
-from fleetplan.decide import (
-    Choice, ClusterPredicate, choice_of, cluster_allowed, core_request, level_index,
-)
-from fleetplan.view import ClusterState, FleetView
 
 __all__ = ["VictimCandidate", "PreemptionPlan", "plan_preemption"]
 
@@ -68,15 +72,25 @@ def _vacated(nodes: dict[str, Node], victims: Sequence[VictimCandidate]) -> dict
     return out
 
 
-def _fits(nodes: dict[str, Node], order: Sequence[str], victims: Sequence[VictimCandidate], req: JobRequest,
-          levels: TopologyLevels) -> GangPlacement | None:
+def _fits(
+    nodes: dict[str, Node],
+    order: Sequence[str],
+    victims: Sequence[VictimCandidate],
+    req: JobRequest,
+    levels: TopologyLevels,
+) -> GangPlacement | None:
     freed = _vacated(nodes, victims)
     placed = fit_gang([freed[n] for n in order], req, levels)
     return placed if isinstance(placed, GangPlacement) else None
 
 
-def _minimal(nodes: dict[str, Node], order: Sequence[str], cands: Sequence[VictimCandidate], req: JobRequest,
-             levels: TopologyLevels) -> tuple[list[VictimCandidate], GangPlacement] | None:
+def _minimal(
+    nodes: dict[str, Node],
+    order: Sequence[str],
+    cands: Sequence[VictimCandidate],
+    req: JobRequest,
+    levels: TopologyLevels,
+) -> tuple[list[VictimCandidate], GangPlacement] | None:
     """The shortest cheapest-first prefix that lets the gang fit, then pruned to a minimal set."""
     if not cands or _fits(nodes, order, cands, req, levels) is None:
         return None
@@ -98,8 +112,9 @@ def _minimal(nodes: dict[str, Node], order: Sequence[str], cands: Sequence[Victi
     return chosen, placed
 
 
-def _scopes(view: FleetView, entry: ClusterState, req: JobRequest, rows: list[int],
-            cands: Sequence[VictimCandidate]) -> list[tuple[list[int], list[VictimCandidate]]]:
+def _scopes(
+    view: FleetView, entry: ClusterState, req: JobRequest, rows: list[int], cands: Sequence[VictimCandidate]
+) -> list[tuple[list[int], list[VictimCandidate]]]:
     """Where to search: each domain of the required level that a candidate touches, or the whole cluster."""
     lvl = level_index(entry, req.required_level)
     if lvl is None or lvl is False or isinstance(lvl, bool):
@@ -111,7 +126,7 @@ def _scopes(view: FleetView, entry: ClusterState, req: JobRequest, rows: list[in
     for r in rows:
         by_domain.setdefault(int(dom[r]), []).append(r)
     out: list[tuple[list[int], list[VictimCandidate]]] = []
-    for d, members in by_domain.items():
+    for members in by_domain.values():
         names = {arrays.nodes[r].name for r in members}
         touching = [c for c in cands if any(n in names for n, _ in c.replicas)]
         if touching:
@@ -152,7 +167,12 @@ def plan_preemption(
             lost = sum(v.lost_gpu_hours for v in victims)
             if best is not None and (lost, len(victims)) >= (best.lost_gpu_hours, len(best.victims)):
                 continue
-            choice = choice_of(entry, req, placed, lambda n: arrays.nodes[arrays.row[n]].gpu_model,
-                               tuple(s or "" for s in placed.domain))
+            choice = choice_of(
+                entry,
+                req,
+                placed,
+                lambda n: arrays.nodes[arrays.row[n]].gpu_model,  # noqa: B023 - called here
+                tuple(s or "" for s in placed.domain),
+            )
             best = PreemptionPlan(choice, tuple(sorted(victims, key=lambda v: v.key)), lost)
     return best

@@ -15,10 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from placement.model import Node, PodShape
-
 from fleetplan.arrays import ClusterArrays
 from fleetplan.catalog import Catalog, ClusterMeta, Reservation, Usability
+from placement.model import Node, PodShape
 
 __all__ = ["ClusterState", "FleetView", "StaleView"]
 
@@ -57,10 +56,21 @@ class FleetView:
         self._catalog = catalog
         self._generation = catalog.generation
         self._held: dict[str, int] = {}
-        self.clusters: Mapping[str, ClusterState] = MappingProxyType({
-            e.name: ClusterState(e.name, e.meta, e.usability(now, catalog.stale_after_s), e.cordoned, e.sequence,
-                                 e.last_report, bool(e.nodes), catalog.reservation_count(e.name))
-            for e in catalog.clusters.values()})
+        self.clusters: Mapping[str, ClusterState] = MappingProxyType(
+            {
+                e.name: ClusterState(
+                    e.name,
+                    e.meta,
+                    e.usability(now, catalog.stale_after_s),
+                    e.cordoned,
+                    e.sequence,
+                    e.last_report,
+                    bool(e.nodes),
+                    catalog.reservation_count(e.name),
+                )
+                for e in catalog.clusters.values()
+            }
+        )
 
     def _live(self) -> Catalog:
         if self._catalog.generation != self._generation:

@@ -49,18 +49,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hours", type=float, default=1.0, help="simulated hours of arrivals (default 1)")
     p.add_argument("--load", type=float, default=0.8, help="offered GPU-hours / fleet GPU-hours (default 0.8)")
     p.add_argument("--seeds", type=int, default=5, help="fast-mode seeds per policy (default 5)")
-    p.add_argument("--compression", type=float, default=30.0,
-                   help="wire mode: simulated seconds per real second (default 30: the pipeline then stays under "
-                        "2 %% of the median job on 2 cores)")
-    p.add_argument("--wire-tail", type=float, default=0.25,
-                   help="wire mode: simulated hours it runs past the last arrival (default 0.25)")
+    p.add_argument(
+        "--compression",
+        type=float,
+        default=30.0,
+        help="wire mode: simulated seconds per real second (default 30: the pipeline then stays under "
+        "2 %% of the median job on 2 cores)",
+    )
+    p.add_argument(
+        "--wire-tail",
+        type=float,
+        default=0.25,
+        help="wire mode: simulated hours it runs past the last arrival (default 0.25)",
+    )
     p.add_argument("--no-wire", action="store_true", help="fast mode only (no processes)")
     p.add_argument("--out", help="report directory (default sim/results/<timestamp>)")
     return p
 
 
-def _fast(fleet: FleetSpec, workloads: dict[int, list[WorkItem]], progress: Progress,
-          policies: Sequence[str] = FAST_POLICIES, what: str = "fast mode (virtual time)") -> list[RunResult]:
+def _fast(
+    fleet: FleetSpec,
+    workloads: dict[int, list[WorkItem]],
+    progress: Progress,
+    policies: Sequence[str] = FAST_POLICIES,
+    what: str = "fast mode (virtual time)",
+) -> list[RunResult]:
     runs = [(policy, seed) for seed in workloads for policy in policies]
     task = progress.add_task(what, total=len(runs))
     out = []
@@ -70,16 +83,26 @@ def _fast(fleet: FleetSpec, workloads: dict[int, list[WorkItem]], progress: Prog
     return out
 
 
-async def _wire(fleet: FleetSpec, items: list[WorkItem], compression: float, horizon_s: float, workdir: Path,
-                progress: Progress) -> RunResult:
+async def _wire(
+    fleet: FleetSpec, items: list[WorkItem], compression: float, horizon_s: float, workdir: Path, progress: Progress
+) -> RunResult:
     task = progress.add_task(f"wire mode ({compression:g}x, real processes)", total=len(items))
 
     def tick(done: int, total: int) -> None:
         progress.update(task, completed=done, total=total)
 
     nodes = {c.name: node_objects(c) for c in fleet.clusters}
-    return await run_wire(fleet, nodes, items, compression=compression, workdir=workdir / "wire", seed=0,
-                          progress=tick, timeout_s=180.0 + 2.0 * horizon_s / compression, horizon_s=horizon_s)
+    return await run_wire(
+        fleet,
+        nodes,
+        items,
+        compression=compression,
+        workdir=workdir / "wire",
+        seed=0,
+        progress=tick,
+        timeout_s=180.0 + 2.0 * horizon_s / compression,
+        horizon_s=horizon_s,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,35 +110,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     out_dir_arg = args.out
     fleet = load_fleet(args.fleet) if args.fleet else default_fleet()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     out_dir = Path(out_dir_arg) if out_dir_arg else REPO / "sim" / "results" / stamp
     out_dir.mkdir(parents=True, exist_ok=True)
     # The simulated clusters' controllers log retries (conflicts, watch restarts): to the run's log, not the console.
-    logging.basicConfig(filename=out_dir / "demo.log", level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        filename=out_dir / "demo.log", level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     seeds = list(range(max(1, args.seeds)))
     workloads = {s: training_mix(fleet, hours=args.hours, load=args.load, seed=s) for s in seeds}
-    console.print(f"[bold]Fleet {fleet.name}[/bold]: " + ", ".join(
-        f"{c.name} ({c.region}, {c.role}, {c.gpus} GPUs)" for c in fleet.clusters))
-    console.print(f"Workload: training mix, {args.hours:g} simulated hours at load {args.load:g}: "
-                  f"{len(workloads[0])} jobs (seed 0); fast mode over seeds {seeds[0]}–{seeds[-1]}.")
+    console.print(
+        f"[bold]Fleet {fleet.name}[/bold]: "
+        + ", ".join(f"{c.name} ({c.region}, {c.role}, {c.gpus} GPUs)" for c in fleet.clusters)
+    )
+    console.print(
+        f"Workload: training mix, {args.hours:g} simulated hours at load {args.load:g}: "
+        f"{len(workloads[0])} jobs (seed 0); fast mode over seeds {seeds[0]}–{seeds[-1]}."
+    )
     started = time.perf_counter()
     results: list[RunResult] = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         results += _fast(fleet, workloads, progress)
         floods = {s: flood_then_mix(fleet, hours=args.hours, load=args.load, seed=s) for s in seeds}
         flooded = _fast(fleet, floods, progress, PREEMPTION_POLICIES, "preemption: a flood, then the mix (fast)")
         if not args.no_wire:
             with tempfile.TemporaryDirectory(prefix="tandem-fleet-") as tmp:
                 horizon_s = (args.hours + args.wire_tail) * 3600.0
-                results.append(asyncio.run(_wire(fleet, workloads[0], args.compression, horizon_s, Path(tmp),
-                                                 progress)))
+                results.append(
+                    asyncio.run(_wire(fleet, workloads[0], args.compression, horizon_s, Path(tmp), progress))
+                )
     report = write_report(results, out_dir)
     flood_report = write_report(flooded, out_dir / "preemption")
     print(summary_table(summarise(results)))  # plain: a fixed-width table rich would wrap
-    console.print(f"{len(results) + len(flooded)} runs in {time.perf_counter() - started:.0f} s. Report: {report}; "
-                  f"preemption: {flood_report}")
+    console.print(
+        f"{len(results) + len(flooded)} runs in {time.perf_counter() - started:.0f} s. Report: {report}; "
+        f"preemption: {flood_report}"
+    )
     return 0
 
 

@@ -31,10 +31,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from broker.domain.states import JobState
 from broker.scheduling import fairness
 from broker.scheduling.drains import DrainHold, DrainHolds
 from broker.scheduling.queue import QueueEntry, QueuePolicy, QueueSnapshot, Usage
-from broker.domain.states import JobState
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport, Reservation, ReservedReplica
 from fleetplan.choice import AggregateChoice, ClusterChoice, RoundRobinChoice, make_choice, usable_clusters
 from fleetplan.decide import Choice, ClusterPredicate, Decision, could_ever_fit, within_policy
@@ -149,18 +149,31 @@ def shape_of(item: WorkItem) -> PodShape:
         gpus = 0
     elif item.gpus and item.gpu_milli < 1000:
         gpus, milli = 1, item.gpu_milli  # a share is asked of one GPU
-    return PodShape(gpus=gpus, gpu_milli=milli, gpu_models=frozenset(item.gpu_models),
-                    mig_profile=item.mig_profile or None, mig_count=item.mig_count if item.mig_profile else 0,
-                    cpu_milli=item.cpu_milli, memory=item.memory_bytes, tolerations=(GPU_TOLERATION,))
+    return PodShape(
+        gpus=gpus,
+        gpu_milli=milli,
+        gpu_models=frozenset(item.gpu_models),
+        mig_profile=item.mig_profile or None,
+        mig_count=item.mig_count if item.mig_profile else 0,
+        cpu_milli=item.cpu_milli,
+        memory=item.memory_bytes,
+        tolerations=(GPU_TOLERATION,),
+    )
 
 
 def request_of(item: WorkItem) -> JobRequest:
     """The broker's request for `item`: one pod set, the level by name, `min_available` for elastic gangs."""
     elastic = 0 < item.min_replicas < item.replicas
-    return JobRequest(job_id=item.name, pod_sets=(PodSet(POD_SET, item.replicas, shape_of(item)),),
-                      tenant=item.tenant, queue="default", priority=item.priority, preemptible=item.preemptible,
-                      min_available=item.min_replicas if elastic else None,
-                      required_level=item.required_level or None)
+    return JobRequest(
+        job_id=item.name,
+        pod_sets=(PodSet(POD_SET, item.replicas, shape_of(item)),),
+        tenant=item.tenant,
+        queue="default",
+        priority=item.priority,
+        preemptible=item.preemptible,
+        min_available=item.min_replicas if elastic else None,
+        required_level=item.required_level or None,
+    )
 
 
 # --------------------------------------------------------------------------- the simulation's records
@@ -169,8 +182,18 @@ def request_of(item: WorkItem) -> JobRequest:
 _FUTURE, _QUEUED, _RESERVED, _BINDING, _RUNNING, _DONE, _NEVER = range(7)
 
 # event kinds, also the order of events at one instant: releases first, reports after binds, rounds last
-(_E_FINISH, _E_BG_END, _E_ARRIVE, _E_BG_ARRIVE, _E_DISPATCH, _E_TIMEOUT, _E_REPORT, _E_ROUND, _E_SAMPLE,
- _E_PREEMPTED) = range(10)
+(
+    _E_FINISH,
+    _E_BG_END,
+    _E_ARRIVE,
+    _E_BG_ARRIVE,
+    _E_DISPATCH,
+    _E_TIMEOUT,
+    _E_REPORT,
+    _E_ROUND,
+    _E_SAMPLE,
+    _E_PREEMPTED,
+) = range(10)
 
 
 @dataclass(eq=False, slots=True)
@@ -251,8 +274,9 @@ class FastSim:
     """One fast-mode run; `run()` returns the RunResult. `log` keeps (time, event, job, detail) for tests and
     debugging; `lost_copy_gpu_s` / `timed_out_gpu_s` are the GPU-seconds held by withdrawn pods."""
 
-    def __init__(self, fleet: FleetSpec, items: Sequence[WorkItem], *, policy: str, seed: int,
-                 params: FastParams = FastParams()) -> None:
+    def __init__(
+        self, fleet: FleetSpec, items: Sequence[WorkItem], *, policy: str, seed: int, params: FastParams = FastParams()
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}: one of {', '.join(POLICIES)}")
         names = [i.name for i in items]
@@ -291,15 +315,22 @@ class FastSim:
         metas: dict[str, ClusterMeta] = {}
         if policy == "merged":
             levels, nodes, owner = merged_nodes(fleet)
-            self.cells["merged"] = Cell("merged", levels, nodes, [owner[n.name] for n in nodes],
-                                        [node_kind[n.name] for n in nodes], self._scorer())
+            self.cells["merged"] = Cell(
+                "merged",
+                levels,
+                nodes,
+                [owner[n.name] for n in nodes],
+                [node_kind[n.name] for n in nodes],
+                self._scorer(),
+            )
             metas["merged"] = ClusterMeta("merged", levels=levels)
         else:
             for c in fleet.clusters:
                 levels = agent_levels(c)
                 nodes = nodes_of(c)
-                self.cells[c.name] = Cell(c.name, levels, nodes, [c.name] * len(nodes),
-                                          [node_kind[n.name] for n in nodes], self._scorer())
+                self.cells[c.name] = Cell(
+                    c.name, levels, nodes, [c.name] * len(nodes), [node_kind[n.name] for n in nodes], self._scorer()
+                )
                 metas[c.name] = ClusterMeta(c.name, c.region, c.role, levels=levels)
         self.home = owners(self.cells)
         self._pending: dict[str, list[_Copy]] = {name: [] for name in self.cells}
@@ -322,7 +353,8 @@ class FastSim:
             self.choice = make_choice("tandem" if policy in _PINNED else policy, params.candidate_domains)
         self.qpolicy = QueuePolicy(
             tenant_weights={t.name: t.weight for t in fleet.tenants},
-            quotas={(t.name, model): float(limit) for t in fleet.tenants for model, limit in t.quota})
+            quotas={(t.name, model): float(limit) for t in fleet.tenants for model, limit in t.quota},
+        )
         self.usage: dict[tuple[str, str], float] = {}
         self.usage_epoch: dict[str, int] = {}
         self.change: dict[str, int] = {name: 0 for name in self.cells}
@@ -363,8 +395,12 @@ class FastSim:
         self._empty = Catalog(stale_after_s=math.inf)
         for c in fleet.clusters:
             levels = agent_levels(c)
-            self._empty.apply_report(InventoryReport(c.name, 1, True, 0.0, tuple(nodes_of(c)),
-                                                     meta=ClusterMeta(c.name, c.region, c.role, levels=levels)), 0.0)
+            self._empty.apply_report(
+                InventoryReport(
+                    c.name, 1, True, 0.0, tuple(nodes_of(c)), meta=ClusterMeta(c.name, c.region, c.role, levels=levels)
+                ),
+                0.0,
+            )
         self._ever: dict[tuple[object, ...], tuple[str, ...]] = {}
         self._flavor_fit: dict[tuple[str, int], tuple[str, ...]] = {}
         self._kind_fit: dict[tuple[int, int], bool] = {}
@@ -395,6 +431,7 @@ class FastSim:
             raise ValueError(f"pod_scoring is 'extender' or 'bestfit', not {self.params.pod_scoring!r}")
         from extender.config import ExtenderConfig
         from extender.snapshot import make_scoring_policy
+
         return make_scoring_policy(ExtenderConfig())  # one per cluster: its memo is per node table
 
     def _code(self, shape: PodShape) -> int:
@@ -408,8 +445,9 @@ class FastSim:
             # Topology-blind choice; clusters that lack the level are left out as a cluster selector would.
             level = full.required_level
             req = dataclasses.replace(full, required_level=None)
-            excluded = tuple(c.name for c in self.fleet.clusters
-                             if all(level not in (lv.name, lv.key) for lv in agent_levels(c)))
+            excluded = tuple(
+                c.name for c in self.fleet.clusters if all(level not in (lv.name, lv.key) for lv in agent_levels(c))
+            )
         shape = full.pod_sets[0].shape
         return _Job(item, seq, req, full, shape, self._code(shape), Outcome(item, item.arrival_s), excluded)
 
@@ -426,9 +464,15 @@ class FastSim:
         self._background_streams()
         self._at(0.0, _E_SAMPLE, None)
         handlers: dict[int, Callable[[Any], None]] = {
-            _E_FINISH: self._finish, _E_BG_END: self._background_end, _E_ARRIVE: self._arrive,
-            _E_BG_ARRIVE: self._background_arrive, _E_DISPATCH: self._dispatch, _E_TIMEOUT: self._timeout,
-            _E_REPORT: self._report, _E_ROUND: self._round, _E_SAMPLE: self._sample,
+            _E_FINISH: self._finish,
+            _E_BG_END: self._background_end,
+            _E_ARRIVE: self._arrive,
+            _E_BG_ARRIVE: self._background_arrive,
+            _E_DISPATCH: self._dispatch,
+            _E_TIMEOUT: self._timeout,
+            _E_REPORT: self._report,
+            _E_ROUND: self._round,
+            _E_SAMPLE: self._sample,
             _E_PREEMPTED: self._preempted,
         }
         while self._heap and self.remaining > 0:
@@ -487,8 +531,11 @@ class FastSim:
         # ever fit, as a cluster selector allows.
         homes = [c for c in self._homes(job, job.req) if c not in job.excluded]
         # aggregate's pick weighs every allowed cluster against the others: any of them matters
-        job.homes = tuple(c for c in self.cells if c not in job.excluded) if self.policy == "aggregate" else \
-            tuple(dict.fromkeys(self.home[c].name for c in homes))
+        job.homes = (
+            tuple(c for c in self.cells if c not in job.excluded)
+            if self.policy == "aggregate"
+            else tuple(dict.fromkeys(self.home[c].name for c in homes))
+        )
         # merged: replicas may land on any original cluster's nodes, whichever could hold the whole gang
         for cluster in homes if self.policy != "merged" else [c.name for c in self.fleet.clusters]:
             kinds = tuple(k for (c, g), k in self.kind_of.items() if c == cluster and self._fits_empty(k, job))
@@ -504,8 +551,9 @@ class FastSim:
         got = self._ever.get(key)
         if got is None:
             view = FleetView(self._empty, 0.0)
-            got = self._ever[key] = tuple(c.name for c in self.fleet.clusters
-                                          if could_ever_fit(view, req, _only(c.name))[0])
+            got = self._ever[key] = tuple(
+                c.name for c in self.fleet.clusters if could_ever_fit(view, req, _only(c.name))[0]
+            )
         return got
 
     def _enqueue(self, job: _Job) -> None:
@@ -517,9 +565,18 @@ class FastSim:
         job.copies = []
         if job.entry is None:
             it = job.item
-            job.entry = QueueEntry(job_id=it.name, tenant=it.tenant, queue="default", band="", priority=it.priority,
-                                   seq=job.seq, state=JobState.QUEUED, gpus=it.gpu_cost, gpu_models=it.gpu_models,
-                                   preemptible=it.preemptible)
+            job.entry = QueueEntry(
+                job_id=it.name,
+                tenant=it.tenant,
+                queue="default",
+                band="",
+                priority=it.priority,
+                seq=job.seq,
+                state=JobState.QUEUED,
+                gpus=it.gpu_cost,
+                gpu_models=it.gpu_models,
+                preemptible=it.preemptible,
+            )
         self.queued[job.item.name] = job
         self._queue_version += 1
         self._wake()
@@ -536,9 +593,20 @@ class FastSim:
         entries = [j.entry for j in self.queued.values() if j.entry is not None]
         for k, ((tenant, model), gpus) in enumerate(self.usage.items()):
             if gpus > 1e-9:
-                entries.append(QueueEntry(job_id=f"\x00usage-{k}", tenant=tenant, queue="default", band="",
-                                          priority=0, seq=-1, state=JobState.RUNNING, gpus=gpus,
-                                          charged_model=model, charged_gpus=gpus))
+                entries.append(
+                    QueueEntry(
+                        job_id=f"\x00usage-{k}",
+                        tenant=tenant,
+                        queue="default",
+                        band="",
+                        priority=0,
+                        seq=-1,
+                        state=JobState.RUNNING,
+                        gpus=gpus,
+                        charged_model=model,
+                        charged_gpus=gpus,
+                    )
+                )
         return QueueSnapshot.build(entries, self.qpolicy, self.now)
 
     def _charge(self, job: _Job, model: str, gpus: float) -> None:
@@ -582,20 +650,28 @@ class FastSim:
             fits = self._kind_fit[key] = capacity(self._kind_node[kind], job.shape).count > 0
         return fits
 
-    def _record(self, job: _Job, pick: str, refused: Choice | None, snap: QueueSnapshot, usage: Usage,
-                view: FleetView | None) -> tuple[object, ...]:
+    def _record(
+        self, job: _Job, pick: str, refused: Choice | None, snap: QueueSnapshot, usage: Usage, view: FleetView | None
+    ) -> tuple[object, ...]:
         tenant = job.item.tenant
         used = self.usage_epoch.get(tenant, 0)
         if self.policy == "multikueue":
-            flavors = tuple((c.name, m) for c in self.fleet.clusters if c.name not in job.excluded
-                            for m in self._flavors(c.name, job))
+            flavors = tuple(
+                (c.name, m)
+                for c in self.fleet.clusters
+                if c.name not in job.excluded
+                for m in self._flavors(c.name, job)
+            )
             return ("workers", flavors, sum(map(self.worker_release.__getitem__, flavors)), used)
         kinds = job.kinds.get(pick, ()) if pick else tuple(k for ks in job.kinds.values() for k in ks)
         if refused is None:
             return ("room", pick, kinds, sum(map(self.kind_epoch.__getitem__, kinds)), used)
         least = job.full.min_replicas * job.shape.gpu_cost  # an elastic gang may shrink to pass
-        admissible = {m for m in {self._kind_model[k] for k in kinds}
-                      if snap.admit(tenant, m, least, preemptible=job.item.preemptible, usage=usage).allowed}
+        admissible = {
+            m
+            for m in {self._kind_model[k] for k in kinds}
+            if snap.admit(tenant, m, least, preemptible=job.item.preemptible, usage=usage).allowed
+        }
         if not admissible:
             return ("quota-all", pick, used)
         clusters = (pick,) if pick else job.homes
@@ -645,8 +721,14 @@ class FastSim:
         """Changes whenever anything a "no" depends on moved (every epoch only grows) or the queue changed."""
         # `change` (every report bumps it) only where a "quota" record reads it, or aggregate's pick does
         watch = self.change.keys() if self.policy == "aggregate" else self._quota_watch
-        fp = (sum(self.kind_epoch), sum(map(self.change.__getitem__, watch)), sum(self.usage_epoch.values()),
-              sum(self.worker_release.values()), self._queue_version, self._usage_version)
+        fp = (
+            sum(self.kind_epoch),
+            sum(map(self.change.__getitem__, watch)),
+            sum(self.usage_epoch.values()),
+            sum(self.worker_release.values()),
+            self._queue_version,
+            self._usage_version,
+        )
         if not self._idle_rounds or next(iter(self._idle_rounds))[0] != fp:
             self._idle_rounds.clear()  # rounds of an older state never repeat
         return fp
@@ -739,8 +821,11 @@ class FastSim:
                 self._restore_drains(lifted_before)
                 lifted_before = []
                 view = FleetView(self.catalog, self.now)
-            lifted = self.drains.lifted_for(job.item.name, job.item.max_runtime_s, self.params.start_timeout_s,
-                                            self.now) if self.drains.holds else []
+            lifted = (
+                self.drains.lifted_for(job.item.name, job.item.max_runtime_s, self.params.start_timeout_s, self.now)
+                if self.drains.holds
+                else []
+            )
             lifted_before = lifted
             if lifted:
                 view = FleetView(self.catalog, self.now)
@@ -776,8 +861,16 @@ class FastSim:
             elif self._still_no(job, job.failed, pick):
                 continue
             it = job.item
-            alike = (job.code, it.replicas, it.min_replicas, it.required_level, it.tenant, it.preemptible,
-                     job.excluded, pick)
+            alike = (
+                job.code,
+                it.replicas,
+                it.min_replicas,
+                it.required_level,
+                it.tenant,
+                it.preemptible,
+                job.excluded,
+                pick,
+            )
             same = asked.get(alike)
             if self.memo and same is not None and same[0] == holds:
                 if rr is not None:
@@ -811,9 +904,14 @@ class FastSim:
                 continue
             usage = snap.charge(usage, job.item.tenant, c.gpu_model, c.gpus)
             job.attempt += 1
-            res = Reservation(job.item.name, job.attempt, c.cluster,
-                              tuple(ReservedReplica(a.pod_set, a.index, a.node) for a in c.assignments),
-                              {POD_SET: job.shape}, c.gpu_model)
+            res = Reservation(
+                job.item.name,
+                job.attempt,
+                c.cluster,
+                tuple(ReservedReplica(a.pod_set, a.index, a.node) for a in c.assignments),
+                {POD_SET: job.shape},
+                c.gpu_model,
+            )
             view.hold((res,))  # the next decision of this round sees it taken
             holds += 1
             self.change[c.cluster] += 1
@@ -887,8 +985,9 @@ class FastSim:
         key = (cluster, job.code)
         got = self._flavor_fit.get(key)
         if got is None:
-            models = [self._kind_model[k] for (c, _), k in self.kind_of.items()
-                      if c == cluster and self._fits_empty(k, job)]
+            models = [
+                self._kind_model[k] for (c, _), k in self.kind_of.items() if c == cluster and self._fits_empty(k, job)
+            ]
             got = self._flavor_fit[key] = tuple(dict.fromkeys(models))
         return got
 
@@ -1112,18 +1211,41 @@ class FastSim:
         busy: list[BusyJob] | None = None
         for entry in snap.order():
             job = self.queued.get(entry.job_id)
-            if (job is None or job.hold is not None or job.item.name in self.drains.holds
-                    or job.failed is None or job.failed[0] != "room" or job.item.gpu_cost < p.hold_min_gpus
-                    or self.now - job.queued_at < p.hold_after_s):
+            if (
+                job is None
+                or job.hold is not None
+                or job.item.name in self.drains.holds
+                or job.failed is None
+                or job.failed[0] != "room"
+                or job.item.gpu_cost < p.hold_min_gpus
+                or self.now - job.queued_at < p.hold_after_s
+            ):
                 continue
             if busy is None:
-                busy = [BusyJob(j.item.name, j.cell, frozenset(a.node for a in j.choice.assignments),
-                                enforced_end(j.run_start, j.item.max_runtime_s, p.start_timeout_s), j.item.preemptible)
-                        for j in self.jobs.values() if j.state == _RUNNING and j.choice is not None]
+                busy = [
+                    BusyJob(
+                        j.item.name,
+                        j.cell,
+                        frozenset(a.node for a in j.choice.assignments),
+                        enforced_end(j.run_start, j.item.max_runtime_s, p.start_timeout_s),
+                        j.item.preemptible,
+                    )
+                    for j in self.jobs.values()
+                    if j.state == _RUNNING and j.choice is not None
+                ]
             it = job.item
+
+            def model_ok(m: str, it: WorkItem = it) -> bool:
+                return snap.admit(it.tenant, m, it.gpu_cost, preemptible=it.preemptible).allowed
+
             domain = choose_drain_domain(
-                FleetView(self.catalog, self.now), job.req, busy, now=self.now, hold_until=self.now + p.max_hold_s,
-                model_ok=lambda m, it=it: snap.admit(it.tenant, m, it.gpu_cost, preemptible=it.preemptible).allowed)  # type: ignore[misc]
+                FleetView(self.catalog, self.now),
+                job.req,
+                busy,
+                now=self.now,
+                hold_until=self.now + p.max_hold_s,
+                model_ok=model_ok,
+            )
             if domain is None:
                 continue
             self.drains.start(job.item.name, domain, self.now, p.max_hold_s)
@@ -1163,15 +1285,32 @@ class FastSim:
         for j in self.jobs.values():
             if j.state != _RUNNING or not j.item.preemptible or j.preempting or j.choice is None:
                 continue
-            entry = QueueEntry(job_id=j.item.name, tenant=j.item.tenant, queue="default", band="",
-                               priority=j.item.priority, seq=j.seq, state=JobState.RUNNING, gpus=j.item.gpu_cost,
-                               gpu_models=j.item.gpu_models, preemptible=True, charged_model=j.model,
-                               charged_gpus=j.charged)
+            entry = QueueEntry(
+                job_id=j.item.name,
+                tenant=j.item.tenant,
+                queue="default",
+                band="",
+                priority=j.item.priority,
+                seq=j.seq,
+                state=JobState.RUNNING,
+                gpus=j.item.gpu_cost,
+                gpu_models=j.item.gpu_models,
+                preemptible=True,
+                charged_model=j.model,
+                charged_gpus=j.charged,
+            )
             ran = self.now - j.run_start
             lost = ran - (ran // p.checkpoint_s) * p.checkpoint_s if p.checkpoint_s > 0 else ran
-            running.append(fairness.RunningJob(entry, j.cell, j.attempt,
-                                               tuple((a.node, j.shape) for a in j.choice.assignments), ran,
-                                               j.item.gpu_cost * lost / 3600.0))
+            running.append(
+                fairness.RunningJob(
+                    entry,
+                    j.cell,
+                    j.attempt,
+                    tuple((a.node, j.shape) for a in j.choice.assignments),
+                    ran,
+                    j.item.gpu_cost * lost / 3600.0,
+                )
+            )
         if not running:
             return
         snap = self._snapshot()
@@ -1187,15 +1326,27 @@ class FastSim:
             if job.searched == key:
                 continue
             choice = fairness.choose_preemption(
-                view, snap, shares, entry, job.req, [r for r in running if r.entry.job_id not in taken],
-                fairness.TenantKnobs(), min_runtime_s=p.preempt_min_runtime_s)
+                view,
+                snap,
+                shares,
+                entry,
+                job.req,
+                [r for r in running if r.entry.job_id not in taken],
+                fairness.TenantKnobs(),
+                min_runtime_s=p.preempt_min_runtime_s,
+            )
             if choice is None:
                 job.searched = key
                 continue
             c = choice.plan.choice
-            res = Reservation(job.item.name, job.attempt + 1, c.cluster,
-                              tuple(ReservedReplica(a.pod_set, a.index, a.node) for a in c.assignments),
-                              {POD_SET: job.shape}, c.gpu_model)
+            res = Reservation(
+                job.item.name,
+                job.attempt + 1,
+                c.cluster,
+                tuple(ReservedReplica(a.pod_set, a.index, a.node) for a in c.assignments),
+                {POD_SET: job.shape},
+                c.gpu_model,
+            )
             view.hold((res,))
             victims = frozenset(r.entry.job_id for r, _ in choice.victims)
             job.hold = (res, victims, self.now + p.preempt_grace_s + p.preempt_release_s)
@@ -1254,8 +1405,9 @@ class FastSim:
                         grew |= {cell.kinds[cell.row[r.node]] for r in res.replicas if (r.pod_set, r.index) in new}
         seq = self._report_seq[cell.name] + 1
         self._report_seq[cell.name] = seq
-        self.catalog.apply_report(InventoryReport(cell.name, seq, False, self.now, tuple(nodes), bound=bound,
-                                                  base_sequence=seq - 1), self.now)
+        self.catalog.apply_report(
+            InventoryReport(cell.name, seq, False, self.now, tuple(nodes), bound=bound, base_sequence=seq - 1), self.now
+        )
         # An attempt whose replicas this report shows bound needs no reservation any more: its pods are in the
         # reported nodes now (the overlay stopped subtracting them as the report landed, so the view is the same).
         for key, replicas in bound.items():
@@ -1297,8 +1449,12 @@ class FastSim:
         if rng is not None:
             self._next_background(cluster, rng, self.now)
         cell = self.home[cluster]
-        shape = PodShape(gpus=gpus, cpu_milli=BACKGROUND_CPU_MILLI_PER_GPU * gpus,
-                         memory=BACKGROUND_MEMORY_PER_GPU * gpus, tolerations=(GPU_TOLERATION,))
+        shape = PodShape(
+            gpus=gpus,
+            cpu_milli=BACKGROUND_CPU_MILLI_PER_GPU * gpus,
+            memory=BACKGROUND_MEMORY_PER_GPU * gpus,
+            tolerations=(GPU_TOLERATION,),
+        )
         row = cell.place_background(cluster, shape, self._code(shape))
         if row is None:
             self.background_dropped += 1
@@ -1332,18 +1488,31 @@ class FastSim:
             demand[j.item.tenant] = demand.get(j.item.tenant, 0.0) + j.item.gpu_cost
         weights = {t.name: t.weight for t in self.fleet.tenants}
         fair = fairness.water_fill(float(self.fleet.gpus), {t: weights.get(t, 1.0) for t in demand}, demand)
-        self.tenant_samples.append((self.now, {t: (round(held.get(t, 0.0), 6), round(fair.get(t, 0.0), 6))
-                                               for t in sorted(set(held) | set(fair))}))
+        self.tenant_samples.append(
+            (
+                self.now,
+                {t: (round(held.get(t, 0.0), 6), round(fair.get(t, 0.0), 6)) for t in sorted(set(held) | set(fair))},
+            )
+        )
         self._at(self.now + self.params.sample_s, _E_SAMPLE, None)
 
     def _result(self) -> RunResult:
         outcomes = [self.jobs[name].outcome for name in self._order]  # the caller's order
         finished = [o.finished_s for o in outcomes if o.finished_s is not None]
-        return RunResult(mode="fast", policy=self.policy, fleet=self.fleet, seed=self.seed, outcomes=outcomes,
-                         allocation=list(self.samples), decision_latency_s=list(self.latency),
-                         tenant_shares=list(self.tenant_samples), preemptions=dict(self.preemptions),
-                         background_pods=self.background_placed, makespan_s=max(finished, default=0.0),
-                         notes=self._notes())
+        return RunResult(
+            mode="fast",
+            policy=self.policy,
+            fleet=self.fleet,
+            seed=self.seed,
+            outcomes=outcomes,
+            allocation=list(self.samples),
+            decision_latency_s=list(self.latency),
+            tenant_shares=list(self.tenant_samples),
+            preemptions=dict(self.preemptions),
+            background_pods=self.background_placed,
+            makespan_s=max(finished, default=0.0),
+            notes=self._notes(),
+        )
 
     def _notes(self) -> list[str]:
         p = self.params
@@ -1351,46 +1520,74 @@ class FastSim:
         unstarted = sum(1 for j in self.jobs.values() if j.state in (_QUEUED, _RESERVED, _BINDING))
         scoring = "the shipped extender's default policy" if p.pod_scoring == "extender" else "best fit"
         notes = [
-            ("models: the broker's own decision code (fleetplan Catalog, FleetView, cluster choice) and queue "
-             "(broker.scheduling.queue fair-share order, quota admission) in virtual time, one process"),
-            (f"models: a lagging view: a cluster reports its changed nodes every {p.report_interval_s:g} s, rounds "
-             f"run every {p.cycle_s:g} s, pods reach the cluster {p.dispatch_delay_s:g} s after the decision"),
-            ("models: reservations from the decision until the report that shows the attempt bound; Tandem's pinned "
-             "pods bind if they still fit, else a false dispatch, re-planned without excluding nodes"),
-            ("models: each cluster's true state as placement Nodes with every bound pod (the core's allocate and "
-             "release); MIG GPUs as mixed-strategy extended resources, as the agent reports them"),
-            (f"models: kube-scheduler for unpinned pods, one at a time: the core's fit, the required level as pod "
-             f"affinity, {scoring} scores (MIG, CPU-only: the tightest node), gang-unaware; not bound whole "
-             f"after {p.gang_timeout_s:g} s: withdrawn and re-planned"),
-            ("models: baselines choose clusters blind to topology (clusters lacking the required level are left out "
-             "as a cluster selector would); multikueue's worker queues admit per GPU model up to the cluster's GPUs"),
-            (f"models: background pods per cluster (Poisson, {'/'.join(map(str, BACKGROUND_GPUS))} whole GPUs, "
-             f"exponential run time, mean {p.background_mean_s:g} s) on the least-allocated node, dropped when none "
-             f"fits: {self.background_placed} placed, {self.background_dropped} dropped"),
-            ("does not model: API-server, watch and agent latency beyond the fixed delays; container start-up; pod "
-             "or node failures; cluster disconnects and stale reports"),
-            ("does not model: retry back-off, reservation expiry, DRA devices"
-             + ("" if self.policy == "tandem-fair" else ", preemption, held domains")),
-            ("decision latency: one sample per decision computed; a waiting job's provably repeated \"no\" is not "
-             "recomputed (FastSim.memo); multikueue's samples time its admission check"),
+            (
+                "models: the broker's own decision code (fleetplan Catalog, FleetView, cluster choice) and queue "
+                "(broker.scheduling.queue fair-share order, quota admission) in virtual time, one process"
+            ),
+            (
+                f"models: a lagging view: a cluster reports its changed nodes every {p.report_interval_s:g} s, rounds "
+                f"run every {p.cycle_s:g} s, pods reach the cluster {p.dispatch_delay_s:g} s after the decision"
+            ),
+            (
+                "models: reservations from the decision until the report that shows the attempt bound; Tandem's pinned "
+                "pods bind if they still fit, else a false dispatch, re-planned without excluding nodes"
+            ),
+            (
+                "models: each cluster's true state as placement Nodes with every bound pod (the core's allocate and "
+                "release); MIG GPUs as mixed-strategy extended resources, as the agent reports them"
+            ),
+            (
+                f"models: kube-scheduler for unpinned pods, one at a time: the core's fit, the required level as pod "
+                f"affinity, {scoring} scores (MIG, CPU-only: the tightest node), gang-unaware; not bound whole "
+                f"after {p.gang_timeout_s:g} s: withdrawn and re-planned"
+            ),
+            (
+                "models: baselines choose clusters blind to topology (clusters lacking the required level are left out "
+                "as a cluster selector would); multikueue's worker queues admit per GPU model up to the cluster's GPUs"
+            ),
+            (
+                f"models: background pods per cluster (Poisson, {'/'.join(map(str, BACKGROUND_GPUS))} whole GPUs, "
+                f"exponential run time, mean {p.background_mean_s:g} s) on the least-allocated node, dropped when none "
+                f"fits: {self.background_placed} placed, {self.background_dropped} dropped"
+            ),
+            (
+                "does not model: API-server, watch and agent latency beyond the fixed delays; container start-up; pod "
+                "or node failures; cluster disconnects and stale reports"
+            ),
+            (
+                "does not model: retry back-off, reservation expiry, DRA devices"
+                + ("" if self.policy == "tandem-fair" else ", preemption, held domains")
+            ),
+            (
+                'decision latency: one sample per decision computed; a waiting job\'s provably repeated "no" is not '
+                "recomputed (FastSim.memo); multikueue's samples time its admission check"
+            ),
         ]
         if self.policy == "multikueue":
-            notes.append(f"multikueue: copies that lost held {self.lost_copy_gpu_s:.0f} GPU-seconds; worker queues "
-                         "admit per GPU model up to the cluster's GPUs (background pods unseen)")
+            notes.append(
+                f"multikueue: copies that lost held {self.lost_copy_gpu_s:.0f} GPU-seconds; worker queues "
+                "admit per GPU model up to the cluster's GPUs (background pods unseen)"
+            )
         if self.policy == "tandem-fair":
-            notes.append(f"tandem-fair: held domains as the broker's (a gang of >= {p.hold_min_gpus:g} GPUs blocked "
-                         f"{p.hold_after_s:g} s holds the domain that drains soonest, at most "
-                         f"{p.max_held_domains} at once, for at most {p.max_hold_s:g} s; only jobs whose "
-                         f"declared max runtime ends before the drain backfill it; background pods bypass Tandem's "
-                         f"scheduler and its extender, so they still take a held domain's idle GPUs): "
-                         f"{self.holds_started} held")
-            notes.append(f"tandem-fair: the broker's preemption decision every {p.preempt_interval_s:g} s "
-                         f"(tenants' default knobs, minimum runtime {p.preempt_min_runtime_s:g} s); victims leave "
-                         f"after {p.preempt_grace_s:g} s and lose the work since their last checkpoint (every "
-                         f"{p.checkpoint_s:g} s of run); the preemptor's nodes are held until they have left")
+            notes.append(
+                f"tandem-fair: held domains as the broker's (a gang of >= {p.hold_min_gpus:g} GPUs blocked "
+                f"{p.hold_after_s:g} s holds the domain that drains soonest, at most "
+                f"{p.max_held_domains} at once, for at most {p.max_hold_s:g} s; only jobs whose "
+                f"declared max runtime ends before the drain backfill it; background pods bypass Tandem's "
+                f"scheduler and its extender, so they still take a held domain's idle GPUs): "
+                f"{self.holds_started} held"
+            )
+            notes.append(
+                f"tandem-fair: the broker's preemption decision every {p.preempt_interval_s:g} s "
+                f"(tenants' default knobs, minimum runtime {p.preempt_min_runtime_s:g} s); victims leave "
+                f"after {p.preempt_grace_s:g} s and lose the work since their last checkpoint (every "
+                f"{p.checkpoint_s:g} s of run); the preemptor's nodes are held until they have left"
+            )
         if self.policy == "merged":
-            notes.append("merged: one cluster holding every node (levels prefixed by their cluster), Tandem's choice: "
-                         "an upper bound, not a deployable system")
+            notes.append(
+                "merged: one cluster holding every node (levels prefixed by their cluster), Tandem's choice: "
+                "an upper bound, not a deployable system"
+            )
         if self.timed_out_gpu_s:
             notes.append(f"gangs withdrawn at the timeout held {self.timed_out_gpu_s:.0f} GPU-seconds")
         if never:
@@ -1410,7 +1607,8 @@ def _only(cluster: str) -> ClusterPredicate:
     return lambda entry: entry.name == cluster
 
 
-def run_fast(fleet: FleetSpec, items: Sequence[WorkItem], *, policy: str, seed: int,
-             params: FastParams = FastParams()) -> RunResult:
+def run_fast(
+    fleet: FleetSpec, items: Sequence[WorkItem], *, policy: str, seed: int, params: FastParams = FastParams()
+) -> RunResult:
     """Run `items` over `fleet` with one cluster-choice policy in virtual time (see the module docstring)."""
     return FastSim(fleet, items, policy=policy, seed=seed, params=params).run()

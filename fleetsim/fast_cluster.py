@@ -104,10 +104,18 @@ def _level_values(cluster: ClusterSpec) -> Iterable[tuple[NodeGroup, int, str, d
         for i in range(g.nodes):
             rack = i // g.nodes_per_rack
             name = _node_name(cluster.name, g.name, i, g.nodes)
-            yield g, i, name, {
-                "zone": zone, "block": f"b{blocks + rack // g.racks_per_block + 1}", "rack": f"r{racks + rack + 1}",
-                "nvlink": f"{fabric}.{i // g.clique_nodes + 1}" if g.clique_nodes else "", "host": name,
-            }
+            yield (
+                g,
+                i,
+                name,
+                {
+                    "zone": zone,
+                    "block": f"b{blocks + rack // g.racks_per_block + 1}",
+                    "rack": f"r{racks + rack + 1}",
+                    "nvlink": f"{fabric}.{i // g.clique_nodes + 1}" if g.clique_nodes else "",
+                    "host": name,
+                },
+            )
         group_racks = -(-g.nodes // g.nodes_per_rack)
         racks += group_racks
         blocks += -(-group_racks // g.racks_per_block)
@@ -128,8 +136,12 @@ def nodes_of(cluster: ClusterSpec) -> list[Node]:
     levels = agent_levels(cluster)
     out: list[Node] = []
     for g, _, name, values in _level_values(cluster):
-        labels = {HOSTNAME_LABEL: name, "topology.kubernetes.io/region": cluster.region, ZONE_LABEL: values["zone"],
-                  GPU_PRODUCT_LABEL: g.gpu_model}
+        labels = {
+            HOSTNAME_LABEL: name,
+            "topology.kubernetes.io/region": cluster.region,
+            ZONE_LABEL: values["zone"],
+            GPU_PRODUCT_LABEL: g.gpu_model,
+        }
         if g.gpu_memory_mib:
             labels[GPU_MEMORY_LABEL] = str(g.gpu_memory_mib)
         for level in cluster.levels:
@@ -145,10 +157,21 @@ def nodes_of(cluster: ClusterSpec) -> list[Node]:
                 extended[mig.resource_name(profile)] = per_gpu * g.gpus_per_node
         else:
             gpus = tuple(Gpu(k, g.gpu_model, g.gpu_memory_mib) for k in range(g.gpus_per_node))
-        out.append(Node(
-            name=name, labels=labels, taints=(GPU_TAINT,), cpu_milli_allocatable=g.cpu_cores * 1000,
-            cpu_milli_free=g.cpu_cores * 1000, memory_allocatable=g.memory_gib << 30,
-            memory_free=g.memory_gib << 30, pods_free=110, gpus=gpus, extended_free=extended, topology=topology))
+        out.append(
+            Node(
+                name=name,
+                labels=labels,
+                taints=(GPU_TAINT,),
+                cpu_milli_allocatable=g.cpu_cores * 1000,
+                cpu_milli_free=g.cpu_cores * 1000,
+                memory_allocatable=g.memory_gib << 30,
+                memory_free=g.memory_gib << 30,
+                pods_free=110,
+                gpus=gpus,
+                extended_free=extended,
+                topology=topology,
+            )
+        )
     return out
 
 
@@ -177,14 +200,24 @@ def merged_nodes(fleet: FleetSpec) -> tuple[tuple[CatalogLevel, ...], list[Node]
                 if n in value:
                     v = value[n]
                 else:
-                    narrower = [m for m in names[names.index(n) + 1:] if m in value]
+                    narrower = [m for m in names[names.index(n) + 1 :] if m in value]
                     v = value[narrower[0]] if narrower else node.name
                 path.append(f"{c.name}/{v}" if v is not None else None)
-            nodes.append(Node(
-                name=node.name, labels=node.labels, taints=node.taints,
-                cpu_milli_allocatable=node.cpu_milli_allocatable, cpu_milli_free=node.cpu_milli_free,
-                memory_allocatable=node.memory_allocatable, memory_free=node.memory_free, pods_free=node.pods_free,
-                gpus=node.gpus, extended_free=node.extended_free, topology=tuple(path)))
+            nodes.append(
+                Node(
+                    name=node.name,
+                    labels=node.labels,
+                    taints=node.taints,
+                    cpu_milli_allocatable=node.cpu_milli_allocatable,
+                    cpu_milli_free=node.cpu_milli_free,
+                    memory_allocatable=node.memory_allocatable,
+                    memory_free=node.memory_free,
+                    pods_free=node.pods_free,
+                    gpus=node.gpus,
+                    extended_free=node.extended_free,
+                    topology=tuple(path),
+                )
+            )
             owner[node.name] = c.name
     return levels, nodes, owner
 
@@ -193,8 +226,11 @@ def gpus_held(shape: PodShape) -> float:
     """GPUs one replica of `shape` holds: whole GPUs, shares as fractions, MIG instances as the core counts them
     (`placement.usage.mig_gpus`, as `WorkItem.gpu_cost` and wire mode)."""
     models = shape.gpu_models
-    mig_part = (mig_gpus(shape.mig_profile, next(iter(models)) if len(models) == 1 else None, shape.mig_count)
-                if shape.mig_profile else 0.0)
+    mig_part = (
+        mig_gpus(shape.mig_profile, next(iter(models)) if len(models) == 1 else None, shape.mig_count)
+        if shape.mig_profile
+        else 0.0
+    )
     return shape.gpus * shape.gpu_milli / 1000.0 + mig_part
 
 
@@ -328,8 +364,9 @@ class Cell:
 
     # ------------------------------------------------------------------ schedulers
 
-    def schedule_pod(self, shape: PodShape, code: int, demand: PodDemand | None, depth: int | None,
-                     domain: DomainId | None) -> int | None:
+    def schedule_pod(
+        self, shape: PodShape, code: int, demand: PodDemand | None, depth: int | None, domain: DomainId | None
+    ) -> int | None:
         """kube-scheduler for one unpinned pod: feasible nodes by the core's fit, the required topology as pod
         affinity (the gang's first pod picks a node that has the level's label, the rest must share its domain),
         then the extender's score (whole and shared GPUs: its scoring policy; MIG and CPU-only pods: the tightest
@@ -370,8 +407,15 @@ class Cell:
         models = [n.gpu_model or "" for n in self.nodes]
         names = sorted(set(models))
         code = {m: i for i, m in enumerate(names)}
-        return GpuArrays(self.names, [n.cpu_milli_free for n in self.nodes], [n.memory_free >> 20 for n in self.nodes],
-                         left, [len(n.gpus) for n in self.nodes], [code[m] for m in models], names)
+        return GpuArrays(
+            self.names,
+            [n.cpu_milli_free for n in self.nodes],
+            [n.memory_free >> 20 for n in self.nodes],
+            left,
+            [len(n.gpus) for n in self.nodes],
+            [code[m] for m in models],
+            names,
+        )
 
     def _sync_row(self, row: int) -> None:
         """Keep the scoring columns equal to the node (as the extender's snapshot rebuilds a changed row)."""
@@ -398,8 +442,13 @@ def demand_of(shape: PodShape) -> PodDemand | None:
     """The scorer's view of a pod with whole or shared GPUs (None for MIG and CPU-only pods)."""
     if shape.gpus <= 0 or shape.mig_count or shape.dra:
         return None
-    return PodDemand(cpu_milli=shape.cpu_milli, mem_mib=shape.memory >> 20, gpu_count=shape.gpus,
-                     gpu_milli=shape.gpu_milli, models=shape.gpu_models)
+    return PodDemand(
+        cpu_milli=shape.cpu_milli,
+        mem_mib=shape.memory >> 20,
+        gpu_count=shape.gpus,
+        gpu_milli=shape.gpu_milli,
+        models=shape.gpu_models,
+    )
 
 
 def owners(cells: Mapping[str, Cell]) -> dict[str, Cell]:

@@ -53,8 +53,15 @@ REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "manifests"
 TENANT_NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "baseline", "tandem.dev/tenant-namespace": "true"}
 """What the agent's start checks want on a tenant namespace (FLEET-NOTES H-1, H-2)."""
-_TOPOLOGY_FIELDS = {"zone": "zone", "block": "block", "rack": "rack", "nvlink": "clique", "clique": "clique",
-                    "host": "hostname", "hostname": "hostname"}
+_TOPOLOGY_FIELDS = {
+    "zone": "zone",
+    "block": "block",
+    "rack": "rack",
+    "nvlink": "clique",
+    "clique": "clique",
+    "host": "hostname",
+    "hostname": "hostname",
+}
 """Level name -> the agent's `extender.topology` field holding its label key (the agent reports the levels
 under its own names: zone, block, rack, nvlink, host)."""
 
@@ -104,8 +111,9 @@ def spawn(name: str, args: Sequence[str], log: Path, env: Mapping[str, str] | No
     """`tandem-extender <args>` as a child process, its output appended to `log`."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("ab") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "extender.main", *args], cwd=REPO, env=full_env,
-                                 stdout=out, stderr=subprocess.STDOUT)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "extender.main", *args], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT
+        )
     return Proc(name, popen, log)
 
 
@@ -117,8 +125,9 @@ async def http_ok(url: str) -> bool:
         return False
 
 
-async def wait_for(check: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition",
-                   procs: Iterable[Proc] = ()) -> Any:
+async def wait_for(
+    check: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition", procs: Iterable[Proc] = ()
+) -> Any:
     """Poll an async or sync predicate until truthy (and return its value); WaitFailed with the processes'
     last log lines on timeout or when one of them exits."""
     procs = list(procs)
@@ -154,9 +163,13 @@ def tenancy_policy(tenants: Sequence[TenantSpec], tokens: Mapping[str, str], adm
     """The broker's policy document for these tenants (weights, quotas), each with its bearer token."""
     docs: list[dict[str, Any]] = []
     for t in tenants:
-        doc: dict[str, Any] = {"name": t.name, "token_sha256": [_sha256(tokens[t.name])], "weight": t.weight,
-                               "priority_bands": ["default", "high"],
-                               "rate_limit": {"rate_per_s": 10000, "burst": 10000}}  # launchers submit in bursts
+        doc: dict[str, Any] = {
+            "name": t.name,
+            "token_sha256": [_sha256(tokens[t.name])],
+            "weight": t.weight,
+            "priority_bands": ["default", "high"],
+            "rate_limit": {"rate_per_s": 10000, "burst": 10000},
+        }  # launchers submit in bursts
         if t.quota:
             doc["quotas"] = {model: float(gpus) for model, gpus in t.quota}
         docs.append(doc)
@@ -174,8 +187,9 @@ class BrokerProcess:
     `tokens` maps principal names (tenants, and `admin`) to bearer tokens; `policy` is the tenancy policy
     document that authorises them (see `tenancy_policy`)."""
 
-    def __init__(self, tmp: Path, policy: Mapping[str, Any], tokens: Mapping[str, str], *, admin: str = "admin",
-                 **config: Any) -> None:
+    def __init__(
+        self, tmp: Path, policy: Mapping[str, Any], tokens: Mapping[str, str], *, admin: str = "admin", **config: Any
+    ) -> None:
         self.dir = tmp / "broker"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.tokens = dict(tokens)
@@ -188,11 +202,21 @@ class BrokerProcess:
         self.agent_addr = f"127.0.0.1:{agent_port}"
         self.config = {
             "tenant_listener": {"address": self.tenant_addr},
-            "agent_listener": {"address": self.agent_addr, "max_message_bytes": 64 << 20,
-                               "tls": {"cert_file": str(cert), "key_file": str(key),
-                                       "client_ca_file": str(self.pki.ca_file), "require_client_cert": True}},
-            "db_path": str(self.dir / "broker.db"), "policy_path": str(self.dir / "policy.yaml"),
-            "metrics_port": 0, "heartbeat_interval_s": 1.0, **config,
+            "agent_listener": {
+                "address": self.agent_addr,
+                "max_message_bytes": 64 << 20,
+                "tls": {
+                    "cert_file": str(cert),
+                    "key_file": str(key),
+                    "client_ca_file": str(self.pki.ca_file),
+                    "require_client_cert": True,
+                },
+            },
+            "db_path": str(self.dir / "broker.db"),
+            "policy_path": str(self.dir / "policy.yaml"),
+            "metrics_port": 0,
+            "heartbeat_interval_s": 1.0,
+            **config,
         }
         (self.dir / "broker.yaml").write_text(yaml.safe_dump(self.config))
         self.log = self.dir / "broker.log"
@@ -203,7 +227,11 @@ class BrokerProcess:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "broker.main", "--config", str(self.dir / "broker.yaml")],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         await wait_for(self._serving, 60, "the broker serving", [self.as_proc()])
 
     def as_proc(self) -> Proc:
@@ -216,7 +244,7 @@ class BrokerProcess:
             async with BrokerClient(self.tenant_addr, token=self.tokens[self.admin], timeout_s=2) as c:
                 await c.list_clusters()
             return True
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             return False
 
     def kill(self) -> None:
@@ -245,7 +273,7 @@ class BrokerProcess:
     async def cluster_ready(self, name: str) -> bool:
         try:
             listed = await self.client(self.admin).list_clusters()
-        except Exception:  # noqa: BLE001 - restarting
+        except Exception:
             return False
         return any(c.name == name and c.connected and not c.stale and c.nodes for c in listed.clusters)
 
@@ -271,9 +299,21 @@ class Cluster:
         """One more agent replica (its own health port and Lease identity)."""
         port = free_port()
         n = len(self.agents)
-        proc = spawn(f"{self.name}-agent-{n}", ["agent", "--kube", "--kubeconfig", str(self.agent_kubeconfig),
-                                                "--config", str(self.agent_config), "--listen", f"127.0.0.1:{port}"],
-                     self.dir / f"agent-{n}.log", env={"POD_NAME": f"tandem-agent-{self.name}-{n}"})
+        proc = spawn(
+            f"{self.name}-agent-{n}",
+            [
+                "agent",
+                "--kube",
+                "--kubeconfig",
+                str(self.agent_kubeconfig),
+                "--config",
+                str(self.agent_config),
+                "--listen",
+                f"127.0.0.1:{port}",
+            ],
+            self.dir / f"agent-{n}.log",
+            env={"POD_NAME": f"tandem-agent-{self.name}-{n}"},
+        )
         self.agents.append(proc)
         self.agent_ports.append(port)
         return proc
@@ -305,8 +345,16 @@ def topology_keys(levels: Sequence[Level]) -> dict[str, str]:
 async def _render_rbac(agent_config: Path) -> list[dict[str, Any]]:
     """`tandem-extender render-rbac --config agent.yaml`, as an operator runs it."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "extender.main", "render-rbac", "--config", str(agent_config), cwd=REPO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "extender.main",
+        "render-rbac",
+        "--config",
+        str(agent_config),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         out, err = await proc.communicate()
     except BaseException:  # cancelled: leave no child behind
@@ -319,12 +367,25 @@ async def _render_rbac(agent_config: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(out.decode()) if isinstance(d, dict)]
 
 
-async def start_cluster(name: str, nodes: Sequence[dict[str, Any]], broker: BrokerEndpoint, tmp: Path, *,
-                        tenants: Mapping[str, Sequence[str]], region: str = "eu-west", role: str = "training",
-                        levels: Sequence[Level] = (), agents: int = 1, lease: dict[str, float] | None = None,
-                        agent_extra: dict[str, Any] | None = None, kubelet_auto_run: bool = False,
-                        cert_name: str | None = None, sim_options: dict[str, Any] | None = None,
-                        wait_connected: bool = True, real_kubeconfig: str | None = None) -> Cluster:
+async def start_cluster(
+    name: str,
+    nodes: Sequence[dict[str, Any]],
+    broker: BrokerEndpoint,
+    tmp: Path,
+    *,
+    tenants: Mapping[str, Sequence[str]],
+    region: str = "eu-west",
+    role: str = "training",
+    levels: Sequence[Level] = (),
+    agents: int = 1,
+    lease: dict[str, float] | None = None,
+    agent_extra: dict[str, Any] | None = None,
+    kubelet_auto_run: bool = False,
+    cert_name: str | None = None,
+    sim_options: dict[str, Any] | None = None,
+    wait_connected: bool = True,
+    real_kubeconfig: str | None = None,
+) -> Cluster:
     """Start one cluster and connect it to the broker (the agent dials the broker's agent listener).
 
     `tenants` maps each tenant to the namespaces this cluster gives it (created, labelled as the agent wants);
@@ -337,26 +398,52 @@ async def start_cluster(name: str, nodes: Sequence[dict[str, Any]], broker: Brok
     d.mkdir(parents=True)
     sim: SimCluster | RealCluster
     if real_kubeconfig:
-        sim = RealCluster(real_kubeconfig, nodes, extender_url=os.environ.get("TANDEM_REAL_EXTENDER_URL", ""),
-                          kubelet_auto_run=kubelet_auto_run)
+        sim = RealCluster(
+            real_kubeconfig,
+            nodes,
+            extender_url=os.environ.get("TANDEM_REAL_EXTENDER_URL", ""),
+            kubelet_auto_run=kubelet_auto_run,
+        )
     else:
         sim = SimCluster(nodes, manifests=MANIFESTS, kubelet_auto_run=kubelet_auto_run, **(sim_options or {}))
     await sim.start()
     cluster = Cluster(name, sim, d, d / "agent.yaml", d / "agent.kubeconfig")
     try:
-        await _install(cluster, broker, tenants=tenants, region=region, role=role, levels=levels, agents=agents,
-                       lease=lease, agent_extra=agent_extra, cert_name=cert_name, real=bool(real_kubeconfig),
-                       wait_connected=wait_connected)
+        await _install(
+            cluster,
+            broker,
+            tenants=tenants,
+            region=region,
+            role=role,
+            levels=levels,
+            agents=agents,
+            lease=lease,
+            agent_extra=agent_extra,
+            cert_name=cert_name,
+            real=bool(real_kubeconfig),
+            wait_connected=wait_connected,
+        )
     except BaseException:
         await cluster.stop()
         raise
     return cluster
 
 
-async def _install(cluster: Cluster, broker: BrokerEndpoint, *, tenants: Mapping[str, Sequence[str]], region: str,
-                   role: str, levels: Sequence[Level], agents: int, lease: dict[str, float] | None,
-                   agent_extra: dict[str, Any] | None, cert_name: str | None, real: bool,
-                   wait_connected: bool) -> None:
+async def _install(
+    cluster: Cluster,
+    broker: BrokerEndpoint,
+    *,
+    tenants: Mapping[str, Sequence[str]],
+    region: str,
+    role: str,
+    levels: Sequence[Level],
+    agents: int,
+    lease: dict[str, float] | None,
+    agent_extra: dict[str, Any] | None,
+    cert_name: str | None,
+    real: bool,
+    wait_connected: bool,
+) -> None:
     """What an operator does to a cluster: namespaces, the agent's manifests, configs, RoleBindings, then the
     extender and the agents."""
     name, sim, d = cluster.name, cluster.sim, cluster.dir
@@ -381,10 +468,19 @@ async def _install(cluster: Cluster, broker: BrokerEndpoint, *, tenants: Mapping
     sim.kubeconfig(cluster.agent_kubeconfig, agent_token)
     cert, key = broker.pki.issue(cert_name or name)
     agent_cfg: dict[str, Any] = {
-        "cluster_name": name, "region": region, "role": role, "broker": broker.agent_addr,
-        "tls_cert_file": str(cert), "tls_key_file": str(key), "tls_ca_file": str(broker.pki.ca_file),
-        "tls_server_name": "localhost", "tenants": {t: list(ns) for t, ns in tenants.items()},
-        "coalesce_s": 0.1, "heartbeat_s": 1.0, "reconnect_base_s": 0.2, "reconnect_cap_s": 2.0,
+        "cluster_name": name,
+        "region": region,
+        "role": role,
+        "broker": broker.agent_addr,
+        "tls_cert_file": str(cert),
+        "tls_key_file": str(key),
+        "tls_ca_file": str(broker.pki.ca_file),
+        "tls_server_name": "localhost",
+        "tenants": {t: list(ns) for t, ns in tenants.items()},
+        "coalesce_s": 0.1,
+        "heartbeat_s": 1.0,
+        "reconnect_base_s": 0.2,
+        "reconnect_cap_s": 2.0,
         "finished_retention_s": 0.0,
         "lease": lease or {"duration_s": 4.0, "renew_deadline_s": 3.0, "retry_period_s": 0.5},
         "log_url_templates": {"logs": "https://logs.example.com/{cluster}/{namespace}/{pod}"},
@@ -392,15 +488,17 @@ async def _install(cluster: Cluster, broker: BrokerEndpoint, *, tenants: Mapping
         **(agent_extra or {}),
     }
     cluster.agent_config.write_text(yaml.safe_dump(agent_cfg))
-    cluster.extender = spawn(f"{name}-extender", ["serve", "--kube", "--config", str(d / "extender.yaml")],
-                             d / "extender.log", env={"KUBECONFIG": str(d / "extender.kubeconfig")})
+    cluster.extender = spawn(
+        f"{name}-extender",
+        ["serve", "--kube", "--config", str(d / "extender.yaml")],
+        d / "extender.log",
+        env={"KUBECONFIG": str(d / "extender.kubeconfig")},
+    )
     for doc in await _render_rbac(cluster.agent_config):  # while the extender starts
         await sim.apply(doc)
-    await wait_for(lambda: http_ok(f"http://127.0.0.1:{ext_port}/readyz"), 60, f"{name} extender ready",
-                   cluster.procs)
+    await wait_for(lambda: http_ok(f"http://127.0.0.1:{ext_port}/readyz"), 60, f"{name} extender ready", cluster.procs)
     sim.set_extender_url(f"http://127.0.0.1:{ext_port}")
     for _ in range(agents):
         cluster.start_agent()
     if wait_connected:
-        await wait_for(lambda: broker.cluster_ready(name), 60, f"{name} agent connected with a snapshot",
-                       cluster.procs)
+        await wait_for(lambda: broker.cluster_ready(name), 60, f"{name} agent connected with a snapshot", cluster.procs)

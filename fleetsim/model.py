@@ -114,7 +114,9 @@ class WorkItem:
         GPU's slices, `placement.usage.mig_gpus`, on the item's GPU model when it names exactly one)."""
         if self.mig_count:
             models = set(self.gpu_models)
-            return mig_gpus(self.mig_profile, models.pop() if len(models) == 1 else None, self.replicas * self.mig_count)
+            return mig_gpus(
+                self.mig_profile, models.pop() if len(models) == 1 else None, self.replicas * self.mig_count
+            )
         return self.replicas * self.gpus * self.gpu_milli / 1000.0
 
 

@@ -35,11 +35,17 @@ class Pki:
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tandem-test-ca")])
         now = datetime.datetime.now(datetime.UTC)
-        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                .serial_number(x509.random_serial_number()).not_valid_before(now - _BACKDATE)
-                .not_valid_after(now + _VALIDITY)
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                .sign(key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256())
+        )
         pem = cert.public_bytes(serialization.Encoding.PEM)
         (dir / CA_FILE).write_bytes(pem)
         return cls(pem, key, cert, dir)
@@ -55,15 +61,22 @@ class Pki:
         sans: list[x509.GeneralName] = [x509.DNSName(cn)]
         if server:
             sans += [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-                .issuer_name(self.ca_cert.subject).public_key(key.public_key())
-                .serial_number(x509.random_serial_number()).not_valid_before(now - _BACKDATE)
-                .not_valid_after(now + _VALIDITY)
-                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-                .sign(self.ca_key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+            .issuer_name(self.ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .sign(self.ca_key, hashes.SHA256())
+        )
         cp, kp = self.dir / f"{cn}.pem", self.dir / f"{cn}.key"
         cp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        kp.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()))
+        kp.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         return cp, kp

@@ -34,7 +34,11 @@ __all__ = [
 ]
 
 GANG_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
-    ("1", 1, 1), ("2-7", 2, 7), ("8-15", 8, 15), ("16-31", 16, 31), ("32+", 32, None),
+    ("1", 1, 1),
+    ("2-7", 2, 7),
+    ("8-15", 8, 15),
+    ("16-31", 16, 31),
+    ("32+", 32, None),
 )
 """Gang-size buckets by replicas: (label, smallest, largest or None)."""
 LARGE_GANG_REPLICAS = 16
@@ -42,10 +46,10 @@ LARGE_GANG_REPLICAS = 16
 
 MODE_TEXT = {
     "wire": "wire mode: the real broker, extender and agent processes over simulated Kubernetes control planes, "
-            "with time compressed (the factor and the pipeline's measured overhead are in the notes); waits include "
-            "the real pipeline's latency",
+    "with time compressed (the factor and the pipeline's measured overhead are in the notes); waits include "
+    "the real pipeline's latency",
     "fast": "fast mode: the broker's decision code in virtual time (a discrete-event loop, no processes); the "
-            "comparison of cluster choices over seeds",
+    "comparison of cluster choices over seeds",
 }
 JSON_NAME = "report.json"
 MARKDOWN_NAME = "report.md"
@@ -78,8 +82,12 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 
 def _delay_stats(values: Sequence[float]) -> dict[str, Any]:
-    return {"n": len(values), "p50": _round(percentile(values, 50)), "p95": _round(percentile(values, 95)),
-            "p99": _round(percentile(values, 99))}
+    return {
+        "n": len(values),
+        "p50": _round(percentile(values, 50)),
+        "p95": _round(percentile(values, 95)),
+        "p99": _round(percentile(values, 99)),
+    }
 
 
 def _run_end(run: RunResult) -> float:
@@ -155,10 +163,13 @@ def _share_over_time(runs: Sequence[RunResult]) -> dict[str, Any] | None:
                 per_tenant.setdefault(tenant, []).append(100.0 * gap / gpus)
     if not worst:
         return None
-    return {"samples": len(worst), "mean_max_gap_pts": _round(sum(worst) / len(worst)),
-            "p95_max_gap_pts": _round(percentile(worst, 95)),
-            "mean_split_gap_pts": _round(sum(split) / len(split)) if split else None,
-            "per_tenant_mean_gap_pts": {t: _round(sum(v) / len(v)) for t, v in sorted(per_tenant.items())}}
+    return {
+        "samples": len(worst),
+        "mean_max_gap_pts": _round(sum(worst) / len(worst)),
+        "p95_max_gap_pts": _round(percentile(worst, 95)),
+        "mean_split_gap_pts": _round(sum(split) / len(split)) if split else None,
+        "per_tenant_mean_gap_pts": {t: _round(sum(v) / len(v)) for t, v in sorted(per_tenant.items())},
+    }
 
 
 def _fair_share(runs: Sequence[RunResult]) -> dict[str, Any]:
@@ -178,8 +189,10 @@ def _fair_share(runs: Sequence[RunResult]) -> dict[str, Any]:
         entitled = 100.0 * weights.get(tenant, 1.0) / total_weight if total_weight else None
         got = 100.0 * received.get(tenant, 0.0) / total_received if total_received else None
         per_tenant[tenant] = {
-            "weight": weights.get(tenant, 1.0), "gpu_hours": _round(received.get(tenant, 0.0) / 3600.0),
-            "entitled_pct": _round(entitled), "received_pct": _round(got),
+            "weight": weights.get(tenant, 1.0),
+            "gpu_hours": _round(received.get(tenant, 0.0) / 3600.0),
+            "entitled_pct": _round(entitled),
+            "received_pct": _round(got),
             "deviation_pts": _round(got - entitled) if got is not None and entitled is not None else None,
         }
     deviations = [abs(v["deviation_pts"]) for v in per_tenant.values() if v["deviation_pts"] is not None]
@@ -191,8 +204,10 @@ def _group_summary(mode: str, policy: str, runs: Sequence[RunResult]) -> dict[st
     delays = [(o, d) for o in outcomes if (d := o.queueing_delay_s) is not None]
     tenants = sorted({o.item.tenant for o in outcomes})
     per_tenant = {t: _delay_stats([d for o, d in delays if o.item.tenant == t]) for t in tenants}
-    per_bucket = {label: _delay_stats([d for o, d in delays if gang_bucket(o.item.replicas) == label])
-                  for label, _, _ in GANG_BUCKETS}
+    per_bucket = {
+        label: _delay_stats([d for o, d in delays if gang_bucket(o.item.replicas) == label])
+        for label, _, _ in GANG_BUCKETS
+    }
 
     dispatches = sum(o.dispatches for o in outcomes)
     false_dispatches = sum(o.false_dispatches for o in outcomes)
@@ -249,8 +264,15 @@ def _group_summary(mode: str, policy: str, runs: Sequence[RunResult]) -> dict[st
             "max": max((v for v in makespans.values() if v is not None), default=None),
             "per_seed": makespans,
         },
-        "decision_latency_ms": ({"n": len(latencies_ms), "p50": _round(percentile(latencies_ms, 50)),
-                                 "p99": _round(percentile(latencies_ms, 99))} if latencies_ms else None),
+        "decision_latency_ms": (
+            {
+                "n": len(latencies_ms),
+                "p50": _round(percentile(latencies_ms, 50)),
+                "p99": _round(percentile(latencies_ms, 99)),
+            }
+            if latencies_ms
+            else None
+        ),
         "fair_share": _fair_share(runs),
         "fair_share_over_time": _share_over_time(runs),
         "preemption": {
@@ -267,13 +289,30 @@ def _fleet_summary(fleet: FleetSpec) -> dict[str, Any]:
         "name": fleet.name,
         "gpus": fleet.gpus,
         "synthesised_topology": fleet.synthesised_topology,
-        "clusters": [{
-            "name": c.name, "region": c.region, "role": c.role, "gpus": c.gpus,
-            "levels": [lv.name for lv in c.levels], "background_pods_per_min": c.background_pods_per_min,
-            "groups": [{"name": g.name, "gpu_model": g.gpu_model, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node,
-                        "mig": g.mig, "nodes_per_rack": g.nodes_per_rack, "racks_per_block": g.racks_per_block,
-                        "clique_nodes": g.clique_nodes} for g in c.groups],
-        } for c in fleet.clusters],
+        "clusters": [
+            {
+                "name": c.name,
+                "region": c.region,
+                "role": c.role,
+                "gpus": c.gpus,
+                "levels": [lv.name for lv in c.levels],
+                "background_pods_per_min": c.background_pods_per_min,
+                "groups": [
+                    {
+                        "name": g.name,
+                        "gpu_model": g.gpu_model,
+                        "nodes": g.nodes,
+                        "gpus_per_node": g.gpus_per_node,
+                        "mig": g.mig,
+                        "nodes_per_rack": g.nodes_per_rack,
+                        "racks_per_block": g.racks_per_block,
+                        "clique_nodes": g.clique_nodes,
+                    }
+                    for g in c.groups
+                ],
+            }
+            for c in fleet.clusters
+        ],
         "tenants": [{"name": t.name, "weight": t.weight, "quota": dict(t.quota)} for t in fleet.tenants],
     }
 
@@ -301,14 +340,25 @@ def summarise(results: Sequence[RunResult]) -> dict[str, Any]:
     for run in results:
         for note in run.notes:
             note_runs.setdefault(note, []).append(_label(run))
-    notes = [note if len(labels) == len(results) else f"{note} ({', '.join(labels)})"
-             for note, labels in note_runs.items()]
+    notes = [
+        note if len(labels) == len(results) else f"{note} ({', '.join(labels)})" for note, labels in note_runs.items()
+    ]
     if any(f.synthesised_topology for f in fleets.values()):
         notes.insert(0, "The racks, blocks and cliques of the fleet are synthesised (the source has no topology).")
     return {
         "fleets": [_fleet_summary(f) for f in fleets.values()],
-        "runs": [{"mode": r.mode, "policy": r.policy, "seed": r.seed, "fleet": r.fleet.name, "jobs": len(r.outcomes),
-                  "background_pods": r.background_pods, "makespan_s": _round(r.makespan_s)} for r in results],
+        "runs": [
+            {
+                "mode": r.mode,
+                "policy": r.policy,
+                "seed": r.seed,
+                "fleet": r.fleet.name,
+                "jobs": len(r.outcomes),
+                "background_pods": r.background_pods,
+                "makespan_s": _round(r.makespan_s),
+            }
+            for r in results
+        ],
         "groups": [_group_summary(mode, policy, runs) for (mode, policy), runs in groups.items()],
         "notes": notes,
     }
@@ -338,15 +388,32 @@ def _rate_pct(rate: float | None) -> str:
 def summary_table(summary: dict[str, Any]) -> str:
     """One fixed-width line per (mode, policy): jobs, mean GPU allocation, p95 wait of large gangs (≥ 16 replicas),
     split gangs, false-dispatch rate and mean makespan."""
-    header = ("policy", "mode", "seeds", "jobs", "alloc %", f"p95 wait ≥{LARGE_GANG_REPLICAS}", "split",
-              "false-disp %", "makespan")
+    header = (
+        "policy",
+        "mode",
+        "seeds",
+        "jobs",
+        "alloc %",
+        f"p95 wait ≥{LARGE_GANG_REPLICAS}",
+        "split",
+        "false-disp %",
+        "makespan",
+    )
     rows = [header]
     for g in summary["groups"]:
-        rows.append((
-            g["policy"], g["mode"], str(len(g["seeds"])), str(g["jobs"]), _pct(g["allocation"]["mean_pct"]),
-            _duration(g["queueing_delay_s"]["large_gangs"]["p95"]), str(g["split_gangs"]),
-            _rate_pct(g["false_dispatches"]["rate"]), _duration(g["makespan_s"]["mean"]),
-        ))
+        rows.append(
+            (
+                g["policy"],
+                g["mode"],
+                str(len(g["seeds"])),
+                str(g["jobs"]),
+                _pct(g["allocation"]["mean_pct"]),
+                _duration(g["queueing_delay_s"]["large_gangs"]["p95"]),
+                str(g["split_gangs"]),
+                _rate_pct(g["false_dispatches"]["rate"]),
+                _duration(g["makespan_s"]["mean"]),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = []
     for n, row in enumerate(rows):
@@ -365,19 +432,29 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 
 def _fleet_markdown(fleet: dict[str, Any]) -> list[str]:
     tenants = ", ".join(f"{t['name']} (weight {t['weight']:g})" for t in fleet["tenants"])
-    out = [f"Fleet `{fleet['name']}`: {len(fleet['clusters'])} clusters, {fleet['gpus']} GPUs. Tenants: {tenants}.",
-           ""]
+    out = [f"Fleet `{fleet['name']}`: {len(fleet['clusters'])} clusters, {fleet['gpus']} GPUs. Tenants: {tenants}.", ""]
     rows = []
     for c in fleet["clusters"]:
         # Only the topology the cluster has levels for.
         groups = "; ".join(
-            f"{g['nodes']} × {g['gpus_per_node']} {g['gpu_model']}" + (f" (MIG {g['mig']})" if g["mig"] else "")
+            f"{g['nodes']} × {g['gpus_per_node']} {g['gpu_model']}"
+            + (f" (MIG {g['mig']})" if g["mig"] else "")
             + (f", racks of {g['nodes_per_rack']}" if "rack" in c["levels"] else "")
             + (f", {g['racks_per_block']} racks/block" if "block" in c["levels"] else "")
             + (f", cliques of {g['clique_nodes']}" if g["clique_nodes"] else "")
-            for g in c["groups"])
-        rows.append((c["name"], c["region"], c["role"], " > ".join(c["levels"]), groups, c["gpus"],
-                     f"{c['background_pods_per_min']:g}"))
+            for g in c["groups"]
+        )
+        rows.append(
+            (
+                c["name"],
+                c["region"],
+                c["role"],
+                " > ".join(c["levels"]),
+                groups,
+                c["gpus"],
+                f"{c['background_pods_per_min']:g}",
+            )
+        )
     out += _table(("cluster", "region", "role", "levels", "node groups", "GPUs", "background pods/min"), rows)
     if fleet["synthesised_topology"]:
         out += ["The racks, blocks and cliques of this fleet are **synthesised**: the source has no topology.", ""]
@@ -386,80 +463,176 @@ def _fleet_markdown(fleet: dict[str, Any]) -> list[str]:
 
 def _mode_markdown(mode: str, groups: Sequence[dict[str, Any]], plots: Sequence[str]) -> list[str]:
     tag = f"({mode} mode)"
-    out = [f"## Results — {mode} mode", "", f"Every figure in this section comes from {MODE_TEXT.get(mode, mode)}.",
-           ""]
+    out = [f"## Results — {mode} mode", "", f"Every figure in this section comes from {MODE_TEXT.get(mode, mode)}.", ""]
     out += [f"### Overview {tag}", ""]
     out += _table(
-        ("policy", "seeds", "jobs", "placed", "started", "finished", "GPU alloc % while arriving (mean)",
-         "alloc % p50 over seeds",
-         "makespan (mean)", "split gangs", "false dispatches (rate %)", "re-plans", "duplicates",
-         "decision ms p50 / p99"),
-        [(g["policy"], len(g["seeds"]), g["jobs"], g["placed"], g["started"], g["finished"],
-          _pct(g["allocation"]["mean_pct"]), _pct(g["allocation"]["p50_over_seeds_pct"]),
-          _duration(g["makespan_s"]["mean"]), g["split_gangs"],
-          (f"{g['false_dispatches']['count']} of {g['false_dispatches']['dispatches']} "
-           f"({_rate_pct(g['false_dispatches']['rate'])})"), g["replans"], g["duplicates"],
-          (f"{_pct(g['decision_latency_ms']['p50'], 2)} / {_pct(g['decision_latency_ms']['p99'], 2)}"
-           if g["decision_latency_ms"] else "–"))
-         for g in groups])
+        (
+            "policy",
+            "seeds",
+            "jobs",
+            "placed",
+            "started",
+            "finished",
+            "GPU alloc % while arriving (mean)",
+            "alloc % p50 over seeds",
+            "makespan (mean)",
+            "split gangs",
+            "false dispatches (rate %)",
+            "re-plans",
+            "duplicates",
+            "decision ms p50 / p99",
+        ),
+        [
+            (
+                g["policy"],
+                len(g["seeds"]),
+                g["jobs"],
+                g["placed"],
+                g["started"],
+                g["finished"],
+                _pct(g["allocation"]["mean_pct"]),
+                _pct(g["allocation"]["p50_over_seeds_pct"]),
+                _duration(g["makespan_s"]["mean"]),
+                g["split_gangs"],
+                (
+                    f"{g['false_dispatches']['count']} of {g['false_dispatches']['dispatches']} "
+                    f"({_rate_pct(g['false_dispatches']['rate'])})"
+                ),
+                g["replans"],
+                g["duplicates"],
+                (
+                    f"{_pct(g['decision_latency_ms']['p50'], 2)} / {_pct(g['decision_latency_ms']['p99'], 2)}"
+                    if g["decision_latency_ms"]
+                    else "–"
+                ),
+            )
+            for g in groups
+        ],
+    )
 
     def delay_rows(key: str) -> list[tuple[Any, ...]]:
         rows: list[tuple[Any, ...]] = []
         for g in groups:
             for name, s in g["queueing_delay_s"][key].items():
                 if s["n"]:
-                    rows.append((g["policy"], name, s["n"], _duration(s["p50"]), _duration(s["p95"]),
-                                 _duration(s["p99"])))
+                    rows.append(
+                        (g["policy"], name, s["n"], _duration(s["p50"]), _duration(s["p95"]), _duration(s["p99"]))
+                    )
         return rows
 
-    out += [f"### Queueing delay by gang size {tag}", "",
-            "Submission to every replica bound, over the items that started; gang size in replicas.", ""]
+    out += [
+        f"### Queueing delay by gang size {tag}",
+        "",
+        "Submission to every replica bound, over the items that started; gang size in replicas.",
+        "",
+    ]
     out += _table(("policy", "replicas", "started", "p50", "p95", "p99"), delay_rows("per_gang_size"))
     out += [f"### Queueing delay by tenant {tag}", ""]
     out += _table(("policy", "tenant", "started", "p50", "p95", "p99"), delay_rows("per_tenant"))
-    out += _table(("policy", "never started", f"p95 wait, gangs ≥ {LARGE_GANG_REPLICAS} replicas"),
-                  [(g["policy"], g["queueing_delay_s"]["not_started"],
-                    _duration(g["queueing_delay_s"]["large_gangs"]["p95"])) for g in groups])
+    out += _table(
+        ("policy", "never started", f"p95 wait, gangs ≥ {LARGE_GANG_REPLICAS} replicas"),
+        [
+            (g["policy"], g["queueing_delay_s"]["not_started"], _duration(g["queueing_delay_s"]["large_gangs"]["p95"]))
+            for g in groups
+        ],
+    )
 
     clusters = list(groups[0]["allocation"]["per_cluster_pct"]) if groups else []
-    out += [f"### GPU allocation per cluster {tag}", "",
-            ("Time-weighted mean of the allocation samples (Tandem's and background pods'), % of each cluster's "
-             "GPUs, averaged over seeds."), ""]
-    out += _table(("policy", *clusters, "fleet"),
-                  [(g["policy"], *(_pct(g["allocation"]["per_cluster_pct"].get(c)) for c in clusters),
-                    _pct(g["allocation"]["mean_pct"])) for g in groups])
+    out += [
+        f"### GPU allocation per cluster {tag}",
+        "",
+        (
+            "Time-weighted mean of the allocation samples (Tandem's and background pods'), % of each cluster's "
+            "GPUs, averaged over seeds."
+        ),
+        "",
+    ]
+    out += _table(
+        ("policy", *clusters, "fleet"),
+        [
+            (
+                g["policy"],
+                *(_pct(g["allocation"]["per_cluster_pct"].get(c)) for c in clusters),
+                _pct(g["allocation"]["mean_pct"]),
+            )
+            for g in groups
+        ],
+    )
 
     cause_rows = [(g["policy"], cause, n) for g in groups for cause, n in g["false_dispatches"]["causes"].items()]
     out += [f"### False-dispatch causes {tag}", ""]
     out += _table(("policy", "cause", "count"), cause_rows) if cause_rows else ["No false dispatches.", ""]
 
-    out += [f"### Fair share {tag}", "",
-            ("Share of the GPU-seconds received against the weight-proportional share among the tenants that "
-             "submitted GPU work (a tenant that asks for less than its share cannot reach it)."), ""]
-    out += _table(("policy", "tenant", "weight", "GPU-hours", "entitled %", "received %", "deviation (points)"),
-                  [(g["policy"], t, f"{v['weight']:g}", _pct(v["gpu_hours"]), _pct(v["entitled_pct"]),
-                    _pct(v["received_pct"]), _pct(v["deviation_pts"]))
-                   for g in groups for t, v in g["fair_share"]["per_tenant"].items()])
-    out += _table(("policy", "max abs deviation (points)"),
-                  [(g["policy"], _pct(g["fair_share"]["max_abs_deviation_pts"])) for g in groups])
+    out += [
+        f"### Fair share {tag}",
+        "",
+        (
+            "Share of the GPU-seconds received against the weight-proportional share among the tenants that "
+            "submitted GPU work (a tenant that asks for less than its share cannot reach it)."
+        ),
+        "",
+    ]
+    out += _table(
+        ("policy", "tenant", "weight", "GPU-hours", "entitled %", "received %", "deviation (points)"),
+        [
+            (
+                g["policy"],
+                t,
+                f"{v['weight']:g}",
+                _pct(v["gpu_hours"]),
+                _pct(v["entitled_pct"]),
+                _pct(v["received_pct"]),
+                _pct(v["deviation_pts"]),
+            )
+            for g in groups
+            for t, v in g["fair_share"]["per_tenant"].items()
+        ],
+    )
+    out += _table(
+        ("policy", "max abs deviation (points)"),
+        [(g["policy"], _pct(g["fair_share"]["max_abs_deviation_pts"])) for g in groups],
+    )
     timed = [g for g in groups if g.get("fair_share_over_time")]
     if timed:
-        out += [f"### Fair share over time, and preemption {tag}", "",
-                ("Each allocation sample while jobs arrive: every tenant's GPUs held against its water-filled fair "
-                 "share (demand-capped, by weight, of the fleet's GPUs); the largest gap per sample, in points of "
-                 "the fleet's GPUs. Work lost = GPU-hours run since a victim's last checkpoint."), ""]
-        out += _table(("policy", "samples", "largest gap, mean (points)", "largest gap, p95 (points)",
-                       "split gap, mean (points)", "per tenant mean gap (points)", "victims", "by rule",
-                       "GPU-hours lost"),
-                      [(g["policy"], g["fair_share_over_time"]["samples"],
-                        _pct(g["fair_share_over_time"]["mean_max_gap_pts"]),
-                        _pct(g["fair_share_over_time"]["p95_max_gap_pts"]),
-                        _pct(g["fair_share_over_time"]["mean_split_gap_pts"]),
-                        ", ".join(f"{t} {_pct(v)}" for t, v in
-                                  g["fair_share_over_time"]["per_tenant_mean_gap_pts"].items()),
-                        g["preemption"]["victims"],
-                        ", ".join(f"{k} {v}" for k, v in sorted(g["preemption"]["by_rule"].items())) or "–",
-                        _pct(g["preemption"]["lost_gpu_hours"])) for g in timed])
+        out += [
+            f"### Fair share over time, and preemption {tag}",
+            "",
+            (
+                "Each allocation sample while jobs arrive: every tenant's GPUs held against its water-filled fair "
+                "share (demand-capped, by weight, of the fleet's GPUs); the largest gap per sample, in points of "
+                "the fleet's GPUs. Work lost = GPU-hours run since a victim's last checkpoint."
+            ),
+            "",
+        ]
+        out += _table(
+            (
+                "policy",
+                "samples",
+                "largest gap, mean (points)",
+                "largest gap, p95 (points)",
+                "split gap, mean (points)",
+                "per tenant mean gap (points)",
+                "victims",
+                "by rule",
+                "GPU-hours lost",
+            ),
+            [
+                (
+                    g["policy"],
+                    g["fair_share_over_time"]["samples"],
+                    _pct(g["fair_share_over_time"]["mean_max_gap_pts"]),
+                    _pct(g["fair_share_over_time"]["p95_max_gap_pts"]),
+                    _pct(g["fair_share_over_time"]["mean_split_gap_pts"]),
+                    ", ".join(
+                        f"{t} {_pct(v)}" for t, v in g["fair_share_over_time"]["per_tenant_mean_gap_pts"].items()
+                    ),
+                    g["preemption"]["victims"],
+                    ", ".join(f"{k} {v}" for k, v in sorted(g["preemption"]["by_rule"].items())) or "–",
+                    _pct(g["preemption"]["lost_gpu_hours"]),
+                )
+                for g in timed
+            ],
+        )
     if plots:
         out += [f"### Plots {tag}", ""]
         out += [f"![{p} ({mode} mode)]({p})" for p in plots] + [""]
@@ -467,15 +640,31 @@ def _mode_markdown(mode: str, groups: Sequence[dict[str, Any]], plots: Sequence[
 
 
 def _markdown(summary: dict[str, Any], plots: dict[str, list[str]], shared_plots: Sequence[str]) -> str:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     modes = list(dict.fromkeys(g["mode"] for g in summary["groups"]))
     out = ["# Fleet simulation report", "", f"Written {now}. {len(summary['runs'])} runs.", "", "## What was run", ""]
     out += [f"- **{mode}** — {MODE_TEXT.get(mode, mode)}." for mode in modes] + [""]
-    out += _table(("mode", "policy", "seeds", "jobs per run", "background pods"),
-                  [(g["mode"], g["policy"], ", ".join(str(s) for s in g["seeds"]),
-                    ", ".join(sorted({str(r["jobs"]) for r in summary["runs"]
-                                      if (r["mode"], r["policy"]) == (g["mode"], g["policy"])})),
-                    g["background_pods"]) for g in summary["groups"]])
+    out += _table(
+        ("mode", "policy", "seeds", "jobs per run", "background pods"),
+        [
+            (
+                g["mode"],
+                g["policy"],
+                ", ".join(str(s) for s in g["seeds"]),
+                ", ".join(
+                    sorted(
+                        {
+                            str(r["jobs"])
+                            for r in summary["runs"]
+                            if (r["mode"], r["policy"]) == (g["mode"], g["policy"])
+                        }
+                    )
+                ),
+                g["background_pods"],
+            )
+            for g in summary["groups"]
+        ],
+    )
     out += ["## Fleet", ""]
     for fleet in summary["fleets"]:
         out += _fleet_markdown(fleet)
@@ -485,8 +674,12 @@ def _markdown(summary: dict[str, Any], plots: dict[str, list[str]], shared_plots
     for mode in modes:
         out += _mode_markdown(mode, [g for g in summary["groups"] if g["mode"] == mode], plots.get(mode, []))
     if shared_plots:
-        out += ["## Split gangs and false dispatches, every policy", "",
-                "Each bar is labelled with its policy and mode.", ""]
+        out += [
+            "## Split gangs and false dispatches, every policy",
+            "",
+            "Each bar is labelled with its policy and mode.",
+            "",
+        ]
         out += [f"![{p}]({p})" for p in shared_plots] + [""]
     return "\n".join(out)
 
@@ -524,11 +717,23 @@ def _plot_allocation(mode: str, runs_by_policy: dict[str, list[RunResult]], path
         hours = [t / 3600.0 for t, _ in samples]
         for cluster in run.fleet.clusters:
             if cluster.gpus:
-                ax.step(hours, [100.0 * a.get(cluster.name, 0.0) / cluster.gpus for _, a in samples],
-                        where="post", label=cluster.name, linewidth=1.2)
+                ax.step(
+                    hours,
+                    [100.0 * a.get(cluster.name, 0.0) / cluster.gpus for _, a in samples],
+                    where="post",
+                    label=cluster.name,
+                    linewidth=1.2,
+                )
         if run.fleet.gpus and samples:
-            ax.step(hours, [100.0 * sum(a.values()) / run.fleet.gpus for _, a in samples], where="post",
-                    label="fleet", color="black", linestyle="--", linewidth=1.0)
+            ax.step(
+                hours,
+                [100.0 * sum(a.values()) / run.fleet.gpus for _, a in samples],
+                where="post",
+                label="fleet",
+                color="black",
+                linestyle="--",
+                linewidth=1.0,
+            )
         ax.set_title(f"{policy} (seed {run.seed})")
         ax.set_xlabel("simulated hours")
         ax.set_ylabel("% of GPUs allocated")
@@ -582,8 +787,9 @@ def _plot_splits_and_false_dispatches(summary: dict[str, Any], path: Path) -> No
     splits = split_ax.bar(positions, [g["split_gangs"] for g in groups], color="tab:red")
     split_ax.bar_label(splits)  # a zero bar is invisible without its number
     split_ax.set_title("split gangs (count, all seeds)")
-    rates = false_ax.bar(positions, [100.0 * (g["false_dispatches"]["rate"] or 0.0) for g in groups],
-                         color="tab:orange")
+    rates = false_ax.bar(
+        positions, [100.0 * (g["false_dispatches"]["rate"] or 0.0) for g in groups], color="tab:orange"
+    )
     false_ax.bar_label(rates, fmt="%.2f")
     false_ax.set_title("false dispatches (% of dispatches)")
     for ax in (split_ax, false_ax):

@@ -34,8 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from tandem.v1 import common_pb2, job_pb2
-from tandem.v1 import inventory_pb2 as inv
 
 from broker.launcher.client import BrokerClient, SubmitItem
 from extender.agent import wire
@@ -51,6 +49,8 @@ from fleetsim.harness import REPO, BrokerEndpoint, BrokerProcess, free_port, ten
 from fleetsim.model import TenantSpec, WorkItem
 from fleetsim.wire import job_spec
 from placement.podspec import GPU_RESOURCE
+from tandem.v1 import common_pb2, job_pb2
+from tandem.v1 import inventory_pb2 as inv
 
 __all__ = [
     "AGENT_VERSION",
@@ -160,8 +160,11 @@ class Histogram:
     def minus(self, earlier: Histogram) -> Histogram:
         """What was observed since `earlier` (same buckets)."""
         before = dict(earlier.buckets)
-        return Histogram(tuple((le, c - before.get(le, 0.0)) for le, c in self.buckets),
-                         self.count - earlier.count, self.sum - earlier.sum)
+        return Histogram(
+            tuple((le, c - before.get(le, 0.0)) for le, c in self.buckets),
+            self.count - earlier.count,
+            self.sum - earlier.sum,
+        )
 
     def quantile(self, q: float) -> float:
         """As PromQL's histogram_quantile: linear within the bucket holding the rank (NaN when empty; the
@@ -189,7 +192,7 @@ EMPTY_HISTOGRAM = Histogram((), 0.0, 0.0)
 
 def scrape_metrics(url: str, timeout_s: float = 10.0) -> str:
     """The text exposition of a metrics endpoint (blocking: call it in a thread)."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - a loopback URL we built
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
         return str(resp.read().decode())
 
 
@@ -264,10 +267,15 @@ def _node_object(base: Mapping[str, Any], layout: FleetLayout, cluster: str, i: 
     name = layout.node_name(cluster, i)
     meta["name"] = name
     meta["uid"] = str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
-    meta["labels"].update({"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": layout.zone,
-                           "topology.kubernetes.io/region": layout.region,
-                           "network.example.com/block": layout.block_of(i),
-                           "network.example.com/rack": layout.rack_of(i)})
+    meta["labels"].update(
+        {
+            "kubernetes.io/hostname": name,
+            "topology.kubernetes.io/zone": layout.zone,
+            "topology.kubernetes.io/region": layout.region,
+            "network.example.com/block": layout.block_of(i),
+            "network.example.com/rack": layout.rack_of(i),
+        }
+    )
     address = f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"
     node["status"]["addresses"] = [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}]
     return node
@@ -276,16 +284,25 @@ def _node_object(base: Mapping[str, Any], layout: FleetLayout, cluster: str, i: 
 def _replica_pod(layout: FleetLayout, node: str, i: int) -> dict[str, Any]:
     """A running pod holding one replica's resources (what a bound gang pod takes on its node)."""
     resources = {"cpu": f"{REPLICA_CPU_MILLI}m", "memory": str(REPLICA_MEMORY), GPU_RESOURCE: str(REPLICA_GPUS)}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"replica-{i}", "namespace": layout.namespace, "uid": f"replica-{i}"},
-            "spec": {"nodeName": node, "schedulerName": "tandem-scheduler", "restartPolicy": "Never",
-                     "containers": [{"name": "main", "image": "trainer:1",
-                                     "resources": {"requests": resources, "limits": dict(resources)}}]},
-            "status": {"phase": "Running"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"replica-{i}", "namespace": layout.namespace, "uid": f"replica-{i}"},
+        "spec": {
+            "nodeName": node,
+            "schedulerName": "tandem-scheduler",
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "main", "image": "trainer:1", "resources": {"requests": resources, "limits": dict(resources)}}
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
 
 
-def _encoded(config: ExtenderConfig, labels: LabelFilter, nodes: Sequence[dict[str, Any]],
-             pods: Sequence[dict[str, Any]]) -> list[bytes]:
+def _encoded(
+    config: ExtenderConfig, labels: LabelFilter, nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]]
+) -> list[bytes]:
     """The nodes as the agent reports them: the extender's inventory, then the agent's snapshot encoder."""
     inventory = Inventory(config)
     for kind in KINDS:
@@ -338,12 +355,19 @@ class RecordedInventory:
             raise ValueError(f"only free and {REPLICA_GPUS}-GPU-bound nodes were recorded, not {bound_gpus}")
         return self._rename((self.busy if bound_gpus else self.free)[i], cluster)
 
-    def snapshot(self, cluster: str, sequence: int, now: float, bound: Mapping[int, int] | None = None,
-                 reservations: Iterable[inv.ReservationProgress] = (), applied_broker_sequence: int = 0,
-                 ) -> inv.InventorySnapshot:
+    def snapshot(
+        self,
+        cluster: str,
+        sequence: int,
+        now: float,
+        bound: Mapping[int, int] | None = None,
+        reservations: Iterable[inv.ReservationProgress] = (),
+        applied_broker_sequence: int = 0,
+    ) -> inv.InventorySnapshot:
         """The cluster's full report; nodes with bound pods (index -> GPUs) take their busy bytes."""
-        snap = inv.InventorySnapshot(sequence=sequence, reservations=list(reservations),
-                                     applied_broker_sequence=applied_broker_sequence)
+        snap = inv.InventorySnapshot(
+            sequence=sequence, reservations=list(reservations), applied_broker_sequence=applied_broker_sequence
+        )
         snap.observe_time.FromNanoseconds(int(now * 1e9))
         if not bound:
             snap.MergeFromString(self._rename(self._snapshot_nodes, cluster))  # the recorded report as sent
@@ -357,8 +381,11 @@ def record_inventory(layout: FleetLayout, fixture: Path = FIXTURE, node_name: st
     """Record one cluster's nodes through the extender's inventory and the agent's encoder, default label
     allow-list (the extender's topology keys + GPU facts + well-known placement labels)."""
     t0 = time.perf_counter()
-    base = next(o for o in json.loads(fixture.read_text())["items"]
-                if o.get("kind") == "Node" and o["metadata"]["name"] == node_name)
+    base = next(
+        o
+        for o in json.loads(fixture.read_text())["items"]
+        if o.get("kind") == "Node" and o["metadata"]["name"] == node_name
+    )
     config = ExtenderConfig()
     labels = LabelFilter.build(config.topology.keys)
     cluster = layout.cluster_name(0)
@@ -374,9 +401,18 @@ def record_inventory(layout: FleetLayout, fixture: Path = FIXTURE, node_name: st
     untrimmed = _encoded(config, LabelFilter.everything(), nodes[:1], [])[0]
     reported = inv.NodeInventory.FromString(free[0])
     snapshot_nodes = inv.InventorySnapshot(nodes=[inv.NodeInventory.FromString(b) for b in free]).SerializeToString(
-        deterministic=True)
-    return RecordedInventory(layout, tuple(free), tuple(busy), record_s, len(base["metadata"]["labels"]),
-                             len(reported.labels), len(untrimmed) * layout.nodes, snapshot_nodes)
+        deterministic=True
+    )
+    return RecordedInventory(
+        layout,
+        tuple(free),
+        tuple(busy),
+        record_s,
+        len(base["metadata"]["labels"]),
+        len(reported.labels),
+        len(untrimmed) * layout.nodes,
+        snapshot_nodes,
+    )
 
 
 # ----------------------------------------------------------------------------- what the agents saw
@@ -443,8 +479,16 @@ class SyntheticAgent:
     """One cluster's agent without a cluster: the real agent's protocol over the real wire, pods that bind the
     moment the broker says Start and finish `run_seconds` later."""
 
-    def __init__(self, name: str, recorded: RecordedInventory, tally: FleetTally, *, run_seconds: tuple[float, float],
-                 coalesce_s: float, rng: random.Random) -> None:
+    def __init__(
+        self,
+        name: str,
+        recorded: RecordedInventory,
+        tally: FleetTally,
+        *,
+        run_seconds: tuple[float, float],
+        coalesce_s: float,
+        rng: random.Random,
+    ) -> None:
         self.name = name
         self.recorded = recorded
         self.layout = recorded.layout
@@ -472,21 +516,38 @@ class SyntheticAgent:
 
     async def connect(self, broker_addr: str, cert: Path, key: Path, ca: Path, timeout_s: float = 120.0) -> None:
         """Hello -> Welcome, then the full snapshot; the reader and reporter run until `close`."""
-        self.config = AgentConfig(cluster_name=self.name, region=self.layout.region, role=self.layout.role,
-                                  broker=broker_addr, tls_cert_file=cert, tls_key_file=key, tls_ca_file=ca,
-                                  tenants={self.layout.tenant: [self.layout.namespace]}, coalesce_s=self.coalesce_s)
+        self.config = AgentConfig(
+            cluster_name=self.name,
+            region=self.layout.region,
+            role=self.layout.role,
+            broker=broker_addr,
+            tls_cert_file=cert,
+            tls_key_file=key,
+            tls_ca_file=ca,
+            tenants={self.layout.tenant: [self.layout.namespace]},
+            coalesce_s=self.coalesce_s,
+        )
         self._channel = open_channel(self.config)
         self.stream = Stream(self._channel, self.config, time.time)
-        hello = wire.hello(self.config, [], epoch=1, identity=f"{self.name}-synthetic_0",
-                           instance_id=uuid.uuid4().hex[:12],
-                           kubernetes_version=KUBERNETES_VERSION, agent_version=AGENT_VERSION, dispatch=True,
-                           dra_enabled=False)
+        hello = wire.hello(
+            self.config,
+            [],
+            epoch=1,
+            identity=f"{self.name}-synthetic_0",
+            instance_id=uuid.uuid4().hex[:12],
+            kubernetes_version=KUBERNETES_VERSION,
+            agent_version=AGENT_VERSION,
+            dispatch=True,
+            dra_enabled=False,
+        )
         welcome = await self.stream.open(hello, timeout_s)
         self.heartbeat_s = welcome.heartbeat_s
         self._send_snapshot()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._read(), name=f"{self.name}-read"),
-                       loop.create_task(self._report_loop(), name=f"{self.name}-report")]
+        self._tasks = [
+            loop.create_task(self._read(), name=f"{self.name}-read"),
+            loop.create_task(self._report_loop(), name=f"{self.name}-report"),
+        ]
 
     def _send(self, **body: Any) -> int:
         stream = self.stream
@@ -508,7 +569,7 @@ class SyntheticAgent:
         except StreamClosed as e:
             if not self._closing:
                 self.tally.stream_errors.append(f"{self.name}: {e}")
-        except Exception as e:  # noqa: BLE001 - a broken agent must show in the tally, not vanish with its task
+        except Exception as e:
             self.tally.stream_errors.append(f"{self.name}: reader failed: {e!r}")
 
     def _on_message(self, msg: wire.Inbound | wire.WireError) -> None:
@@ -535,12 +596,21 @@ class SyntheticAgent:
         key = order.key
         namespace = self.config.namespace_for(order.tenant, order.namespace_hint) if self.config else None
         if key in self.attempts:  # a redelivered dispatch: accepted again, nothing created twice
-            self._send(dispatch_ack=wire.dispatch_ack(key, namespace=namespace or "",
-                                                      inventory_sequence=order.inventory_sequence))
+            self._send(
+                dispatch_ack=wire.dispatch_ack(
+                    key, namespace=namespace or "", inventory_sequence=order.inventory_sequence
+                )
+            )
             return
         if namespace is None:
-            self._send(dispatch_ack=wire.dispatch_ack(key, rejection=wire.Rejection(
-                "TENANT_NOT_ALLOWED", f"cluster {self.name} maps no namespace to tenant {order.tenant}")))
+            self._send(
+                dispatch_ack=wire.dispatch_ack(
+                    key,
+                    rejection=wire.Rejection(
+                        "TENANT_NOT_ALLOWED", f"cluster {self.name} maps no namespace to tenant {order.tenant}"
+                    ),
+                )
+            )
             return
         replicas: list[tuple[str, int, str]] = []
         gpus: dict[str, int] = {}
@@ -557,9 +627,15 @@ class SyntheticAgent:
         else:
             nodes = tuple(sorted(gpus))
             idx = [self.index[n] for n in nodes if n in self.index]
-            t.placements[order.job_id] = Placement(order.job_id, order.attempt, self.name, nodes,
-                                                   frozenset(self.layout.rack_of(i) for i in idx),
-                                                   frozenset(self.layout.block_of(i) for i in idx), now)
+            t.placements[order.job_id] = Placement(
+                order.job_id,
+                order.attempt,
+                self.name,
+                nodes,
+                frozenset(self.layout.rack_of(i) for i in idx),
+                frozenset(self.layout.block_of(i) for i in idx),
+                now,
+            )
         for node, n in gpus.items():
             i = self.index.get(node)
             if i is None:
@@ -571,16 +647,22 @@ class SyntheticAgent:
         t.hold(self.name, sum(gpus.values()))
         self.attempts[key] = _Attempt(order, tuple(replicas), gpus)
         self.reservations_changed = True  # the agent writes a reservation ConfigMap: the next report lists it
-        self._send(dispatch_ack=wire.dispatch_ack(key, namespace=namespace,
-                                                  inventory_sequence=order.inventory_sequence))
+        self._send(
+            dispatch_ack=wire.dispatch_ack(key, namespace=namespace, inventory_sequence=order.inventory_sequence)
+        )
         self._status(key)  # every pod created, pinned and gated at once
 
     def _start(self, key: AttemptKey) -> None:
         a = self.attempts.get(key)
         if a is None:
-            self._send(workload_status=wire.workload_status(wire.WorkloadReport(
-                key, "FAILED", outcome="INFRA_FAILED", message="Start for an attempt this cluster does not hold"),
-                time.time()))
+            self._send(
+                workload_status=wire.workload_status(
+                    wire.WorkloadReport(
+                        key, "FAILED", outcome="INFRA_FAILED", message="Start for an attempt this cluster does not hold"
+                    ),
+                    time.time(),
+                )
+            )
             return
         if a.bound:
             return
@@ -632,15 +714,32 @@ class SyntheticAgent:
         """The attempt's WorkloadStatus as the agent reports it: GATED before Start, RUNNING after, then the end."""
         a = self.attempts[key]
         phase = end or ("RUNNING" if a.bound else "GATED")
-        replica_phase = {"GATED": ReplicaPhase.GATED, "RUNNING": ReplicaPhase.RUNNING}.get(phase,
-                                                                                       ReplicaPhase.SUCCEEDED)
+        replica_phase = {"GATED": ReplicaPhase.GATED, "RUNNING": ReplicaPhase.RUNNING}.get(
+            phase, ReplicaPhase.SUCCEEDED
+        )
         finished = time.time() if end else None
         replicas = tuple(
-            ReplicaView(ps, index, f"{a.order.job_name(ps)}-{index}-synth", node, replica_phase,
-                        exit_code=0 if end else None, start_time=a.started_at, finish_time=finished)
-            for ps, index, node in a.replicas)
-        report = wire.WorkloadReport(key, phase, replicas, self.layout.namespace, rendezvous_address(a.order),
-                                     outcome="SUCCEEDED" if end else "", exit_code=0 if end else None)
+            ReplicaView(
+                ps,
+                index,
+                f"{a.order.job_name(ps)}-{index}-synth",
+                node,
+                replica_phase,
+                exit_code=0 if end else None,
+                start_time=a.started_at,
+                finish_time=finished,
+            )
+            for ps, index, node in a.replicas
+        )
+        report = wire.WorkloadReport(
+            key,
+            phase,
+            replicas,
+            self.layout.namespace,
+            rendezvous_address(a.order),
+            outcome="SUCCEEDED" if end else "",
+            exit_code=0 if end else None,
+        )
         self._send(workload_status=wire.workload_status(report, time.time()))
 
     # ------------------------------------------------------------------ reports
@@ -679,8 +778,12 @@ class SyntheticAgent:
         base = self.inventory_sequence
         self.inventory_sequence += 1
         self.reservations_changed = False
-        delta = inv.InventoryDelta(sequence=self.inventory_sequence, base_sequence=base, reservations=self._progress(),
-                                   applied_broker_sequence=self.stream.applied if self.stream else 0)
+        delta = inv.InventoryDelta(
+            sequence=self.inventory_sequence,
+            base_sequence=base,
+            reservations=self._progress(),
+            applied_broker_sequence=self.stream.applied if self.stream else 0,
+        )
         delta.observe_time.FromNanoseconds(time.time_ns())
         for i in sorted(self.dirty):
             delta.upserted_nodes.add().MergeFromString(self.recorded.node(self.name, i, self._shown(i)))
@@ -698,7 +801,7 @@ class SyntheticAgent:
                 if time.monotonic() - last_beat >= self.heartbeat_s:
                     last_beat = time.monotonic()
                     self._send(heartbeat=wire.heartbeat(self.stream.applied, self.inventory_sequence, True))
-        except Exception as e:  # noqa: BLE001 - as in _read
+        except Exception as e:
             self.tally.stream_errors.append(f"{self.name}: reporter failed: {e!r}")
 
     async def close(self) -> None:
@@ -741,17 +844,29 @@ async def _until_listed(admin: BrokerClient, layout: FleetLayout, timeout_s: flo
         await asyncio.sleep(every_s)
 
 
-async def connect_fleet(recorded: RecordedInventory, broker: BrokerEndpoint, admin: BrokerClient, *,
-                        run_seconds: tuple[float, float] = (10.0, 20.0), parallel: int = 16, coalesce_s: float = 0.15,
-                        seed: int = 0, timeout_s: float = 300.0) -> SyntheticFleet:
+async def connect_fleet(
+    recorded: RecordedInventory,
+    broker: BrokerEndpoint,
+    admin: BrokerClient,
+    *,
+    run_seconds: tuple[float, float] = (10.0, 20.0),
+    parallel: int = 16,
+    coalesce_s: float = 0.15,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+) -> SyntheticFleet:
     """Connect one synthetic agent per cluster of the layout (`parallel` handshakes and snapshots at a time),
     each with a client certificate naming its cluster; returns once the broker (asked through `admin`) lists
     every cluster connected, fresh, with all its nodes."""
     layout = recorded.layout
     tally = FleetTally()
     rng = random.Random(seed)
-    agents = [SyntheticAgent(name, recorded, tally, run_seconds=run_seconds, coalesce_s=coalesce_s,
-                             rng=random.Random(rng.random())) for name in layout.cluster_names()]
+    agents = [
+        SyntheticAgent(
+            name, recorded, tally, run_seconds=run_seconds, coalesce_s=coalesce_s, rng=random.Random(rng.random())
+        )
+        for name in layout.cluster_names()
+    ]
     certs = {a.name: broker.pki.issue(a.name) for a in agents}  # outside the timed part
     gate = asyncio.Semaphore(parallel)
 
@@ -782,8 +897,11 @@ class JobKind:
     weight: float
 
 
-DEFAULT_MIX = (JobKind("1 x 8 GPUs", 1, "", 0.6), JobKind("8 x 8 GPUs, one rack", 8, "rack", 0.3),
-               JobKind("32 x 8 GPUs, one block", 32, "block", 0.1))
+DEFAULT_MIX = (
+    JobKind("1 x 8 GPUs", 1, "", 0.6),
+    JobKind("8 x 8 GPUs, one rack", 8, "rack", 0.3),
+    JobKind("32 x 8 GPUs, one block", 32, "block", 0.1),
+)
 
 
 def job_specs(n: int, mix: Sequence[JobKind], tenant: str) -> list[tuple[JobKind, job_pb2.JobSpec]]:
@@ -798,9 +916,18 @@ def job_specs(n: int, mix: Sequence[JobKind], tenant: str) -> list[tuple[JobKind
         j = max(range(len(mix)), key=lambda x: credit[x])
         credit[j] -= total
         kind = mix[j]
-        item = WorkItem(f"scale-{i}", tenant, "gang" if kind.replicas > 1 else "batch", arrival_s=0.0, duration_s=0.0,
-                        replicas=kind.replicas, gpus=REPLICA_GPUS, cpu_milli=REPLICA_CPU_MILLI,
-                        memory_bytes=REPLICA_MEMORY, required_level=kind.level)
+        item = WorkItem(
+            f"scale-{i}",
+            tenant,
+            "gang" if kind.replicas > 1 else "batch",
+            arrival_s=0.0,
+            duration_s=0.0,
+            replicas=kind.replicas,
+            gpus=REPLICA_GPUS,
+            cpu_milli=REPLICA_CPU_MILLI,
+            memory_bytes=REPLICA_MEMORY,
+            required_level=kind.level,
+        )
         out.append((kind, job_spec(item)))
     return out
 
@@ -814,8 +941,9 @@ class Submission:
     """time.monotonic() when its SubmitJobs call went out."""
 
 
-async def submit_steady(client: BrokerClient, specs: Sequence[job_pb2.JobSpec], rate_per_s: float, job_set: str,
-                        tick_s: float = 0.05) -> tuple[list[Submission], list[str]]:
+async def submit_steady(
+    client: BrokerClient, specs: Sequence[job_pb2.JobSpec], rate_per_s: float, job_set: str, tick_s: float = 0.05
+) -> tuple[list[Submission], list[str]]:
     """Submit at `rate_per_s`: every tick one SubmitJobs call with the jobs whose time has come (calls overlap
     when the broker is slow, so the offered rate holds). Returns the accepted submissions and the refusals."""
     accepted: list[Submission] = []
@@ -871,8 +999,9 @@ async def start_broker(tmp: Path, layout: FleetLayout, **config: Any) -> ScaleBr
     for t in policy["tenants"]:  # submissions come in bursts of a tick's worth
         t["rate_limit"] = {"rate_per_s": 100_000, "burst": 100_000}
     port = free_port()
-    process = BrokerProcess(tmp, policy, tokens, admin=ADMIN, **{"metrics_port": port, "heartbeat_interval_s": 5.0,
-                                                                  **config})
+    process = BrokerProcess(
+        tmp, policy, tokens, admin=ADMIN, **{"metrics_port": port, "heartbeat_interval_s": 5.0, **config}
+    )
     await process.start()
     return ScaleBroker(process, f"http://127.0.0.1:{port}/metrics", tokens[layout.tenant])
 
@@ -974,9 +1103,17 @@ async def _settled_states(client: BrokerClient, job_set: str, n: int, timeout_s:
         await asyncio.sleep(0.5)
 
 
-async def _run_phase(broker: ScaleBroker, client: BrokerClient, fleet: SyntheticFleet, phase: Phase,
-                     mix: Sequence[JobKind], tenant: str, *, place_timeout_s: float,
-                     drain_timeout_s: float) -> PhaseResult:
+async def _run_phase(
+    broker: ScaleBroker,
+    client: BrokerClient,
+    fleet: SyntheticFleet,
+    phase: Phase,
+    mix: Sequence[JobKind],
+    tenant: str,
+    *,
+    place_timeout_s: float,
+    drain_timeout_s: float,
+) -> PhaseResult:
     out = PhaseResult(phase)
     pid, tally, procs = broker.pid, fleet.tally, [broker.process.as_proc()]
     specs = job_specs(phase.jobs, mix, tenant)
@@ -1006,10 +1143,19 @@ async def _run_phase(broker: ScaleBroker, client: BrokerClient, fleet: Synthetic
     return out
 
 
-async def run_scale(workdir: Path, layout: FleetLayout, phases: Sequence[Phase], *,
-                    mix: Sequence[JobKind] = DEFAULT_MIX, run_seconds: tuple[float, float] = (10.0, 20.0),
-                    settle_s: float = 3.0, parallel: int = 16, place_timeout_s: float = 300.0,
-                    drain_timeout_s: float = 300.0, seed: int = 0) -> ScaleResult:
+async def run_scale(
+    workdir: Path,
+    layout: FleetLayout,
+    phases: Sequence[Phase],
+    *,
+    mix: Sequence[JobKind] = DEFAULT_MIX,
+    run_seconds: tuple[float, float] = (10.0, 20.0),
+    settle_s: float = 3.0,
+    parallel: int = 16,
+    place_timeout_s: float = 300.0,
+    drain_timeout_s: float = 300.0,
+    seed: int = 0,
+) -> ScaleResult:
     """Record the inventory, start the broker, connect the fleet, then per phase submit its jobs at its rate
     and wait until every one was placed and has finished; the broker process is measured throughout."""
     recorded = record_inventory(layout)
@@ -1023,21 +1169,39 @@ async def run_scale(workdir: Path, layout: FleetLayout, phases: Sequence[Phase],
         await asyncio.sleep(1.0)  # start-up settles before the idle sample
         result.broker_rss_idle = process_rss_bytes(pid)
         cpu0, own0, busy0 = process_cpu_s(pid), process_cpu_s(os.getpid()), machine_busy_s()
-        fleet = await connect_fleet(recorded, broker.process, admin, run_seconds=run_seconds, parallel=parallel,
-                                    seed=seed, timeout_s=place_timeout_s)
+        fleet = await connect_fleet(
+            recorded,
+            broker.process,
+            admin,
+            run_seconds=run_seconds,
+            parallel=parallel,
+            seed=seed,
+            timeout_s=place_timeout_s,
+        )
         result.tally = fleet.tally
         result.connect_s = fleet.connect_s
         result.connect_cpu_s = process_cpu_s(pid) - cpu0
         result.connect_agents_cpu_s = process_cpu_s(os.getpid()) - own0
-        result.connect_others_cpu_s = max(0.0, machine_busy_s() - busy0 - result.connect_cpu_s
-                                          - result.connect_agents_cpu_s)
+        result.connect_others_cpu_s = max(
+            0.0, machine_busy_s() - busy0 - result.connect_cpu_s - result.connect_agents_cpu_s
+        )
         result.broker_rss_connected = process_rss_bytes(pid)
         cpu0, t0 = process_cpu_s(pid), time.monotonic()
         await asyncio.sleep(settle_s)
         result.idle_cpu_per_s = (process_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
         for phase in phases:
-            result.phases.append(await _run_phase(broker, client, fleet, phase, mix, layout.tenant,
-                                                  place_timeout_s=place_timeout_s, drain_timeout_s=drain_timeout_s))
+            result.phases.append(
+                await _run_phase(
+                    broker,
+                    client,
+                    fleet,
+                    phase,
+                    mix,
+                    layout.tenant,
+                    place_timeout_s=place_timeout_s,
+                    drain_timeout_s=drain_timeout_s,
+                )
+            )
         result.broker_rss_end = process_rss_bytes(pid)
         result.broker_rss_peak = process_peak_rss_bytes(pid)
         result.agents_rss_end = process_rss_bytes(os.getpid())

@@ -116,8 +116,11 @@ def _label_value(v: str) -> str:
 
 def _label_key(v: str) -> str:
     prefix, _, name = v.rpartition("/")
-    if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix))) or not name \
-            or not _LABEL_VALUE.fullmatch(name):
+    if (
+        (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)))
+        or not name
+        or not _LABEL_VALUE.fullmatch(name)
+    ):
         raise ValueError(f"{v!r} is not a Kubernetes label key ([prefix/]name)")
     return v
 
@@ -194,7 +197,8 @@ class ClusterDoc(_Doc):
     levels: list[LevelDoc] = Field(min_length=1)
     groups: list[GroupDoc] = Field(min_length=1)
     background_pods_per_min: float = Field(
-        _field_default(ClusterSpec, "background_pods_per_min"), ge=0, allow_inf_nan=False)
+        _field_default(ClusterSpec, "background_pods_per_min"), ge=0, allow_inf_nan=False
+    )
 
     @field_validator("levels", mode="before")
     @classmethod
@@ -210,8 +214,10 @@ class ClusterDoc(_Doc):
             if level.name in seen:
                 raise _FieldError((i, "name"), f"level {level.name!r} given twice")
             if seen and LEVEL_NAMES.index(level.name) < LEVEL_NAMES.index(next(reversed(seen))):
-                raise _FieldError((i, "name"), f"level {level.name!r} out of order: levels go broad to narrow, "
-                                               f"{' > '.join(LEVEL_NAMES)}")
+                raise _FieldError(
+                    (i, "name"),
+                    f"level {level.name!r} out of order: levels go broad to narrow, {' > '.join(LEVEL_NAMES)}",
+                )
             seen[level.name] = i
         keys = [level.label_key for level in v]
         for i, key in enumerate(keys):
@@ -233,8 +239,11 @@ class ClusterDoc(_Doc):
         for i, g in enumerate(self.groups):
             longest = len(_node_name(self.name, g.name, g.nodes - 1, g.nodes))
             if longest > _HOST_NAME_LIMIT:
-                raise _FieldError(("groups", i, "name"), f"node names '{self.name}-{g.name}-NNN' would be {longest} "
-                                                         f"characters, over {_HOST_NAME_LIMIT}: shorten the names")
+                raise _FieldError(
+                    ("groups", i, "name"),
+                    f"node names '{self.name}-{g.name}-NNN' would be {longest} "
+                    f"characters, over {_HOST_NAME_LIMIT}: shorten the names",
+                )
         total = sum(g.nodes for g in self.groups)
         if total > MAX_NODES_PER_CLUSTER:
             raise _FieldError(("groups",), f"{total} nodes, over {MAX_NODES_PER_CLUSTER} per cluster")
@@ -278,8 +287,10 @@ class FleetDoc(_Doc):
             if names[i] in names[:i]:
                 raise _FieldError((i, "name"), f"duplicate tenant {t.name!r}")
             if spaces[i] in spaces[:i]:
-                raise _FieldError((i, "namespace"), f"namespace {spaces[i]!r} already belongs to tenant "
-                                                    f"{names[spaces.index(spaces[i])]!r}")
+                raise _FieldError(
+                    (i, "namespace"),
+                    f"namespace {spaces[i]!r} already belongs to tenant {names[spaces.index(spaces[i])]!r}",
+                )
         return v
 
     @model_validator(mode="after")
@@ -403,8 +414,18 @@ def _unknown_field(loc: tuple[str | int, ...]) -> str:
         if isinstance(x, int) or model is None:
             continue
         info = model.model_fields.get(x)
-        model = next((a for a in (info.annotation, *get_args(info.annotation)) if isinstance(a, type)
-                      and issubclass(a, BaseModel)), None) if info is not None else None
+        model = (
+            next(
+                (
+                    a
+                    for a in (info.annotation, *get_args(info.annotation))
+                    if isinstance(a, type) and issubclass(a, BaseModel)
+                ),
+                None,
+            )
+            if info is not None
+            else None
+        )
     name = str(loc[-1])
     if model is None:
         return f"unknown field {name!r}"
@@ -417,7 +438,9 @@ def _unknown_field(loc: tuple[str | int, ...]) -> str:
 def _spec_of(doc: FleetDoc) -> FleetSpec:
     clusters = tuple(
         ClusterSpec(
-            name=c.name, region=c.region, role=c.role,
+            name=c.name,
+            region=c.region,
+            role=c.role,
             levels=tuple(Level(level.name, level.label_key) for level in c.levels),
             groups=tuple(NodeGroup(**g.model_dump()) for g in c.groups),
             background_pods_per_min=c.background_pods_per_min,
@@ -434,14 +457,19 @@ def _doc_of(spec: FleetSpec) -> dict[str, Any]:
         "name": spec.name,
         "synthesised_topology": spec.synthesised_topology,
         "clusters": [
-            {"name": c.name, "region": c.region, "role": c.role,
-             "levels": [{"name": level.name, "key": level.key} for level in c.levels],
-             "groups": [dataclasses.asdict(g) for g in c.groups],
-             "background_pods_per_min": c.background_pods_per_min}
+            {
+                "name": c.name,
+                "region": c.region,
+                "role": c.role,
+                "levels": [{"name": level.name, "key": level.key} for level in c.levels],
+                "groups": [dataclasses.asdict(g) for g in c.groups],
+                "background_pods_per_min": c.background_pods_per_min,
+            }
             for c in spec.clusters
         ],
-        "tenants": [{"name": t.name, "weight": t.weight, "namespace": t.namespace, "quota": dict(t.quota)}
-                    for t in spec.tenants],
+        "tenants": [
+            {"name": t.name, "weight": t.weight, "namespace": t.namespace, "quota": dict(t.quota)} for t in spec.tenants
+        ],
     }
 
 
@@ -497,8 +525,9 @@ class NodeLocation:
 
     def level_value(self, level: str) -> str:
         """The node's value of a level name ("" = no such label on the node)."""
-        return {"zone": self.zone, "block": self.block, "rack": self.rack, "nvlink": self.clique,
-                "host": self.name}[level]
+        return {"zone": self.zone, "block": self.block, "rack": self.rack, "nvlink": self.clique, "host": self.name}[
+            level
+        ]
 
 
 def _node_name(cluster: str, group: str, i: int, count: int) -> str:
@@ -514,11 +543,17 @@ def node_locations(cluster: ClusterSpec) -> list[NodeLocation]:
         zone = g.zone or f"{cluster.region}-a"
         for i in range(g.nodes):
             rack = i // g.nodes_per_rack
-            out.append(NodeLocation(
-                name=_node_name(cluster.name, g.name, i, g.nodes), group=g, index=len(out), zone=zone,
-                block=f"b{blocks + rack // g.racks_per_block + 1}", rack=f"r{racks + rack + 1}",
-                clique=f"{fabric}.{i // g.clique_nodes + 1}" if g.clique_nodes else "",
-            ))
+            out.append(
+                NodeLocation(
+                    name=_node_name(cluster.name, g.name, i, g.nodes),
+                    group=g,
+                    index=len(out),
+                    zone=zone,
+                    block=f"b{blocks + rack // g.racks_per_block + 1}",
+                    rack=f"r{racks + rack + 1}",
+                    clique=f"{fabric}.{i // g.clique_nodes + 1}" if g.clique_nodes else "",
+                )
+            )
         group_racks = -(-g.nodes // g.nodes_per_rack)
         racks += group_racks
         blocks += -(-group_racks // g.racks_per_block)
@@ -564,8 +599,13 @@ def _gfd_labels(g: NodeGroup, mig_strategy: str) -> dict[str, str]:
         labels[GPU_MEMORY_LABEL] = str(g.gpu_memory_mib)
     arch = next(((f, ma, mi) for p, f, ma, mi in _ARCHITECTURES if p.search(g.gpu_model)), None)
     if arch is not None:
-        labels.update({"nvidia.com/gpu.family": arch[0], "nvidia.com/gpu.compute.major": str(arch[1]),
-                       "nvidia.com/gpu.compute.minor": str(arch[2])})
+        labels.update(
+            {
+                "nvidia.com/gpu.family": arch[0],
+                "nvidia.com/gpu.compute.major": str(arch[1]),
+                "nvidia.com/gpu.compute.minor": str(arch[2]),
+            }
+        )
     if capable and mig_strategy == "mixed":
         labels.update({"nvidia.com/mig.config": g.mig or "all-disabled", "nvidia.com/mig.config.state": "success"})
     if g.mig and family is not None:
@@ -574,14 +614,16 @@ def _gfd_labels(g: NodeGroup, mig_strategy: str) -> dict[str, str]:
             slices = str(classes[mig.FAMILY_PROFILES[family][profile]].compute)
             prefix = mig.resource_name(profile)
             # memory and SM counts are left out: MIG-GEOMETRY has no verified figures for every model
-            labels.update({
-                f"{prefix}.count": str(per_gpu * g.gpus_per_node),
-                f"{prefix}.product": f"{g.gpu_model}-MIG-{profile}",
-                f"{prefix}.replicas": "1",
-                f"{prefix}.sharing-strategy": "none",
-                f"{prefix}.slices.gi": slices,
-                f"{prefix}.slices.ci": slices,
-            })
+            labels.update(
+                {
+                    f"{prefix}.count": str(per_gpu * g.gpus_per_node),
+                    f"{prefix}.product": f"{g.gpu_model}-MIG-{profile}",
+                    f"{prefix}.replicas": "1",
+                    f"{prefix}.sharing-strategy": "none",
+                    f"{prefix}.slices.gi": slices,
+                    f"{prefix}.slices.ci": slices,
+                }
+            )
     return labels
 
 
@@ -602,8 +644,7 @@ def _node_object(cluster: ClusterSpec, loc: NodeLocation, mig_strategy: str) -> 
     if loc.clique:
         labels[CLIQUE_LABEL] = loc.clique
     labels.update(_gfd_labels(g, mig_strategy))
-    resources = {"cpu": str(g.cpu_cores), "memory": f"{g.memory_gib}Gi", "pods": "110",
-                 "ephemeral-storage": "1800Gi"}
+    resources = {"cpu": str(g.cpu_cores), "memory": f"{g.memory_gib}Gi", "pods": "110", "ephemeral-storage": "1800Gi"}
     if g.mig:  # mixed strategy: every GPU is partitioned, so none is published whole
         for profile, per_gpu in mig_layout(g.gpu_model, g.mig).items():
             resources[mig.resource_name(profile)] = str(per_gpu * g.gpus_per_node)
@@ -717,13 +758,13 @@ def alibaba_fleet(node_csv_path: str | os.PathLike[str], clusters: int = 4, seed
         a, b = sorted((i, j))
         left, right = parts[a], parts[b]
         role = left.role if left.gpus >= right.gpus else right.role
-        parts[a:b + 1] = [_Part(f"{left.base}-{right.base}", role, left.rows + right.rows, left.gpus + right.gpus)]
+        parts[a : b + 1] = [_Part(f"{left.base}-{right.base}", role, left.rows + right.rows, left.gpus + right.gpus)]
     rng = np.random.default_rng(seed)
     while len(parts) < clusters:
         i = max((k for k in range(len(parts)) if len(parts[k].rows) > 1), key=lambda k: parts[k].gpus)
         dealt = [parts[i].rows[int(k)] for k in rng.permutation(len(parts[i].rows))]
-        halves = [sorted(dealt[: len(dealt) // 2]), sorted(dealt[len(dealt) // 2:])]
-        parts[i:i + 1] = [_Part(parts[i].base, parts[i].role, h, sum(table.gpus[r] for r in h)) for h in halves]
+        halves = [sorted(dealt[: len(dealt) // 2]), sorted(dealt[len(dealt) // 2 :])]
+        parts[i : i + 1] = [_Part(parts[i].base, parts[i].role, h, sum(table.gpus[r] for r in h)) for h in halves]
     specs = []
     bases = [p.base for p in parts]
     for p in parts:
@@ -737,9 +778,15 @@ def alibaba_fleet(node_csv_path: str | os.PathLike[str], clusters: int = 4, seed
         groups = tuple(
             NodeGroup(
                 # the openb nodes hold whole cores and whole GiB
-                name=_dns(f"{model}-{gpus}gpu-{cpu // 1000}c-{mem // 1024}g"), gpu_model=model, nodes=count,
-                gpus_per_node=gpus, gpu_memory_mib=_OPENB_GPU_MEMORY_MIB.get(model, 0), cpu_cores=cpu // 1000,
-                memory_gib=mem // 1024, nodes_per_rack=_rack_size(gpus), racks_per_block=8,
+                name=_dns(f"{model}-{gpus}gpu-{cpu // 1000}c-{mem // 1024}g"),
+                gpu_model=model,
+                nodes=count,
+                gpus_per_node=gpus,
+                gpu_memory_mib=_OPENB_GPU_MEMORY_MIB.get(model, 0),
+                cpu_cores=cpu // 1000,
+                memory_gib=mem // 1024,
+                nodes_per_rack=_rack_size(gpus),
+                racks_per_block=8,
             )
             for (model, gpus, cpu, mem), count in sorted(shapes.items(), key=lambda s: (s[0][0], -s[0][1], s[0][2:]))
         )

@@ -65,8 +65,14 @@ _ADMIN = "fleetsim-admin"
 _JOB_LABEL = "tandem.dev/job"
 _ATTEMPT_LABEL = "tandem.dev/attempt"
 _TERMINAL = frozenset({job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED})
-_NOT_STARTED = frozenset({job_pb2.ATTEMPT_OUTCOME_REJECTED, job_pb2.ATTEMPT_OUTCOME_GANG_TIMEOUT,
-                          job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED, job_pb2.ATTEMPT_OUTCOME_LOST})
+_NOT_STARTED = frozenset(
+    {
+        job_pb2.ATTEMPT_OUTCOME_REJECTED,
+        job_pb2.ATTEMPT_OUTCOME_GANG_TIMEOUT,
+        job_pb2.ATTEMPT_OUTCOME_INFRA_FAILED,
+        job_pb2.ATTEMPT_OUTCOME_LOST,
+    }
+)
 """Outcomes of an attempt that never ran and is re-planned: a false dispatch when it was dispatched."""
 _TOLERATIONS = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
 
@@ -77,9 +83,14 @@ _TOLERATIONS = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedul
 def job_spec(item: WorkItem, compression: float = 0.0) -> job_pb2.JobSpec:
     """One pod set of `item.replicas` with the item's shape and a pod template that requests exactly it; with a
     `compression` factor, the item's declared max runtime in compressed time (0: none is sent)."""
-    spec = job_pb2.JobSpec(tenant=item.tenant, queue="default", priority=max(-1000, min(1000, item.priority)),
-                           preemptible=item.preemptible, display_name=item.name,
-                           framework=job_pb2.FRAMEWORK_TORCHRUN if item.replicas > 1 else job_pb2.FRAMEWORK_PLAIN)
+    spec = job_pb2.JobSpec(
+        tenant=item.tenant,
+        queue="default",
+        priority=max(-1000, min(1000, item.priority)),
+        preemptible=item.preemptible,
+        display_name=item.name,
+        framework=job_pb2.FRAMEWORK_TORCHRUN if item.replicas > 1 else job_pb2.FRAMEWORK_PLAIN,
+    )
     resources: dict[str, str] = {"cpu": f"{item.cpu_milli}m", "memory": str(item.memory_bytes)}
     ps = spec.pod_sets.add(name="workers", count=item.replicas)
     shape = ps.shape
@@ -97,8 +108,11 @@ def job_spec(item: WorkItem, compression: float = 0.0) -> job_pb2.JobSpec:
     elif item.gpus:
         shape.gpu_count = item.gpus
         resources[GPU_RESOURCE] = str(item.gpus)
-    container = {"name": "main", "image": "registry.example.com/fleetsim/workload:1",
-                 "resources": {"requests": resources, "limits": dict(resources)}}
+    container = {
+        "name": "main",
+        "image": "registry.example.com/fleetsim/workload:1",
+        "resources": {"requests": resources, "limits": dict(resources)},
+    }
     ps.pod_template_json = json.dumps({"spec": {"containers": [container], "tolerations": _TOLERATIONS}})
     if item.required_level:
         spec.topology.required_level = item.required_level
@@ -172,10 +186,19 @@ class _Tracked:
 
 
 class _WireRun:
-    def __init__(self, fleet: FleetSpec, cluster_nodes: Mapping[str, list[JSON]], items: Sequence[WorkItem], *,
-                 compression: float, workdir: Path, seed: int,
-                 progress: Callable[[int, int], None] | None, timeout_s: float,
-                 horizon_s: float | None = None) -> None:
+    def __init__(
+        self,
+        fleet: FleetSpec,
+        cluster_nodes: Mapping[str, list[JSON]],
+        items: Sequence[WorkItem],
+        *,
+        compression: float,
+        workdir: Path,
+        seed: int,
+        progress: Callable[[int, int], None] | None,
+        timeout_s: float,
+        horizon_s: float | None = None,
+    ) -> None:
         if compression <= 0:
             raise ValueError("compression must be positive")
         missing = [c.name for c in fleet.clusters if c.name not in cluster_nodes]
@@ -200,8 +223,10 @@ class _WireRun:
         self.ended_unknown: set[str] = set()
         """Jobs seen terminal before their submission returned (a race the watch may win)."""
         self.gangs: dict[tuple[str, int], _Gang] = {}
-        self.node_labels = {c: {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in nodes}
-                            for c, nodes in cluster_nodes.items()}
+        self.node_labels = {
+            c: {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in nodes}
+            for c, nodes in cluster_nodes.items()
+        }
         self.level_keys: dict[str, dict[str, str]] = {}
         """cluster -> level name -> node label key, as its agent reported them to the broker."""
         self.broker: BrokerProcess | None = None
@@ -246,8 +271,9 @@ class _WireRun:
         self.broker = BrokerProcess(self.workdir, policy, tokens, admin=_ADMIN, **self.broker_times())
         await self.broker.start()
         namespaces = {t.name: [t.namespace or t.name] for t in self.fleet.tenants}
-        started = await asyncio.gather(*(self._start_cluster(spec, namespaces) for spec in self.fleet.clusters),
-                                       return_exceptions=True)
+        started = await asyncio.gather(
+            *(self._start_cluster(spec, namespaces) for spec in self.fleet.clusters), return_exceptions=True
+        )
         failures = [r for r in started if isinstance(r, BaseException)]
         if failures:
             raise failures[0]
@@ -256,9 +282,17 @@ class _WireRun:
 
     async def _start_cluster(self, spec: ClusterSpec, namespaces: Mapping[str, list[str]]) -> None:
         assert self.broker is not None
-        cluster = await start_cluster(spec.name, self.cluster_nodes[spec.name], self.broker, self.workdir,
-                                      tenants=namespaces, region=spec.region, role=spec.role, levels=spec.levels,
-                                      kubelet_auto_run=True)
+        cluster = await start_cluster(
+            spec.name,
+            self.cluster_nodes[spec.name],
+            self.broker,
+            self.workdir,
+            tenants=namespaces,
+            region=spec.region,
+            role=spec.role,
+            levels=spec.levels,
+            kubelet_auto_run=True,
+        )
         self.clusters[spec.name] = cluster
         await self._start_default_scheduler(cluster)
         self.kube[spec.name] = cluster.sim.client(user_agent="fleetsim-wire")
@@ -275,11 +309,20 @@ class _WireRun:
         token = await cluster.sim.service_account_token(identity.namespace, identity.name)
         binding = ids.cluster_role_binding(identity) | {"metadata": {"name": "fleetsim-default-scheduler"}}
         await cluster.sim.apply(binding)
-        scheduler = Scheduler(cluster.sim.client(token, "default-scheduler"), SchedulerProfile(),
-                              seed=self.seed, initial_backoff_s=0.05, max_backoff_s=1.0, unschedulable_timeout_s=5.0)
+        scheduler = Scheduler(
+            cluster.sim.client(token, "default-scheduler"),
+            SchedulerProfile(),
+            seed=self.seed,
+            initial_backoff_s=0.05,
+            max_backoff_s=1.0,
+            unschedulable_timeout_s=5.0,
+        )
         self._spawn(scheduler.run(), f"{cluster.name}-default-scheduler")
-        await wait_for(lambda: scheduler.nodes.synced.is_set() and scheduler.pods.synced.is_set(), 30,
-                       f"{cluster.name} default scheduler synced")
+        await wait_for(
+            lambda: scheduler.nodes.synced.is_set() and scheduler.pods.synced.is_set(),
+            30,
+            f"{cluster.name} default scheduler synced",
+        )
 
     async def stop(self) -> None:
         for task in list(self.tasks):
@@ -360,15 +403,31 @@ class _WireRun:
             await asyncio.sleep(rng.expovariate(1.0 / mean_gap_s))
             n += 1
             minutes = rng.uniform(*BACKGROUND_MINUTES)
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": f"background-{n}", "namespace": BACKGROUND_NAMESPACE,
-                                "labels": {BACKGROUND_LABEL: "true"},
-                                "annotations": {_BACKGROUND_MINUTES_ANNOTATION: f"{minutes:.3f}"}},
-                   "spec": {"schedulerName": "default-scheduler", "restartPolicy": "Never",
-                            "tolerations": _TOLERATIONS,
-                            "containers": [{"name": "main", "image": "registry.example.com/inference:1",
-                                            "resources": {"requests": {"cpu": "1", "memory": "4Gi"},
-                                                          "limits": {GPU_RESOURCE: str(rng.choice(sizes))}}}]}}
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"background-{n}",
+                    "namespace": BACKGROUND_NAMESPACE,
+                    "labels": {BACKGROUND_LABEL: "true"},
+                    "annotations": {_BACKGROUND_MINUTES_ANNOTATION: f"{minutes:.3f}"},
+                },
+                "spec": {
+                    "schedulerName": "default-scheduler",
+                    "restartPolicy": "Never",
+                    "tolerations": _TOLERATIONS,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.example.com/inference:1",
+                            "resources": {
+                                "requests": {"cpu": "1", "memory": "4Gi"},
+                                "limits": {GPU_RESOURCE: str(rng.choice(sizes))},
+                            },
+                        }
+                    ],
+                },
+            }
             try:
                 await client.create(kr.PODS, pod, BACKGROUND_NAMESPACE)
                 self.background_created += 1
@@ -391,8 +450,9 @@ class _WireRun:
     async def _sample_allocation(self) -> None:
         interval = max(0.1, self.real(60.0))
         while True:
-            sample = {name: sum(pod_gpus(p) for p in inf.store.values() if _holds(p))
-                      for name, inf in self.informers.items()}
+            sample = {
+                name: sum(pod_gpus(p) for p in inf.store.values() if _holds(p)) for name, inf in self.informers.items()
+            }
             self.allocation.append((self.sim_time(time.time()), sample))
             await asyncio.sleep(interval)
 
@@ -422,7 +482,7 @@ class _WireRun:
                     self.notes.append(f"item {tracked.item.name} not submitted: {e.code().name} {e.details()}")
                     self._count_done(tracked)
                     return
-                await asyncio.sleep(0.2 * 2 ** attempt)
+                await asyncio.sleep(0.2 * 2**attempt)
         assert result is not None
         if not result.job_id:
             self.notes.append(f"item {tracked.item.name} refused at submission: {result.error_message}")
@@ -503,8 +563,9 @@ class _WireRun:
             out.started_s = self.sim_time(running)
         if job.status.state == job_pb2.JOB_STATE_SUCCEEDED and (ended := _seconds(last.end_time)) is not None:
             out.finished_s = self.sim_time(ended)
-        nodes = list(gang.nodes.values()) if gang is not None and gang.nodes else [r.node for r in last.replicas
-                                                                                    if r.node]
+        nodes = (
+            list(gang.nodes.values()) if gang is not None and gang.nodes else [r.node for r in last.replicas if r.node]
+        )
         level = tracked.item.required_level
         if level and nodes:
             key = self.level_keys.get(last.cluster, {}).get(level, level)  # a level may be named by its key
@@ -553,49 +614,90 @@ class _WireRun:
     def broker_times(self) -> dict[str, Any]:
         """The broker's fairness and grace periods in compressed time, as they are in simulated time."""
         c = self.compression
-        return {"grace_period_s": 30.0 / c,
-                "fairness": {"min_runtime_s": 900.0 / c, "release_timeout_s": max(120.0 / c, 5.0),
-                             "hold_after_s": 1800.0 / c, "max_hold_s": 4 * 3600.0 / c}}
+        return {
+            "grace_period_s": 30.0 / c,
+            "fairness": {
+                "min_runtime_s": 900.0 / c,
+                "release_timeout_s": max(120.0 / c, 5.0),
+                "hold_after_s": 1800.0 / c,
+                "max_hold_s": 4 * 3600.0 / c,
+            },
+        }
 
     def _result(self) -> RunResult:
         outcomes = [t.outcome for t in self.tracked]
         finished = [o.finished_s for o in outcomes if o.finished_s is not None]
-        header = (f"wire mode: real broker, extender and agent processes; time compressed {self.compression:g}x "
-                  f"(1 real second = {self.compression:g} simulated seconds)")
-        notes = [header, ("wire mode: the broker's grace period, minimum runtime before fair-share preemption, "
-                          "hold bound and hold length are compressed likewise; a preempted job runs its whole "
-                          "duration again (no checkpoints)")]
+        header = (
+            f"wire mode: real broker, extender and agent processes; time compressed {self.compression:g}x "
+            f"(1 real second = {self.compression:g} simulated seconds)"
+        )
+        notes = [
+            header,
+            (
+                "wire mode: the broker's grace period, minimum runtime before fair-share preemption, "
+                "hold bound and hold length are compressed likewise; a preempted job runs its whole "
+                "duration again (no checkpoints)"
+            ),
+        ]
         durations = [self.real(i.duration_s) for i in self.items]
         median = statistics.median(durations) if durations else 0.0
         # S-1's figure is submit -> all bound; only an item the broker placed on arrival (not held for
         # capacity) and that started on its first attempt shows the pipeline rather than queueing.
-        prompt = [t.bound_at - t.submitted_at for t in self.tracked
-                  if t.bound_at is not None and t.first_placed_at is not None and t.attempts == 1
-                  and t.first_placed_at - t.submitted_at <= PROMPT_PLACEMENT_S]
+        prompt = [
+            t.bound_at - t.submitted_at
+            for t in self.tracked
+            if t.bound_at is not None
+            and t.first_placed_at is not None
+            and t.attempts == 1
+            and t.first_placed_at - t.submitted_at <= PROMPT_PLACEMENT_S
+        ]
         if prompt and median > 0:
             p50 = statistics.median(prompt)
             verdict = "within" if p50 / median < PIPELINE_BUDGET else "ABOVE"
-            notes.append(f"pipeline latency (submit -> all pods bound, {len(prompt)} items placed on arrival) p50 "
-                         f"{p50 * 1000:.0f} ms real = {p50 / median:.1%} of the median job duration "
-                         f"({median:.1f} s real): {verdict} the {PIPELINE_BUDGET:.0%} budget (S-1)")
+            notes.append(
+                f"pipeline latency (submit -> all pods bound, {len(prompt)} items placed on arrival) p50 "
+                f"{p50 * 1000:.0f} ms real = {p50 / median:.1%} of the median job duration "
+                f"({median:.1f} s real): {verdict} the {PIPELINE_BUDGET:.0%} budget (S-1)"
+            )
         elif self.tracked:
             notes.append("pipeline latency: no item was placed on arrival and started at once (all queued)")
-        binding = [self.real(o.started_s - o.placed_s) for o in outcomes
-                   if o.started_s is not None and o.placed_s is not None]
+        binding = [
+            self.real(o.started_s - o.placed_s) for o in outcomes if o.started_s is not None and o.placed_s is not None
+        ]
         if binding:
-            notes.append(f"placement -> all pods bound p50 {statistics.median(binding) * 1000:.0f} ms real "
-                         "(dispatch, create, pin, start, bind)")
+            notes.append(
+                f"placement -> all pods bound p50 {statistics.median(binding) * 1000:.0f} ms real "
+                "(dispatch, create, pin, start, bind)"
+            )
         if self.background_created:
-            notes.append(f"background: {self.background_created} pods created outside Tandem, "
-                         f"{len(self.background_ran)} ran")
-        return RunResult(mode="wire", policy="tandem", fleet=self.fleet, seed=self.seed, outcomes=outcomes,
-                         allocation=self.allocation, background_pods=len(self.background_ran),
-                         makespan_s=max(finished, default=0.0), notes=notes + self.notes)
+            notes.append(
+                f"background: {self.background_created} pods created outside Tandem, {len(self.background_ran)} ran"
+            )
+        return RunResult(
+            mode="wire",
+            policy="tandem",
+            fleet=self.fleet,
+            seed=self.seed,
+            outcomes=outcomes,
+            allocation=self.allocation,
+            background_pods=len(self.background_ran),
+            makespan_s=max(finished, default=0.0),
+            notes=notes + self.notes,
+        )
 
 
-async def run_wire(fleet: FleetSpec, cluster_nodes: Mapping[str, list[dict[str, Any]]], items: Sequence[WorkItem], *,
-                   compression: float, workdir: Path, seed: int, progress: Callable[[int, int], None] | None = None,
-                   timeout_s: float, horizon_s: float | None = None) -> RunResult:
+async def run_wire(
+    fleet: FleetSpec,
+    cluster_nodes: Mapping[str, list[dict[str, Any]]],
+    items: Sequence[WorkItem],
+    *,
+    compression: float,
+    workdir: Path,
+    seed: int,
+    progress: Callable[[int, int], None] | None = None,
+    timeout_s: float,
+    horizon_s: float | None = None,
+) -> RunResult:
     """Run `items` through a real broker and, per cluster of `fleet`, a simulated control plane with the real
     extender and agent (`cluster_nodes`: the Node objects of each cluster). Times in the result are simulated
     seconds (real seconds x `compression`). Every process is stopped on return, also on error; past
@@ -605,8 +707,17 @@ async def run_wire(fleet: FleetSpec, cluster_nodes: Mapping[str, list[dict[str, 
     if workdir.exists() and any(workdir.iterdir()):
         raise ValueError(f"{workdir} is not empty (a broker database there would answer resubmissions)")
     workdir.mkdir(parents=True, exist_ok=True)
-    run = _WireRun(fleet, cluster_nodes, items, compression=compression, workdir=workdir, seed=seed,
-                   progress=progress, timeout_s=timeout_s, horizon_s=horizon_s)
+    run = _WireRun(
+        fleet,
+        cluster_nodes,
+        items,
+        compression=compression,
+        workdir=workdir,
+        seed=seed,
+        progress=progress,
+        timeout_s=timeout_s,
+        horizon_s=horizon_s,
+    )
     try:
         return await run.run()
     finally:

@@ -143,8 +143,10 @@ def _replicas_per_node(group: NodeGroup, item: WorkItem) -> int:
 def domain_capacity(cluster: ClusterSpec, item: WorkItem) -> int:
     """Most replicas of `item` that one domain of its required level holds in the empty cluster."""
     if item.required_level:
-        return max((domain_nodes(cluster, g, item.required_level) * _replicas_per_node(g, item)
-                    for g in cluster.groups), default=0)
+        return max(
+            (domain_nodes(cluster, g, item.required_level) * _replicas_per_node(g, item) for g in cluster.groups),
+            default=0,
+        )
     return sum(g.nodes * _replicas_per_node(g, item) for g in cluster.groups)
 
 
@@ -209,14 +211,26 @@ class _Template:
     cpu_milli: int = 1000
     memory_bytes: int = GIB
 
-    def item(self, name: str, tenant: str, arrival_s: float, duration_s: float, *,
-             preemptible: bool = False) -> WorkItem:
+    def item(
+        self, name: str, tenant: str, arrival_s: float, duration_s: float, *, preemptible: bool = False
+    ) -> WorkItem:
         return WorkItem(
-            name=name, tenant=tenant, kind=self.kind, arrival_s=arrival_s, duration_s=duration_s,
-            replicas=self.replicas, gpus=self.gpus, mig_profile=INFERENCE_MIG_PROFILE if self.mig_count else "",
-            mig_count=self.mig_count, cpu_milli=self.cpu_milli, memory_bytes=self.memory_bytes,
-            gpu_models=self.gpu_models, required_level=self.required_level, min_replicas=self.min_replicas,
-            preemptible=preemptible, max_runtime_s=declared_max_runtime(duration_s) if duration_s > 0 else None,
+            name=name,
+            tenant=tenant,
+            kind=self.kind,
+            arrival_s=arrival_s,
+            duration_s=duration_s,
+            replicas=self.replicas,
+            gpus=self.gpus,
+            mig_profile=INFERENCE_MIG_PROFILE if self.mig_count else "",
+            mig_count=self.mig_count,
+            cpu_milli=self.cpu_milli,
+            memory_bytes=self.memory_bytes,
+            gpu_models=self.gpu_models,
+            required_level=self.required_level,
+            min_replicas=self.min_replicas,
+            preemptible=preemptible,
+            max_runtime_s=declared_max_runtime(duration_s) if duration_s > 0 else None,
         )
 
     @property
@@ -239,7 +253,7 @@ class _Kind:
         """Expected GPU-seconds of one item of this kind (log-normal mean = median * exp(sigma^2 / 2))."""
         total = sum(t.weight for t in self.templates)
         cost = sum(t.weight * t.gpu_cost for t in self.templates) / total
-        return cost * self.median_s * math.exp(self.sigma ** 2 / 2)
+        return cost * self.median_s * math.exp(self.sigma**2 / 2)
 
 
 def _host_share(groups: Sequence[NodeGroup], share: float, slices_per_gpu: int = 1) -> tuple[int, int]:
@@ -250,8 +264,12 @@ def _host_share(groups: Sequence[NodeGroup], share: float, slices_per_gpu: int =
 
 
 def _whole_gpu_groups(fleet: FleetSpec, level: str, gpus: int) -> list[NodeGroup]:
-    return [g for c in fleet.clusters for g in c.groups
-            if not g.mig and g.gpus_per_node >= gpus and domain_nodes(c, g, level) > 0]
+    return [
+        g
+        for c in fleet.clusters
+        for g in c.groups
+        if not g.mig and g.gpus_per_node >= gpus and domain_nodes(c, g, level) > 0
+    ]
 
 
 def _fitting(fleet: FleetSpec, template: _Template) -> bool:
@@ -268,9 +286,14 @@ def _rack_gang_templates(fleet: FleetSpec, kind: str, sizes: Sequence[tuple[int,
                 continue
             cpu, memory = _host_share(groups, TRAINING_HOST_SHARE)
             template = _Template(
-                kind, weight, replicas, gpus=TRAINING_GPUS_PER_POD,
-                min_replicas=max(1, replicas // 2) if kind == "elastic" else 0, required_level=level,
-                cpu_milli=cpu * TRAINING_GPUS_PER_POD, memory_bytes=memory * TRAINING_GPUS_PER_POD,
+                kind,
+                weight,
+                replicas,
+                gpus=TRAINING_GPUS_PER_POD,
+                min_replicas=max(1, replicas // 2) if kind == "elastic" else 0,
+                required_level=level,
+                cpu_milli=cpu * TRAINING_GPUS_PER_POD,
+                memory_bytes=memory * TRAINING_GPUS_PER_POD,
             )
             if _fitting(fleet, template):
                 out.append(template)
@@ -290,8 +313,14 @@ def _clique_gang_templates(fleet: FleetSpec) -> list[_Template]:
             gpus = group.gpus_per_node
             for replicas, weight in CLIQUE_SIZES:
                 template = _Template(
-                    "gang", weight * group.nodes * gpus, replicas, gpus=gpus, required_level=level,
-                    gpu_models=(group.gpu_model,), cpu_milli=cpu * gpus, memory_bytes=memory * gpus,
+                    "gang",
+                    weight * group.nodes * gpus,
+                    replicas,
+                    gpus=gpus,
+                    required_level=level,
+                    gpu_models=(group.gpu_model,),
+                    cpu_milli=cpu * gpus,
+                    memory_bytes=memory * gpus,
                 )
                 if _fitting(fleet, template):
                     out.append(template)
@@ -320,8 +349,18 @@ def _inference_templates(fleet: FleetSpec) -> list[_Template]:
     # A 1g slice is a seventh of a GPU: it gets no more host than a seventh of a small pod's GPU.
     cpu = min(cpu, max(SMALL_MAX_CPU_MILLI_PER_GPU // 7 // 100 * 100, 100))
     memory = min(memory, SMALL_MAX_MEMORY_PER_GPU // 7 // MIB * MIB)
-    return [_Template("inference", weight, 1, mig_count=count, gpu_models=models, cpu_milli=cpu * count,
-                      memory_bytes=memory * count) for count, weight in MIG_COUNTS]
+    return [
+        _Template(
+            "inference",
+            weight,
+            1,
+            mig_count=count,
+            gpu_models=models,
+            cpu_milli=cpu * count,
+            memory_bytes=memory * count,
+        )
+        for count, weight in MIG_COUNTS
+    ]
 
 
 def _in_cliques(cluster: ClusterSpec, group: NodeGroup) -> bool:
@@ -332,12 +371,18 @@ def _in_cliques(cluster: ClusterSpec, group: NodeGroup) -> bool:
 def _mix(fleet: FleetSpec) -> list[_Kind]:
     """The kinds of the mix with their shares of the offered GPU-hours (kinds the fleet cannot run are left out)."""
     mig_gpus = sum(g.nodes * g.gpus_per_node for g in _mig_groups(fleet))
-    clique_gpus = sum(g.nodes * g.gpus_per_node for c in fleet.clusters for g in c.groups
-                      if not g.mig and _in_cliques(c, g))
-    rack_gpus = sum(g.nodes * g.gpus_per_node for c in fleet.clusters for g in c.groups
-                    if not g.mig and g.gpus_per_node >= TRAINING_GPUS_PER_POD
-                    and any(domain_nodes(c, g, level) for level in GANG_LEVELS)
-                    and not _in_cliques(c, g))
+    clique_gpus = sum(
+        g.nodes * g.gpus_per_node for c in fleet.clusters for g in c.groups if not g.mig and _in_cliques(c, g)
+    )
+    rack_gpus = sum(
+        g.nodes * g.gpus_per_node
+        for c in fleet.clusters
+        for g in c.groups
+        if not g.mig
+        and g.gpus_per_node >= TRAINING_GPUS_PER_POD
+        and any(domain_nodes(c, g, level) for level in GANG_LEVELS)
+        and not _in_cliques(c, g)
+    )
     gangs = _rack_gang_templates(fleet, "gang", GANG_SIZES)
     elastic = _rack_gang_templates(fleet, "elastic", ELASTIC_SIZES)
     cliques = _clique_gang_templates(fleet)
@@ -371,8 +416,9 @@ def expected_gpu_hours(items: Sequence[WorkItem]) -> float:
     return sum(i.gpu_cost * i.duration_s for i in items) / 3600.0
 
 
-def training_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int,
-                 preemptible_kinds: Collection[str] = ()) -> list[WorkItem]:
+def training_mix(
+    fleet: FleetSpec, *, hours: float, load: float, seed: int, preemptible_kinds: Collection[str] = ()
+) -> list[WorkItem]:
     """A synthetic training workload for `fleet`, arriving over `hours` simulated hours, sorted by arrival.
 
     Kinds (`WorkItem.kind`):
@@ -422,14 +468,25 @@ def training_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int,
         tenant = rng.choices(tenant_names, weights=tenant_weights)[0]
         duration_s = max(rng.lognormvariate(math.log(kind.median_s), kind.sigma), MIN_DURATION_S)
         name = f"{template.kind}-{len(items):06d}"
-        items.append(template.item(name, tenant, round(arrival_s, 3), round(duration_s, 3),
-                                   preemptible=template.kind in preemptible_kinds))
+        items.append(
+            template.item(
+                name, tenant, round(arrival_s, 3), round(duration_s, 3), preemptible=template.kind in preemptible_kinds
+            )
+        )
         arrival_s += rng.expovariate(rate)
     return items
 
 
-def flood_then_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int, flood_tenant: str = "",
-                   flood_hours: float = 0.25, flood_median_s: float = 3 * 3600.0) -> list[WorkItem]:
+def flood_then_mix(
+    fleet: FleetSpec,
+    *,
+    hours: float,
+    load: float,
+    seed: int,
+    flood_tenant: str = "",
+    flood_hours: float = 0.25,
+    flood_median_s: float = 3 * 3600.0,
+) -> list[WorkItem]:
     """The case preemption exists for: one tenant fills the fleet with long preemptible work, then everyone's
     usual work arrives (`training_mix` over the other tenants, `hours` at `load`).
 
@@ -449,8 +506,10 @@ def flood_then_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int, fl
         raise ValueError(f"fleet {fleet.name!r} runs none of the preemptible kinds")
     rng = random.Random(seed * 7919 + 1)
     shares = [k.share for k in kinds]
-    mean_cost = sum(sh * sum(t.weight * t.gpu_cost for t in k.templates) / sum(t.weight for t in k.templates)
-                    for sh, k in zip(shares, kinds)) / sum(shares)
+    mean_cost = sum(
+        sh * sum(t.weight * t.gpu_cost for t in k.templates) / sum(t.weight for t in k.templates)
+        for sh, k in zip(shares, kinds)
+    ) / sum(shares)
     count = max(1, round(fleet.gpus / mean_cost))
     items: list[WorkItem] = []
     for n in range(count):
@@ -458,11 +517,16 @@ def flood_then_mix(fleet: FleetSpec, *, hours: float, load: float, seed: int, fl
         template = rng.choices(kind.templates, weights=[t.weight for t in kind.templates])[0]
         arrival = rng.uniform(0.0, flood_hours * 3600.0)
         duration = max(rng.lognormvariate(math.log(flood_median_s), 0.3), MIN_DURATION_S)
-        items.append(template.item(f"flood-{template.kind}-{n:05d}", flooder, round(arrival, 3), round(duration, 3),
-                                   preemptible=True))
+        items.append(
+            template.item(
+                f"flood-{template.kind}-{n:05d}", flooder, round(arrival, 3), round(duration, 3), preemptible=True
+            )
+        )
     others = dataclasses.replace(fleet, tenants=tuple(t for t in fleet.tenants if t.name != flooder))
-    rest = [dataclasses.replace(i, arrival_s=round(i.arrival_s + flood_hours * 3600.0, 3))
-            for i in training_mix(others, hours=hours, load=load, seed=seed)]
+    rest = [
+        dataclasses.replace(i, arrival_s=round(i.arrival_s + flood_hours * 3600.0, 3))
+        for i in training_mix(others, hours=hours, load=load, seed=seed)
+    ]
     return sorted(items + rest, key=lambda i: (i.arrival_s, i.name))
 
 
@@ -539,8 +603,11 @@ def alibaba_workload(
             f"{interarrival_s:g} s) over a seeded shuffle of the pods (seed {seed})."
         )
 
-    observed = [d - s for r in rows if (s := _time(r, "scheduled_time")) is not None
-                and (d := _time(r, "deletion_time")) is not None and d >= s]
+    observed = [
+        d - s
+        for r in rows
+        if (s := _time(r, "scheduled_time")) is not None and (d := _time(r, "deletion_time")) is not None and d >= s
+    ]
     taken: set[str] = set()
     items: list[WorkItem] = []
     pending = synthetic = censored = started_early = ended_early = 0
@@ -573,33 +640,43 @@ def alibaba_workload(
             started_early += 1
             arrival_s = 0.0
         gpu_count = demand.gpu_count
-        items.append(WorkItem(
-            name=_dns_label(row["name"], taken),
-            tenant=tenants[zlib.crc32(row["name"].encode()) % len(tenants)],
-            kind="trace",
-            arrival_s=arrival_s,
-            duration_s=max(duration_s, 1.0),
-            replicas=1,
-            gpus=gpu_count,
-            gpu_milli=demand.gpu_milli if gpu_count else 1000,
-            cpu_milli=demand.cpu_milli,
-            memory_bytes=demand.mem_mib * MIB,
-            gpu_models=tuple(sorted(renames.get(m, m) for m in demand.models)),
-        ))
+        items.append(
+            WorkItem(
+                name=_dns_label(row["name"], taken),
+                tenant=tenants[zlib.crc32(row["name"].encode()) % len(tenants)],
+                kind="trace",
+                arrival_s=arrival_s,
+                duration_s=max(duration_s, 1.0),
+                replicas=1,
+                gpus=gpu_count,
+                gpu_milli=demand.gpu_milli if gpu_count else 1000,
+                cpu_milli=demand.cpu_milli,
+                memory_bytes=demand.mem_mib * MIB,
+                gpu_models=tuple(sorted(renames.get(m, m) for m in demand.models)),
+            )
+        )
     items.sort(key=lambda it: (it.arrival_s, it.name))
 
     if pending:
-        notes.append(f"{path.name}: {pending} pods were never scheduled in the trace (Pending); their run times were "
-                     f"drawn from the {len(observed)} scheduled pods' run times (seed {seed}).")
+        notes.append(
+            f"{path.name}: {pending} pods were never scheduled in the trace (Pending); their run times were "
+            f"drawn from the {len(observed)} scheduled pods' run times (seed {seed})."
+        )
     if synthetic:
-        notes.append(f"{path.name}: {synthetic} pods have no deletion time; durations synthesised as log-normal "
-                     f"(median {TRACE_MEDIAN_S:g} s, p90 6574 s, as the default list's lifetimes; seed {seed}).")
+        notes.append(
+            f"{path.name}: {synthetic} pods have no deletion time; durations synthesised as log-normal "
+            f"(median {TRACE_MEDIAN_S:g} s, p90 6574 s, as the default list's lifetimes; seed {seed})."
+        )
     if censored:
-        notes.append(f"{path.name}: {censored} pods were still Running when the trace snapshot ends; their "
-                     f"durations stop there (censored).")
+        notes.append(
+            f"{path.name}: {censored} pods were still Running when the trace snapshot ends; their "
+            f"durations stop there (censored)."
+        )
     if started_early:
-        notes.append(f"{path.name}: {started_early} pods were created before the window start; they arrive at 0 with "
-                     f"the run time they had left.")
+        notes.append(
+            f"{path.name}: {started_early} pods were created before the window start; they arrive at 0 with "
+            f"the run time they had left."
+        )
     if ended_early:
         notes.append(f"{path.name}: {ended_early} pods ended before the window start and were left out.")
     return items, notes

@@ -219,12 +219,7 @@ class DraEvaluator:
 
     def _context(self, device: DraDevice) -> Any:
         hit = self._ctx.get(device.key)
-        if (
-            hit is not None
-            and hit[0] is device.attributes
-            and hit[1] is device.capacity
-            and hit[2] is self._domains
-        ):
+        if hit is not None and hit[0] is device.attributes and hit[1] is device.capacity and hit[2] is self._domains:
             return hit[3]
         if len(self._ctx) > _CACHE_LIMIT:
             self._ctx.clear()

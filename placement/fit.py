@@ -91,7 +91,9 @@ def node_admits(node: Node, shape: PodShape) -> Fit | None:
         if model is None:
             return _refuse(Reason.NO_GPU, node=node.name)
         if model not in shape.gpu_models:
-            return _refuse(Reason.GPU_MODEL_MISMATCH, node=node.name, have=model, want="|".join(sorted(shape.gpu_models)))
+            return _refuse(
+                Reason.GPU_MODEL_MISMATCH, node=node.name, have=model, want="|".join(sorted(shape.gpu_models))
+            )
     return None
 
 
@@ -177,7 +179,9 @@ def _mig_capacity(node: Node, shape: PodShape, profile: str) -> Fit:
 # --------------------------------------------------------------------------- DRA planning
 
 
-def _dra_plan(node: Node, shape: PodShape, evaluator: DraEvaluator, limit: int) -> tuple[list[list[DraDevice]], Fit | None]:
+def _dra_plan(
+    node: Node, shape: PodShape, evaluator: DraEvaluator, limit: int
+) -> tuple[list[list[DraDevice]], Fit | None]:
     """Greedy device choice for up to `limit` replicas (one list of devices per replica).
 
     Used by both capacity and allocate, so the count and the allocation always agree.
@@ -241,7 +245,9 @@ def _dra_plan(node: Node, shape: PodShape, evaluator: DraEvaluator, limit: int) 
                     if m.errors:
                         return plan, _refuse(Reason.DRA_SELECTOR_ERROR, node=node.name, detail=m.first_error)
                     return plan, _refuse(Reason.NO_DRA_DEVICES, node=node.name, want=req.device_class)
-                return plan, _refuse(Reason.INSUFFICIENT_DRA_DEVICES, node=node.name, have=have, want=req.device_class, need=req.count)
+                return plan, _refuse(
+                    Reason.INSUFFICIENT_DRA_DEVICES, node=node.name, have=have, want=req.device_class, need=req.count
+                )
             chosen.extend(picks)
         plan.append(chosen)
     return plan, None
@@ -278,7 +284,9 @@ def capacity(node: Node, shape: PodShape, *, dra: DraEvaluator | None = None) ->
         n = min(n, node.cpu_milli_free // shape.cpu_milli)
     if shape.memory > 0:
         if node.memory_free < shape.memory:
-            return _refuse(Reason.INSUFFICIENT_MEMORY, node=node.name, have=_gib(node.memory_free), want=_gib(shape.memory))
+            return _refuse(
+                Reason.INSUFFICIENT_MEMORY, node=node.name, have=_gib(node.memory_free), want=_gib(shape.memory)
+            )
         n = min(n, node.memory_free // shape.memory)
     if node.pods_free <= 0:
         return _refuse(Reason.TOO_MANY_PODS, node=node.name)
@@ -303,7 +311,11 @@ def _take_gpus(gpus: list[Gpu], shape: PodShape) -> list[tuple[int, int]]:
         ok = [
             (pos, g)
             for pos, g in enumerate(gpus)
-            if g.milli_used == 0 and g.healthy and not g.mig and (not models or g.model in models) and g.memory_mib >= min_mem
+            if g.milli_used == 0
+            and g.healthy
+            and not g.mig
+            and (not models or g.model in models)
+            and g.memory_mib >= min_mem
         ]
         ok.sort(key=lambda pg: pg[1].index)
         picked = ok[: shape.gpus]
@@ -313,7 +325,10 @@ def _take_gpus(gpus: list[Gpu], shape: PodShape) -> list[tuple[int, int]]:
     ok = [
         (pos, g)
         for pos, g in enumerate(gpus)
-        if g.healthy and not g.mig and (not models or g.model in models) and g.memory_mib >= min_mem
+        if g.healthy
+        and not g.mig
+        and (not models or g.model in models)
+        and g.memory_mib >= min_mem
         and g.milli_free >= milli
     ]
     if shape.gpus == 1:
@@ -474,11 +489,17 @@ def vacate(node: Node, shape: PodShape, replicas: int = 1) -> Node:
         milli = min(shape.gpu_milli, WHOLE_GPU_MILLI)
         for _ in range(replicas):  # one replica at a time: shares of several replicas may sit on one device
             order = sorted(
-                (pos for pos, g in enumerate(gpus)
-                 if not g.mig and g.milli_used >= milli and (not models or g.model in models)),
+                (
+                    pos
+                    for pos, g in enumerate(gpus)
+                    if not g.mig and g.milli_used >= milli and (not models or g.model in models)
+                ),
                 # a share sits on a partly used device before a full one (which may be whole-GPU work)
-                key=lambda pos: (milli < WHOLE_GPU_MILLI and gpus[pos].milli_used >= WHOLE_GPU_MILLI,
-                                 -gpus[pos].milli_used, -gpus[pos].index),
+                key=lambda pos: (
+                    milli < WHOLE_GPU_MILLI and gpus[pos].milli_used >= WHOLE_GPU_MILLI,
+                    -gpus[pos].milli_used,
+                    -gpus[pos].index,
+                ),
             )
             for pos in order[: shape.gpus]:
                 g = gpus[pos]

@@ -70,7 +70,8 @@ class TargetWorkload:
 
 
 def typical_pods(
-    demands: Iterable[PodDemand], threshold: float = POPULARITY_THRESHOLD,
+    demands: Iterable[PodDemand],
+    threshold: float = POPULARITY_THRESHOLD,
     with_memory: bool = False,
 ) -> TargetWorkload:
     """The most popular pod shapes covering `threshold` of all pods (FGD's GetTypicalPods).
@@ -96,11 +97,19 @@ def typical_pods(
         cum += n
         if cum >= threshold * total:
             break
-    return TargetWorkload(tuple(
-        TypicalPod(c, g, k, frozenset(s.split("|")) if s else frozenset(), n / cum,
-                   int(np.median(mems[(c, g, k, s)])) if with_memory else 0)
-        for (c, g, k, s), n in kept
-    ))
+    return TargetWorkload(
+        tuple(
+            TypicalPod(
+                c,
+                g,
+                k,
+                frozenset(s.split("|")) if s else frozenset(),
+                n / cum,
+                int(np.median(mems[(c, g, k, s)])) if with_memory else 0,
+            )
+            for (c, g, k, s), n in kept
+        )
+    )
 
 
 def without_memory(workload: TargetWorkload) -> TargetWorkload:
@@ -145,14 +154,10 @@ def frag_amount(
     return result
 
 
-def frag_single(
-    cpu_left: int, gpu_left: Sequence[int], model: str, workload: TargetWorkload
-) -> float:
+def frag_single(cpu_left: int, gpu_left: Sequence[int], model: str, workload: TargetWorkload) -> float:
     """F_n(M) of one node, for tests and diagnostics."""
     names = (model,)
-    return float(frag_amount(
-        [cpu_left], [list(gpu_left)], [0], workload.access(names), workload
-    )[0])
+    return float(frag_amount([cpu_left], [list(gpu_left)], [0], workload.access(names), workload)[0])
 
 
 class FragEvaluator:
@@ -179,16 +184,18 @@ class FragEvaluator:
         stale = rows[self._versions[rows] != arrays.version[rows]]
         if len(stale):
             self._frag[stale] = frag_amount(
-                arrays.cpu_left[stale], arrays.gpu_left[stale], arrays.model_code[stale],
-                self.access(arrays.model_names), self.workload, arrays.mem_left[stale],
+                arrays.cpu_left[stale],
+                arrays.gpu_left[stale],
+                arrays.model_code[stale],
+                self.access(arrays.model_names),
+                self.workload,
+                arrays.mem_left[stale],
             )
             self._versions[stale] = arrays.version[stale]
         out: F64 = self._frag[rows]
         return out
 
-    def after_share(
-        self, arrays: GpuArrays, rows: npt.NDArray[np.int64], demand: PodDemand
-    ) -> F64:
+    def after_share(self, arrays: GpuArrays, rows: npt.NDArray[np.int64], demand: PodDemand) -> F64:
         """[R, G]: F after putting a sharing pod on GPU i of each row.
 
         NaN where the pod does not fit, and where GPU i has the same free milli as a
@@ -203,23 +210,29 @@ class FragEvaluator:
         hypo[np.arange(len(ri)), gi] -= demand.gpu_milli
         out: F64 = np.full((r, g), np.nan)
         out[ri, gi] = frag_amount(
-            arrays.cpu_left[rows][ri] - demand.cpu_milli, hypo, arrays.model_code[rows][ri],
-            self.access(arrays.model_names), self.workload,
+            arrays.cpu_left[rows][ri] - demand.cpu_milli,
+            hypo,
+            arrays.model_code[rows][ri],
+            self.access(arrays.model_names),
+            self.workload,
             arrays.mem_left[rows][ri] - demand.mem_mib,
         )
         return out
 
-    def after_whole(
-        self, arrays: GpuArrays, rows: npt.NDArray[np.int64], demand: PodDemand
-    ) -> F64:
+    def after_whole(self, arrays: GpuArrays, rows: npt.NDArray[np.int64], demand: PodDemand) -> F64:
         """[R]: F after a non-sharing pod takes g from each of the k tightest GPUs that fit."""
         left = arrays.gpu_left[rows]
         if demand.gpu_count:
-            order = np.argsort(np.where(left >= demand.gpu_milli, left, 2 * GPU_MILLI),
-                               axis=1, kind="stable")[:, : demand.gpu_count]
+            order = np.argsort(np.where(left >= demand.gpu_milli, left, 2 * GPU_MILLI), axis=1, kind="stable")[
+                :, : demand.gpu_count
+            ]
             left = left.copy()
             np.put_along_axis(left, order, np.take_along_axis(left, order, 1) - demand.gpu_milli, 1)
         return frag_amount(
-            arrays.cpu_left[rows] - demand.cpu_milli, left, arrays.model_code[rows],
-            self.access(arrays.model_names), self.workload, arrays.mem_left[rows] - demand.mem_mib,
+            arrays.cpu_left[rows] - demand.cpu_milli,
+            left,
+            arrays.model_code[rows],
+            self.access(arrays.model_names),
+            self.workload,
+            arrays.mem_left[rows] - demand.mem_mib,
         )

@@ -75,8 +75,18 @@ class GpuArrays:
     """Free resources of N nodes as numpy columns; rows are nodes."""
 
     __slots__ = (
-        "names", "model_names", "cpu_left", "mem_left", "gpu_left", "gpu_count",
-        "model_code", "pod_count", "max_pods", "pod_tags", "version", "present",
+        "names",
+        "model_names",
+        "cpu_left",
+        "mem_left",
+        "gpu_left",
+        "gpu_count",
+        "model_code",
+        "pod_count",
+        "max_pods",
+        "pod_tags",
+        "version",
+        "present",
     )
 
     def __init__(
@@ -102,19 +112,12 @@ class GpuArrays:
         self.gpu_left: I32 = np.array(gpu_left, dtype=np.int32).reshape(n, -1)
         self.gpu_count: I32 = np.array(gpu_count, dtype=np.int32).reshape(n)
         self.model_code: I32 = np.array(model_code, dtype=np.int32).reshape(n)
-        self.pod_count: I32 = (
-            np.zeros(n, np.int32) if pod_count is None else np.array(pod_count, np.int32).reshape(n)
-        )
+        self.pod_count: I32 = np.zeros(n, np.int32) if pod_count is None else np.array(pod_count, np.int32).reshape(n)
         self.max_pods: I32 = (
-            np.full(n, DEFAULT_MAX_PODS, np.int32)
-            if max_pods is None else np.array(max_pods, np.int32).reshape(n)
+            np.full(n, DEFAULT_MAX_PODS, np.int32) if max_pods is None else np.array(max_pods, np.int32).reshape(n)
         )
-        self.pod_tags: I32 = (
-            np.zeros(n, np.int32) if pod_tags is None else np.array(pod_tags, np.int32).reshape(n)
-        )
-        self.version: I64 = (
-            fresh_versions(n) if version is None else np.array(version, np.int64).reshape(n)
-        )
+        self.pod_tags: I32 = np.zeros(n, np.int32) if pod_tags is None else np.array(pod_tags, np.int32).reshape(n)
+        self.version: I64 = fresh_versions(n) if version is None else np.array(version, np.int64).reshape(n)
         width = self.gpu_left.shape[1]
         self.present: BOOL = np.arange(width)[None, :] < self.gpu_count[:, None]
         if np.any(self.gpu_left[~self.present] != 0):
@@ -139,8 +142,7 @@ class GpuArrays:
         width = max(max(gpus, default=0), 1)
         count = np.array(gpus, dtype=np.int32)
         left = np.where(np.arange(width)[None, :] < count[:, None], GPU_MILLI, 0)
-        return cls(names, cpu_milli, mem_mib, left, count,
-                   [index[m] for m in models], model_names)
+        return cls(names, cpu_milli, mem_mib, left, count, [index[m] for m in models], model_names)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -206,17 +208,32 @@ class GpuArrays:
 
     def copy(self) -> GpuArrays:
         return GpuArrays(
-            self.names, self.cpu_left, self.mem_left, self.gpu_left, self.gpu_count,
-            self.model_code, self.model_names, pod_count=self.pod_count,
-            max_pods=self.max_pods, pod_tags=self.pod_tags, version=self.version,
+            self.names,
+            self.cpu_left,
+            self.mem_left,
+            self.gpu_left,
+            self.gpu_count,
+            self.model_code,
+            self.model_names,
+            pod_count=self.pod_count,
+            max_pods=self.max_pods,
+            pod_tags=self.pod_tags,
+            version=self.version,
         )
 
     def take(self, rows: npt.ArrayLike) -> GpuArrays:
         """A view of a subset (or reordering) of rows; versions are kept for memo reuse."""
         idx = np.asarray(rows, dtype=np.int64)
         return GpuArrays(
-            [self.names[int(i)] for i in idx], self.cpu_left[idx], self.mem_left[idx],
-            self.gpu_left[idx], self.gpu_count[idx], self.model_code[idx], self.model_names,
-            pod_count=self.pod_count[idx], max_pods=self.max_pods[idx],
-            pod_tags=self.pod_tags[idx], version=self.version[idx],
+            [self.names[int(i)] for i in idx],
+            self.cpu_left[idx],
+            self.mem_left[idx],
+            self.gpu_left[idx],
+            self.gpu_count[idx],
+            self.model_code[idx],
+            self.model_names,
+            pod_count=self.pod_count[idx],
+            max_pods=self.max_pods[idx],
+            pod_tags=self.pod_tags[idx],
+            version=self.version[idx],
         )

@@ -20,7 +20,7 @@ from placement.model import (
     TopologyLevels,
 )
 from placement.podspec import GPU_MILLI_RESOURCE, GPU_RESOURCE, holds_resources, pod_requests
-from placement.quantity import cpu_milli, parse_quantity, to_int_bytes
+from placement.quantity import cpu_milli, to_int_bytes
 
 __all__ = ["DeviceKey", "allocated_devices", "dra_devices", "node_from_k8s", "nodes_from_list"]
 
@@ -157,7 +157,9 @@ def node_from_k8s(
     )
 
 
-def nodes_from_list(objects: Mapping[str, Any] | Iterable[Mapping[str, Any]], levels: TopologyLevels | None = None) -> tuple[Node, ...]:
+def nodes_from_list(
+    objects: Mapping[str, Any] | Iterable[Mapping[str, Any]], levels: TopologyLevels | None = None
+) -> tuple[Node, ...]:
     """Every Node of a `kubectl get -o json` List (or a plain list of objects) with its pods,
     ResourceSlices and claim allocations applied."""
     items: Iterable[Any] = objects.get("items", ()) if isinstance(objects, Mapping) else objects

@@ -142,9 +142,7 @@ def profile_class(profile: str, model: str | None = None) -> MigClass | None:
         if name is None:
             return None
         return (CLASSES_A30 if family == "A30" else CLASSES_8)[name]
-    found = {
-        (fam == "A30", names[profile]) for fam, names in FAMILY_PROFILES.items() if profile in names
-    }
+    found = {(fam == "A30", names[profile]) for fam, names in FAMILY_PROFILES.items() if profile in names}
     if len(found) != 1:
         return None
     a30, name = found.pop()

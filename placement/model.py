@@ -42,7 +42,6 @@ DEFAULT_BLOCK_LABEL = "network.example.com/block"
 DEFAULT_RACK_LABEL = "network.example.com/rack"
 
 
-
 # --------------------------------------------------------------------------- taints
 
 
@@ -365,9 +364,7 @@ class TopologyLevels:
     keys: tuple[str, ...] = (ZONE_LABEL, DEFAULT_BLOCK_LABEL, DEFAULT_RACK_LABEL, CLIQUE_LABEL, HOSTNAME_LABEL)
 
     @classmethod
-    def default(
-        cls, *, block_label: str = DEFAULT_BLOCK_LABEL, rack_label: str = DEFAULT_RACK_LABEL
-    ) -> TopologyLevels:
+    def default(cls, *, block_label: str = DEFAULT_BLOCK_LABEL, rack_label: str = DEFAULT_RACK_LABEL) -> TopologyLevels:
         return cls((ZONE_LABEL, block_label, rack_label, CLIQUE_LABEL, HOSTNAME_LABEL))
 
     def index(self, level: str) -> int:

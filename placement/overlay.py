@@ -117,9 +117,7 @@ def unbound_parts(reservation: Reservation, bound: BoundReplicas | None) -> list
     return out
 
 
-def subtract_held(
-    node: Node, shape: PodShape, replicas: int, dra: DraEvaluator | None = None
-) -> tuple[Node, int, Fit]:
+def subtract_held(node: Node, shape: PodShape, replicas: int, dra: DraEvaluator | None = None) -> tuple[Node, int, Fit]:
     """Take `replicas` held replicas of `shape` off the node, as many as still fit (a hold that
     no longer fits takes what is left); returns the node, the shortfall and the fit before."""
     fit = capacity(node, shape, dra=dra)
@@ -150,13 +148,19 @@ def apply_overlay(
         for part in unbound_parts(res, by_key.get(res.key)):
             node = state.get(part.node)
             if node is None:
-                conflicts.append(Conflict(res.job_id, res.attempt, part.pod_set, part.node, part.replicas, None, "node not in report"))
+                conflicts.append(
+                    Conflict(
+                        res.job_id, res.attempt, part.pod_set, part.node, part.replicas, None, "node not in report"
+                    )
+                )
                 continue
             holders.setdefault(part.node, []).append(res.job_id)
             node, short, fit = subtract_held(node, part.shape, part.replicas, dra)
             state[part.node] = node
             if short:
-                conflicts.append(Conflict(res.job_id, res.attempt, part.pod_set, part.node, short, fit.reason, fit.detail))
+                conflicts.append(
+                    Conflict(res.job_id, res.attempt, part.pod_set, part.node, short, fit.reason, fit.detail)
+                )
     return Overlay(
         tuple(state[n.name] for n in report.nodes),
         tuple(conflicts),

@@ -215,7 +215,7 @@ def mig_profile_of(resource: str) -> str | None:
     any other resource."""
     if not resource.startswith(MIG_RESOURCE_PREFIX):
         return None
-    profile = resource[len(MIG_RESOURCE_PREFIX):]
+    profile = resource[len(MIG_RESOURCE_PREFIX) :]
     return profile[: -len(".me")] + "+me" if profile.endswith(".me") else profile
 
 
@@ -344,7 +344,9 @@ def requests_from_claim(claim: Mapping[str, Any]) -> tuple[DraRequest, ...]:
             raise PodSpecError(f"{bfield}.count", f"must be a positive integer, got {count!r}")
         selectors = []
         for j, s in enumerate(_list(body.get("selectors"), f"{bfield}.selectors")):
-            expr = _obj(_obj(s, f"{bfield}.selectors[{j}]").get("cel"), f"{bfield}.selectors[{j}].cel").get("expression")
+            expr = _obj(_obj(s, f"{bfield}.selectors[{j}]").get("cel"), f"{bfield}.selectors[{j}].cel").get(
+                "expression"
+            )
             if not isinstance(expr, str):
                 raise PodSpecError(f"{bfield}.selectors[{j}].cel.expression", "required string")
             selectors.append(expr)

@@ -94,11 +94,13 @@ def rank_clusters(
             ("eligible" if reason is None else f"not eligible: {reason.code}")
             + f"; fragmentation={opt.fragmentation_cost:g}"
             + f"; locality={'hint #' + str(loc + 1) if loc < len(job.locality) else 'none'}"
-            + f"; role={opt.role or '-'}" + (f" (preference #{role_rank + 1})" if role_rank < len(role_preference) else "")
+            + f"; role={opt.role or '-'}"
+            + (f" (preference #{role_rank + 1})" if role_rank < len(role_preference) else "")
             + f"; queue={opt.queue_length}; report age={opt.report_age_s:g}s"
         )
         rows.append((key, opt, reason, why))
     rows.sort(key=lambda r: r[0])
     return tuple(
-        RankedCluster(opt.cluster, i, reason is None, reason, key, why) for i, (key, opt, reason, why) in enumerate(rows)
+        RankedCluster(opt.cluster, i, reason is None, reason, key, why)
+        for i, (key, opt, reason, why) in enumerate(rows)
     )

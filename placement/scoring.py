@@ -113,9 +113,7 @@ class PackingPolicy(_BestGpu):
         chosen = ok & (np.cumsum(ok, axis=1) <= demand.gpu_count)
         n_free = (chosen & (ordered == GPU_MILLI)).sum(axis=1)
         used = np.where(chosen, ordered * 100 // GPU_MILLI, 0).sum(axis=1)
-        partial = np.where(
-            n_free > 0, np.maximum(50 - n_free, 33), np.maximum(100 - used // 10, 50)
-        )
+        partial = np.where(n_free > 0, np.maximum(50 - n_free, 33), np.maximum(100 - used // 10, 50))
         return np.where(free_nodes, np.maximum(33 - count, count), partial).astype(np.float64)
 
 
@@ -140,11 +138,13 @@ class _Cached:
     """Per (cpu, mem, k, g) memo of node scores and GPU choices, valid while a row's version holds."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, int, int, int], tuple[npt.NDArray[np.int64], F64,
-                                                         npt.NDArray[np.int64]]] = {}
+        self._entries: dict[tuple[int, int, int, int], tuple[npt.NDArray[np.int64], F64, npt.NDArray[np.int64]]] = {}
 
     def lookup(
-        self, arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64],
+        self,
+        arrays: GpuArrays,
+        demand: PodDemand,
+        rows: npt.NDArray[np.int64],
         compute: Callable[[npt.NDArray[np.int64]], tuple[F64, npt.NDArray[np.int64]]],
     ) -> tuple[F64, npt.NDArray[np.int64]]:
         key = (demand.cpu_milli, demand.mem_mib, demand.gpu_count, demand.gpu_milli)
@@ -179,18 +179,14 @@ class _FragPolicy:
 
     def score(self, arrays: GpuArrays, demand: PodDemand, feasible: BOOL) -> F64:
         rows = np.flatnonzero(feasible)
-        scores, _ = self._cache.lookup(
-            arrays, demand, rows, lambda r: self._node_scores(arrays, demand, r)
-        )
+        scores, _ = self._cache.lookup(arrays, demand, rows, lambda r: self._node_scores(arrays, demand, r))
         return np.where(feasible, scores, -np.inf)
 
     def select_gpus(self, arrays: GpuArrays, row: int, demand: PodDemand) -> tuple[int, ...]:
         if not demand.is_sharing:
             return arrays.select_gpus_best(row, demand)
         rows = np.array([row], dtype=np.int64)
-        _, gpus = self._cache.lookup(
-            arrays, demand, rows, lambda r: self._node_scores(arrays, demand, r)
-        )
+        _, gpus = self._cache.lookup(arrays, demand, rows, lambda r: self._node_scores(arrays, demand, r))
         return (int(gpus[row]),)
 
 
@@ -253,8 +249,9 @@ class TandemFragPolicy(_FragPolicy):
 def _mismatch(arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]) -> F64:
     """Octaves between the node's free CPU per idle GPU and the pod's CPU per GPU, rounded."""
     floor_gpus = 0.1  # a node (or pod) without GPU counts as a tenth of one, not zero
-    node = np.log2(np.maximum(arrays.cpu_left[rows], 1) / np.maximum(
-        arrays.gpu_total_left[rows] / GPU_MILLI, floor_gpus))
+    node = np.log2(
+        np.maximum(arrays.cpu_left[rows], 1) / np.maximum(arrays.gpu_total_left[rows] / GPU_MILLI, floor_gpus)
+    )
     pod = np.log2(max(demand.cpu_milli, 1) / max(demand.total_gpu_milli / GPU_MILLI, floor_gpus))
     out: F64 = np.round(np.abs(node - pod))
     return out
@@ -263,15 +260,15 @@ def _mismatch(arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64])
 POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", DEFAULT_POLICY)
 
 
-def make_policy(
-    name: str, *, workload: TargetWorkload | None = None, rng: np.random.Generator | None = None
-) -> Policy:
+def make_policy(name: str, *, workload: TargetWorkload | None = None, rng: np.random.Generator | None = None) -> Policy:
     """A fresh policy instance; fragmentation policies need the target workload."""
     if name == "random":
         return RandomPolicy(rng if rng is not None else np.random.default_rng())
     simple: dict[str, Callable[[], Policy]] = {
-        "bestfit": BestFitPolicy, "dotprod": DotProductPolicy,
-        "packing": PackingPolicy, "clustering": ClusteringPolicy,
+        "bestfit": BestFitPolicy,
+        "dotprod": DotProductPolicy,
+        "packing": PackingPolicy,
+        "clustering": ClusteringPolicy,
     }
     if name in simple:
         return simple[name]()
@@ -282,9 +279,7 @@ def make_policy(
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
 
 
-def extender_scores(
-    arrays: GpuArrays, demand: PodDemand, feasible: BOOL, policy: Policy
-) -> npt.NDArray[np.int64]:
+def extender_scores(arrays: GpuArrays, demand: PodDemand, feasible: BOOL, policy: Policy) -> npt.NDArray[np.int64]:
     """Scores 0..10 (kube-scheduler extender range); infeasible nodes get 0.
 
     The node the policy itself would choose (first row among the best) gets 10 and

@@ -138,7 +138,9 @@ def shrink_counts(pod_sets: Sequence[PodSet], total: int) -> dict[str, int]:
 
 def _order_sets(pod_sets: Sequence[PodSet]) -> list[PodSet]:
     # Biggest replicas first: they are the hardest to pack, small ones fill the gaps.
-    return sorted(pod_sets, key=lambda ps: (-ps.shape.gpus * ps.shape.gpu_milli, -ps.shape.mig_count, -ps.shape.cpu_milli))
+    return sorted(
+        pod_sets, key=lambda ps: (-ps.shape.gpus * ps.shape.gpu_milli, -ps.shape.mig_count, -ps.shape.cpu_milli)
+    )
 
 
 def _pick_nodes(caps: list[tuple[Node, int]], need: int) -> list[tuple[Node, int]]:
@@ -224,7 +226,9 @@ def fit_gang(
     With min_available the gang shrinks (last pod set first) to the largest total that fits.
     """
     if not job.pod_sets or any(ps.count < 1 for ps in job.pod_sets):
-        return GangRefusal(job.job_id, Reason.INVALID_REQUEST, Reason.INVALID_REQUEST.message(detail="every pod set needs count >= 1"))
+        return GangRefusal(
+            job.job_id, Reason.INVALID_REQUEST, Reason.INVALID_REQUEST.message(detail="every pod set needs count >= 1")
+        )
     depths: list[int | None] = []
     for lvl in (job.required_level, job.preferred_level):
         if lvl is None:
@@ -279,13 +283,19 @@ def fit_gang(
             leftover = sum(n.free_whole_gpus for n in after)
             key = (spans, leftover, dom)
             if best is None or key < best[0]:
-                labels = tuple(
-                    (levels.keys[i], v) for i, v in enumerate(dom) if not v.startswith(_MISSING)
-                )
+                labels = tuple((levels.keys[i], v) for i, v in enumerate(dom) if not v.startswith(_MISSING))
                 best = (
                     key,
                     GangPlacement(
-                        job.job_id, job.required_level, dom, labels, tuple(assignments), dict(counts), spans, leftover, usage
+                        job.job_id,
+                        job.required_level,
+                        dom,
+                        labels,
+                        tuple(assignments),
+                        dict(counts),
+                        spans,
+                        leftover,
+                        usage,
                     ),
                 )
             if exact_order:

@@ -116,9 +116,13 @@ class SimCluster:
             scheduler_profile = load_profile(manifests / "base" / "scheduler-config.yaml", SCHEDULER_NAME)
         self.profile = scheduler_profile
         self.settings = ControllerSettings(
-            scheduler_backoff_s=scheduler_backoff_s, unschedulable_timeout_s=unschedulable_timeout_s,
-            heartbeat_interval_s=heartbeat_interval_s, kubelet_auto_run=kubelet_auto_run,
-            job_controller_qps=job_controller_qps, pod_failure_backoff_s=pod_failure_backoff_s)
+            scheduler_backoff_s=scheduler_backoff_s,
+            unschedulable_timeout_s=unschedulable_timeout_s,
+            heartbeat_interval_s=heartbeat_interval_s,
+            kubelet_auto_run=kubelet_auto_run,
+            job_controller_qps=job_controller_qps,
+            pod_failure_backoff_s=pod_failure_backoff_s,
+        )
         self._seed = seed
         self._host = host
         self.server = KubeAPIServer(seed=seed, **dict(server_options or {}))
@@ -135,8 +139,9 @@ class SimCluster:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.stop()
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -202,24 +207,42 @@ class SimCluster:
         o = self.settings
         qps, burst = o.job_controller_qps
         job_client = self._client(self.token_for(ids.JOB_CONTROLLER), "kube-controller-manager/job")
-        self.job_controller = JobController(job_client, qps=qps, burst=burst,
-                                            pod_failure_backoff_s=o.pod_failure_backoff_s)
+        self.job_controller = JobController(
+            job_client, qps=qps, burst=burst, pod_failure_backoff_s=o.pod_failure_backoff_s
+        )
         self.podgc = PodGC(self._client(self.token_for(ids.POD_GC), "kube-controller-manager/podgc"))
         initial, cap = o.scheduler_backoff_s
-        self.scheduler = Scheduler(self._client(self.server.service_account_token(*_SCHEDULER_SA), "kube-scheduler"),
-                                   self.profile, extender_url=self._extender_url, initial_backoff_s=initial,
-                                   max_backoff_s=cap, unschedulable_timeout_s=o.unschedulable_timeout_s,
-                                   seed=self._seed)
-        self.kubelet = Kubelet(self._client(self.token_for(ids.KUBELET), "kubelet"), self._nodes,
-                               resource_slices=self._slices, heartbeat_interval_s=o.heartbeat_interval_s,
-                               auto_run=o.kubelet_auto_run)
+        self.scheduler = Scheduler(
+            self._client(self.server.service_account_token(*_SCHEDULER_SA), "kube-scheduler"),
+            self.profile,
+            extender_url=self._extender_url,
+            initial_backoff_s=initial,
+            max_backoff_s=cap,
+            unschedulable_timeout_s=o.unschedulable_timeout_s,
+            seed=self._seed,
+        )
+        self.kubelet = Kubelet(
+            self._client(self.token_for(ids.KUBELET), "kubelet"),
+            self._nodes,
+            resource_slices=self._slices,
+            heartbeat_interval_s=o.heartbeat_interval_s,
+            auto_run=o.kubelet_auto_run,
+        )
         self._run("job-controller", self.job_controller.run())
         self._run("podgc", self.podgc.run())
         self._run("scheduler", self.scheduler.run())
         self._run("kubelet", self.kubelet.run())
-        await self._wait_started([self.kubelet.registered, self.job_controller.jobs.synced,
-                                  self.job_controller.pods.synced, self.scheduler.nodes.synced,
-                                  self.scheduler.pods.synced, self.podgc.pods.synced, self.podgc.nodes.synced])
+        await self._wait_started(
+            [
+                self.kubelet.registered,
+                self.job_controller.jobs.synced,
+                self.job_controller.pods.synced,
+                self.scheduler.nodes.synced,
+                self.scheduler.pods.synced,
+                self.podgc.pods.synced,
+                self.podgc.nodes.synced,
+            ]
+        )
 
     async def _wait_started(self, ready: Sequence[asyncio.Event], timeout_s: float = 30.0) -> None:
         """Until every controller has synced its caches; a controller that died fails the start."""

@@ -17,23 +17,26 @@ DEMO_POLICIES = ("random", "bestfit", "fgd", DEFAULT_POLICY)
 def main() -> int:
     root = trace_dir()
     if not (root / NODE_LIST).exists():
-        print(f"trace not found under {root}: run the demo from a checkout of the repository",
-              file=sys.stderr)
+        print(f"trace not found under {root}: run the demo from a checkout of the repository", file=sys.stderr)
         return 2
     seeds = SEEDS[: int(os.environ.get("TANDEM_DEMO_SEEDS", len(SEEDS)))]
     nodes = load_nodes(root / NODE_LIST)
     pods = load_pods(root / "openb_pod_list_default.csv")
-    print(f"Replaying {pods.name}: {len(pods.names)} pods on {len(nodes.names)} nodes "
-          f"({nodes.total_gpus} GPUs), load tuned to 130 %, seeds {seeds[0]}-{seeds[-1]}")
+    print(
+        f"Replaying {pods.name}: {len(pods.names)} pods on {len(nodes.names)} nodes "
+        f"({nodes.total_gpus} GPUs), load tuned to 130 %, seeds {seeds[0]}-{seeds[-1]}"
+    )
     start = time.perf_counter()
     runs = replay_many(nodes, pods, DEMO_POLICIES, seeds)
     wall = time.perf_counter() - start
     expected_path = root / EXPECTED_RESULTS
     expected = load_expected(expected_path) if expected_path.exists() else None
     print(table(summarise(runs, expected)))
-    print(f"{len(runs)} runs in {wall:.0f} s. 'paper' = FGD artifact means over the same seeds "
-          f"(USENIX ATC'23); allocation = % of {nodes.total_gpus} GPUs allocated once the "
-          f"arrived GPU request reaches 100 % / 130 % of capacity.")
+    print(
+        f"{len(runs)} runs in {wall:.0f} s. 'paper' = FGD artifact means over the same seeds "
+        f"(USENIX ATC'23); allocation = % of {nodes.total_gpus} GPUs allocated once the "
+        f"arrived GPU request reaches 100 % / 130 % of capacity."
+    )
     return 0
 
 

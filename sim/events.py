@@ -6,7 +6,6 @@ cluster; writing them is best effort and never fails the caller.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
@@ -41,8 +40,11 @@ class EventRecorder:
             "kind": "Event",
             "metadata": {"name": f"{meta.get('name')}.{secrets.token_hex(8)}", "namespace": namespace},
             "involvedObject": {
-                "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta.get("name"),
-                "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+                "apiVersion": obj.get("apiVersion"),
+                "kind": obj.get("kind"),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
                 "resourceVersion": meta.get("resourceVersion"),
             },
             "reason": reason,
@@ -57,5 +59,5 @@ class EventRecorder:
         }
         try:
             await self.client.create(kr.EVENTS, event, namespace)
-        except (KubeApiError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, KubeApiError, aiohttp.ClientError, OSError) as e:
             log.debug("event not written", extra={"reason": reason, "error": str(e)})

@@ -7,7 +7,6 @@ unreadable body or a non-empty ``Error`` is an ``ExtenderError`` whose text mirr
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -66,9 +65,10 @@ class ExtenderClient:
                 body = await resp.read()
                 if resp.status != 200:
                     raise ExtenderError(f"failed {verb} with extender at URL {url}, code {resp.status}")
-        except asyncio.TimeoutError as e:
-            raise ExtenderError(f'Post "{url}": context deadline exceeded '
-                                "(Client.Timeout exceeded while awaiting headers)") from e
+        except TimeoutError as e:
+            raise ExtenderError(
+                f'Post "{url}": context deadline exceeded (Client.Timeout exceeded while awaiting headers)'
+            ) from e
         except aiohttp.ClientError as e:
             raise ExtenderError(f'Post "{url}": {e}') from e
         try:

@@ -41,27 +41,42 @@ class Identity:
     rules: tuple[JSON, ...] = ()
 
 
-JOB_CONTROLLER = Identity("kube-system", "job-controller", "system:controller:job-controller", (
-    _rule(["batch"], ["jobs"], ["get", "list", "watch", "update", "patch"]),
-    _rule(["batch"], ["jobs/status"], ["update", "patch"]),
-    _rule(["batch"], ["jobs/finalizers"], ["update"]),
-    _rule([""], ["pods"], ["list", "watch", "create", "delete", "patch"]),
-    _EVENTS,
-))
-POD_GC = Identity("kube-system", "pod-garbage-collector", "system:controller:pod-garbage-collector", (
-    _rule([""], ["pods"], ["list", "watch", "delete"]),
-    _rule([""], ["nodes"], _READ),
-    _rule([""], ["pods/status"], ["patch"]),
-))
-KUBELET = Identity("kube-system", "sim-kubelet", "sim:kubelet", (
-    _rule([""], ["nodes"], ["get", "list", "watch", "create", "patch", "update"]),
-    _rule([""], ["nodes/status"], ["patch", "update"]),
-    _rule([""], ["pods"], ["get", "list", "watch", "delete"]),
-    _rule([""], ["pods/status"], ["patch", "update"]),
-    _rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update", "patch"]),
-    _rule(["resource.k8s.io"], ["resourceslices"], ["get", "list", "watch", "create", "update", "patch", "delete"]),
-    _EVENTS,
-))
+JOB_CONTROLLER = Identity(
+    "kube-system",
+    "job-controller",
+    "system:controller:job-controller",
+    (
+        _rule(["batch"], ["jobs"], ["get", "list", "watch", "update", "patch"]),
+        _rule(["batch"], ["jobs/status"], ["update", "patch"]),
+        _rule(["batch"], ["jobs/finalizers"], ["update"]),
+        _rule([""], ["pods"], ["list", "watch", "create", "delete", "patch"]),
+        _EVENTS,
+    ),
+)
+POD_GC = Identity(
+    "kube-system",
+    "pod-garbage-collector",
+    "system:controller:pod-garbage-collector",
+    (
+        _rule([""], ["pods"], ["list", "watch", "delete"]),
+        _rule([""], ["nodes"], _READ),
+        _rule([""], ["pods/status"], ["patch"]),
+    ),
+)
+KUBELET = Identity(
+    "kube-system",
+    "sim-kubelet",
+    "sim:kubelet",
+    (
+        _rule([""], ["nodes"], ["get", "list", "watch", "create", "patch", "update"]),
+        _rule([""], ["nodes/status"], ["patch", "update"]),
+        _rule([""], ["pods"], ["get", "list", "watch", "delete"]),
+        _rule([""], ["pods/status"], ["patch", "update"]),
+        _rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update", "patch"]),
+        _rule(["resource.k8s.io"], ["resourceslices"], ["get", "list", "watch", "create", "update", "patch", "delete"]),
+        _EVENTS,
+    ),
+)
 CONTROLLER_IDENTITIES = (JOB_CONTROLLER, POD_GC, KUBELET)
 
 
@@ -70,13 +85,19 @@ def service_account(namespace: str, name: str) -> JSON:
 
 
 def cluster_role(identity: Identity) -> JSON:
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": identity.role, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
-            "rules": [dict(r) for r in identity.rules]}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": identity.role, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+        "rules": [dict(r) for r in identity.rules],
+    }
 
 
 def cluster_role_binding(identity: Identity) -> JSON:
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": identity.role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": identity.role},
-            "subjects": [{"kind": "ServiceAccount", "name": identity.name, "namespace": identity.namespace}]}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": identity.role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": identity.role},
+        "subjects": [{"kind": "ServiceAccount", "name": identity.name, "namespace": identity.namespace}],
+    }

@@ -111,8 +111,13 @@ class Informer:
             self._notify(old, obj)
 
     async def _list(self) -> None:
-        result = await self.client.list(self.resource, self.namespace, label_selector=self.label_selector,
-                                        field_selector=self.field_selector, limit=self.page_size)
+        result = await self.client.list(
+            self.resource,
+            self.namespace,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            limit=self.page_size,
+        )
         self.resource_version = result.resource_version
         self._replace(result.items)
         self.synced.set()
@@ -122,8 +127,12 @@ class Informer:
         got = False
         timeout = self.watch_timeout_s + random.randint(0, max(1, self.watch_timeout_s // 5))
         async for ev in self.client.watch(
-            self.resource, self.namespace, resource_version=self.resource_version,
-            label_selector=self.label_selector, field_selector=self.field_selector, timeout_seconds=timeout,
+            self.resource,
+            self.namespace,
+            resource_version=self.resource_version,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            timeout_seconds=timeout,
         ):
             got = True
             self._apply(ev.type, ev.object)
@@ -148,7 +157,7 @@ class Informer:
                     need_list = True
                     continue
                 log.warning("list/watch failed", extra={"resource": self.resource.plural, "error": str(e)})
-            except (OSError, asyncio.TimeoutError, ValueError) as e:
+            except (TimeoutError, OSError, ValueError) as e:
                 log.warning("list/watch connection failed", extra={"resource": self.resource.plural, "error": repr(e)})
             except Exception as e:  # aiohttp errors and the like: never end the cache
                 log.warning("list/watch error", extra={"resource": self.resource.plural, "error": repr(e)})
@@ -204,7 +213,7 @@ class WorkQueue:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def done(self, key: str) -> None:

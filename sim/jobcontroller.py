@@ -191,8 +191,9 @@ class JobController:
             self.queue.add_after(key, self._expect_timeout)
             return
         owned = [p for p in pods if (owner_job_key(p) or ("", ""))[1] == uid]
-        plan = plan_job(job, owned, now, finalizers_removed=self._rm_finalizers,
-                        backoff_remaining_s=self._backoff_remaining(uid))
+        plan = plan_job(
+            job, owned, now, finalizers_removed=self._rm_finalizers, backoff_remaining_s=self._backoff_remaining(uid)
+        )
         await self._delete_pods(job, plan.delete)
         created = await self._create_pods(job, plan.create)
         status = plan.status
@@ -223,7 +224,7 @@ class JobController:
         exp.since = self._clock()
         done, batch, pos = 0, 1, 0
         while pos < len(indexes):
-            chunk = indexes[pos:pos + batch]
+            chunk = indexes[pos : pos + batch]
             results = await asyncio.gather(*(self._create_one(job, ix) for ix in chunk))
             ok = sum(results)
             done += ok
@@ -258,8 +259,9 @@ class JobController:
             await self._limiter.acquire()
             uid = str(p["metadata"]["uid"])
             try:
-                await self.client.delete(kr.PODS, p["metadata"]["name"], p["metadata"]["namespace"],
-                                         preconditions={"uid": uid})
+                await self.client.delete(
+                    kr.PODS, p["metadata"]["name"], p["metadata"]["namespace"], preconditions={"uid": uid}
+                )
             except KubeApiError as e:
                 if e.not_found or e.conflict:
                     exp.deletes.discard(uid)
@@ -293,8 +295,13 @@ class JobController:
                 return
             await self._limiter.acquire()
             try:
-                await self.client.patch(kr.PODS, p["metadata"]["name"], _REMOVE_FINALIZER, patch_type="strategic",
-                                        namespace=p["metadata"]["namespace"])
+                await self.client.patch(
+                    kr.PODS,
+                    p["metadata"]["name"],
+                    _REMOVE_FINALIZER,
+                    patch_type="strategic",
+                    namespace=p["metadata"]["namespace"],
+                )
             except KubeApiError as e:
                 if not e.not_found:
                     raise

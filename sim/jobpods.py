@@ -46,7 +46,7 @@ MAX_GENERATED_NAME_LENGTH = 63 - 5  # names.MaxGeneratedNameLength: the server a
 
 def format_time(epoch_s: float) -> str:
     """RFC 3339 with second precision, as ``metav1.Time`` is written."""
-    return datetime.datetime.fromtimestamp(int(epoch_s), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(int(epoch_s), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(text: str) -> float:
@@ -72,10 +72,14 @@ def _with_index_env(containers: Iterable[JSON]) -> list[JSON]:
         c = dict(c)
         env = list(c.get("env") or [])
         if not any(e.get("name") == INDEX_ENV for e in env):
-            env.append({
-                "name": INDEX_ENV,
-                "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}},
-            })
+            env.append(
+                {
+                    "name": INDEX_ENV,
+                    "valueFrom": {
+                        "fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}
+                    },
+                }
+            )
         c["env"] = env
         out.append(c)
     return out
@@ -88,8 +92,12 @@ def render_pod(job: Mapping[str, Any], index: int | None) -> JSON:
     template = copy.deepcopy(job["spec"]["template"])
     tmeta = template.get("metadata") or {}
     labels = dict(tmeta.get("labels") or {})
-    for key, value in ((CONTROLLER_UID_LABEL, uid), (JOB_NAME_LABEL, name),
-                       (LEGACY_CONTROLLER_UID_LABEL, uid), (LEGACY_JOB_NAME_LABEL, name)):
+    for key, value in (
+        (CONTROLLER_UID_LABEL, uid),
+        (JOB_NAME_LABEL, name),
+        (LEGACY_CONTROLLER_UID_LABEL, uid),
+        (LEGACY_JOB_NAME_LABEL, name),
+    ):
         labels.setdefault(key, value)
     annotations = dict(tmeta.get("annotations") or {})
     spec = dict(template.get("spec") or {})
@@ -105,10 +113,16 @@ def render_pod(job: Mapping[str, Any], index: int | None) -> JSON:
         "namespace": meta["namespace"],
         "labels": labels,
         "finalizers": [TRACKING_FINALIZER],
-        "ownerReferences": [{
-            "apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
-            "controller": True, "blockOwnerDeletion": True,
-        }],
+        "ownerReferences": [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": name,
+                "uid": uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
     }
     if annotations:
         pod_meta["annotations"] = annotations
@@ -177,8 +191,10 @@ def is_active(pod: Mapping[str, Any]) -> bool:
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 def has_finalizer(pod: Mapping[str, Any]) -> bool:

@@ -59,12 +59,19 @@ def is_finished(job: Mapping[str, Any]) -> bool:
 
 
 def _new_condition(ctype: str, reason: str, message: str, now: str, status: str = "True") -> JSON:
-    return {"type": ctype, "status": status, "reason": reason, "message": message,
-            "lastProbeTime": now, "lastTransitionTime": now}
+    return {
+        "type": ctype,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastProbeTime": now,
+        "lastTransitionTime": now,
+    }
 
 
-def _set_condition(conds: list[JSON], ctype: str, status: str, reason: str, message: str, now: str,
-                   add_if_missing: bool = True) -> bool:
+def _set_condition(
+    conds: list[JSON], ctype: str, status: str, reason: str, message: str, now: str, add_if_missing: bool = True
+) -> bool:
     """``ensureJobConditionStatus``: update in place or append; True if something changed."""
     for c in conds:
         if c.get("type") == ctype:
@@ -96,9 +103,12 @@ def _restarts(pods: Sequence[JSON]) -> int:
 
 def _keep_rank(pod: JSON) -> tuple[int, int, int, str]:
     """Which of two active pods of one index to keep (lower is kept): ready, running, bound, older."""
-    return (0 if jp.is_ready(pod) else 1, 0 if jp.phase(pod) == "Running" else 1,
-            0 if (pod.get("spec") or {}).get("nodeName") else 1,
-            str((pod.get("metadata") or {}).get("creationTimestamp") or ""))
+    return (
+        0 if jp.is_ready(pod) else 1,
+        0 if jp.phase(pod) == "Running" else 1,
+        0 if (pod.get("spec") or {}).get("nodeName") else 1,
+        str((pod.get("metadata") or {}).get("creationTimestamp") or ""),
+    )
 
 
 def _indexed_extras(active: Sequence[JSON], completions: int, succeeded: Collection[int]) -> list[JSON]:
@@ -200,8 +210,9 @@ def plan_job(
                 plan.delete = list(active)
             else:
                 held = [p for p in pods if jp.is_terminating(p)] if only_failed else []
-                _manage(plan, active, held, indexed, completions, parallelism, succeeded, succeeded_idx,
-                        backoff_remaining_s)
+                _manage(
+                    plan, active, held, indexed, completions, parallelism, succeeded, succeeded_idx, backoff_remaining_s
+                )
         remaining_active = len(active) - len(plan.delete) + len(plan.create)
         if indexed and completions is not None:
             complete = len(succeeded_idx) >= completions
@@ -246,9 +257,17 @@ def plan_job(
         _set_condition(conds, final[0], "True", final[1], final[2], now_s)
         if final[0] == "Complete":
             status["completionTime"] = now_s
-    _write_counts(status, len(still_active) + len(plan.create), sum(1 for p in still_active if jp.is_ready(p)),
-                  terminating, len(succeeded_idx) if indexed else flushed_succeeded, flushed_failed,
-                  succeeded_idx if indexed else None, unc_succ, unc_fail)
+    _write_counts(
+        status,
+        len(still_active) + len(plan.create),
+        sum(1 for p in still_active if jp.is_ready(p)),
+        terminating,
+        len(succeeded_idx) if indexed else flushed_succeeded,
+        flushed_failed,
+        succeeded_idx if indexed else None,
+        unc_succ,
+        unc_fail,
+    )
     status["conditions"] = conds
     if not conds:
         del status["conditions"]
@@ -256,8 +275,13 @@ def plan_job(
 
 
 def _finish(
-    status: JSON, spec: Mapping[str, Any], active: Sequence[JSON], failed: int, backoff_limit: int,
-    suspended: bool, now: float,
+    status: JSON,
+    spec: Mapping[str, Any],
+    active: Sequence[JSON],
+    failed: int,
+    backoff_limit: int,
+    suspended: bool,
+    now: float,
 ) -> tuple[tuple[str, str, str] | None, JSON | None, float | None]:
     """(final condition due, interim condition to add, seconds until the deadline).
 
@@ -284,8 +308,15 @@ def _finish(
 
 
 def _manage(
-    plan: JobPlan, active: Sequence[JSON], held: Sequence[JSON], indexed: bool, completions: int | None,
-    parallelism: int, succeeded: int, succeeded_idx: Collection[int], backoff_remaining_s: float,
+    plan: JobPlan,
+    active: Sequence[JSON],
+    held: Sequence[JSON],
+    indexed: bool,
+    completions: int | None,
+    parallelism: int,
+    succeeded: int,
+    succeeded_idx: Collection[int],
+    backoff_remaining_s: float,
 ) -> None:
     """``manageJob``: remove surplus pods, else create up to the wanted number (never while backing off).
 
@@ -307,8 +338,9 @@ def _manage(
     if missing <= 0:
         return
     if backoff_remaining_s > 0:
-        plan.requeue_after_s = backoff_remaining_s if plan.requeue_after_s is None else min(
-            plan.requeue_after_s, backoff_remaining_s)
+        plan.requeue_after_s = (
+            backoff_remaining_s if plan.requeue_after_s is None else min(plan.requeue_after_s, backoff_remaining_s)
+        )
         return
     if not indexed:
         plan.create = [None] * missing
@@ -320,8 +352,15 @@ def _manage(
 
 
 def _write_counts(
-    status: JSON, active: int, ready: int, terminating: int, succeeded: int, failed: int,
-    succeeded_idx: Collection[int] | None, unc_succ: Collection[str], unc_fail: Collection[str],
+    status: JSON,
+    active: int,
+    ready: int,
+    terminating: int,
+    succeeded: int,
+    failed: int,
+    succeeded_idx: Collection[int] | None,
+    unc_succ: Collection[str],
+    unc_fail: Collection[str],
 ) -> None:
     """Counters as the controller writes them: zero counts omitted, ``ready``/``terminating`` always."""
     for key, value in (("active", active), ("succeeded", succeeded), ("failed", failed)):

@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from sim.kuberesources import Resource
 from sim.kubeconfig import Credentials, load_kubeconfig
+from sim.kuberesources import Resource
 
 __all__ = ["KubeApiError", "KubeClient", "ObjectList", "TokenBucket", "WatchEvent", "PATCH_TYPES"]
 
@@ -81,7 +81,11 @@ class TokenBucket:
     """client-go's token-bucket rate limiter: ``qps`` tokens per second, at most ``burst`` saved."""
 
     def __init__(
-        self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic,
+        self,
+        qps: float,
+        burst: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if qps <= 0 or burst < 1:
@@ -114,8 +118,9 @@ def _error(code: int, body: bytes, fallback: str) -> KubeApiError:
         status = {}
     if not isinstance(status, dict) or status.get("kind") != "Status":
         return KubeApiError(code, fallback, body.decode(errors="replace")[:500])
-    return KubeApiError(int(status.get("code") or code), str(status.get("reason") or fallback),
-                        str(status.get("message") or ""), status)
+    return KubeApiError(
+        int(status.get("code") or code), str(status.get("reason") or fallback), str(status.get("message") or ""), status
+    )
 
 
 def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
@@ -183,8 +188,13 @@ class KubeClient:
         await self.close()
 
     async def _send(
-        self, method: str, path: str, params: Mapping[str, str] | None, body: bytes | None,
-        content_type: str | None, timeout: aiohttp.ClientTimeout,
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: bytes | None,
+        content_type: str | None,
+        timeout: aiohttp.ClientTimeout,
     ) -> aiohttp.ClientResponse:
         """One request, retried on 429 (and 5xx carrying Retry-After); the caller reads and releases it."""
         session = self._ensure_session()
@@ -193,8 +203,9 @@ class KubeClient:
         while True:
             if self._limiter is not None:
                 await self._limiter.acquire()
-            resp = await session.request(method, self.base_url + path, params=params, data=body,
-                                         headers=headers, timeout=timeout)
+            resp = await session.request(
+                method, self.base_url + path, params=params, data=body, headers=headers, timeout=timeout
+            )
             delay = _retry_after(resp)
             retryable = resp.status == 429 or (resp.status >= 500 and delay is not None)
             if not retryable or attempt >= self._max_retries:
@@ -204,8 +215,13 @@ class KubeClient:
             await self._sleep(1.0 if delay is None else delay)
 
     async def request(
-        self, method: str, path: str, *, params: Mapping[str, str] | None = None,
-        body: Any = None, content_type: str = "application/json",
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
     ) -> Any:
         """Send one request and decode the JSON reply; a non-2xx reply raises KubeApiError."""
         data = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
@@ -226,8 +242,14 @@ class KubeClient:
         return out
 
     async def list_page(
-        self, res: Resource, namespace: str | None = None, *, label_selector: str | None = None,
-        field_selector: str | None = None, limit: int | None = None, continue_token: str | None = None,
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
         resource_version: str | None = None,
     ) -> JSON:
         """One page of a list (the raw ``*List`` object)."""
@@ -246,8 +268,13 @@ class KubeClient:
         return out
 
     async def list(
-        self, res: Resource, namespace: str | None = None, *, label_selector: str | None = None,
-        field_selector: str | None = None, limit: int | None = 500,
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = 500,
     ) -> ObjectList:
         """Every page; an expired continue token (410) falls back to one full list, like client-go's pager."""
         items: list[JSON] = []
@@ -255,8 +282,14 @@ class KubeClient:
         page_limit = limit
         while True:
             try:
-                page = await self.list_page(res, namespace, label_selector=label_selector,
-                                            field_selector=field_selector, limit=page_limit, continue_token=token)
+                page = await self.list_page(
+                    res,
+                    namespace,
+                    label_selector=label_selector,
+                    field_selector=field_selector,
+                    limit=page_limit,
+                    continue_token=token,
+                )
             except KubeApiError as e:
                 if not (e.gone and token):
                     raise
@@ -269,9 +302,15 @@ class KubeClient:
                 return ObjectList(items, str(meta.get("resourceVersion") or ""))
 
     async def watch(
-        self, res: Resource, namespace: str | None = None, *, resource_version: str | None = None,
-        label_selector: str | None = None, field_selector: str | None = None,
-        timeout_seconds: int | None = 300, allow_bookmarks: bool = True,
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int | None = 300,
+        allow_bookmarks: bool = True,
     ) -> AsyncIterator[WatchEvent]:
         """One watch request: events until the server ends the stream. ERROR events raise (410: ``gone``)."""
         params = {"watch": "1"}
@@ -302,8 +341,14 @@ class KubeClient:
                 yield _event(buf)
 
     async def create(
-        self, res: Resource, body: JSON, namespace: str | None = None, *, dry_run: bool = False,
-        field_manager: str | None = None, field_validation: str | None = None,
+        self,
+        res: Resource,
+        body: JSON,
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
+        field_manager: str | None = None,
+        field_validation: str | None = None,
     ) -> JSON:
         ns = (namespace or (body.get("metadata") or {}).get("namespace")) if res.namespaced else None
         params = _write_params(dry_run, field_manager, field_validation)
@@ -318,29 +363,55 @@ class KubeClient:
         return out
 
     async def replace(
-        self, res: Resource, body: JSON, namespace: str | None = None, *, subresource: str | None = None,
+        self,
+        res: Resource,
+        body: JSON,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
         field_manager: str | None = None,
     ) -> JSON:
         """PUT the object (its metadata.resourceVersion, if set, is the precondition: 409 Conflict if stale)."""
         meta = body.get("metadata") or {}
         ns = (namespace or meta.get("namespace")) if res.namespaced else None
-        out: JSON = await self.request("PUT", res.path(ns, str(meta["name"]), subresource),
-                                       params=_write_params(False, field_manager, None), body=body)
+        out: JSON = await self.request(
+            "PUT",
+            res.path(ns, str(meta["name"]), subresource),
+            params=_write_params(False, field_manager, None),
+            body=body,
+        )
         return out
 
     async def patch(
-        self, res: Resource, name: str, patch: Any, *, patch_type: str, namespace: str | None = None,
-        subresource: str | None = None, field_manager: str | None = None,
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        *,
+        patch_type: str,
+        namespace: str | None = None,
+        subresource: str | None = None,
+        field_manager: str | None = None,
     ) -> JSON:
         """PATCH with an explicit media type: ``json`` (RFC 6902), ``merge`` (RFC 7386) or ``strategic``."""
-        out: JSON = await self.request("PATCH", res.path(namespace, name, subresource),
-                                       params=_write_params(False, field_manager, None), body=patch,
-                                       content_type=PATCH_TYPES[patch_type])
+        out: JSON = await self.request(
+            "PATCH",
+            res.path(namespace, name, subresource),
+            params=_write_params(False, field_manager, None),
+            body=patch,
+            content_type=PATCH_TYPES[patch_type],
+        )
         return out
 
     async def delete(
-        self, res: Resource, name: str, namespace: str | None = None, *, grace_period_seconds: int | None = None,
-        propagation_policy: str | None = None, preconditions: Mapping[str, str] | None = None,
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace_period_seconds: int | None = None,
+        propagation_policy: str | None = None,
+        preconditions: Mapping[str, str] | None = None,
     ) -> JSON:
         """DELETE with DeleteOptions; returns the object (still terminating) or a Success Status."""
         opts: JSON = {"apiVersion": "v1", "kind": "DeleteOptions"}

@@ -188,17 +188,22 @@ class Kubelet:
         live = (self._nodes.get(name) or {}).get("status") or {}
         previous = live.get("conditions") or fixture_status.get("conditions")
         ready, message = self._ready.get(name, (True, None))
-        status = {k: v for k, v in fixture_status.items() if k in ("capacity", "allocatable", "addresses", "nodeInfo",
-                                                                    "daemonEndpoints", "images")}
+        status = {
+            k: v
+            for k, v in fixture_status.items()
+            if k in ("capacity", "allocatable", "addresses", "nodeInfo", "daemonEndpoints", "images")
+        }
         status["conditions"] = nd.node_conditions(previous, ready, self._clock(), message)
         try:
-            self._nodes[name] = await self.client.patch(kr.NODES, name, {"status": status}, patch_type="strategic",
-                                                        subresource="status")
+            self._nodes[name] = await self.client.patch(
+                kr.NODES, name, {"status": status}, patch_type="strategic", subresource="status"
+            )
         except KubeApiError as e:
             if e.code != 415:
                 raise
-            self._nodes[name] = await self.client.patch(kr.NODES, name, {"status": status}, patch_type="merge",
-                                                        subresource="status")
+            self._nodes[name] = await self.client.patch(
+                kr.NODES, name, {"status": status}, patch_type="merge", subresource="status"
+            )
 
     async def _renew_lease(self, name: str) -> None:
         now = self._clock()
@@ -214,7 +219,10 @@ class Kubelet:
                 return
         renewed = dict(lease)
         renewed["spec"] = dict(lease.get("spec") or {}) | {
-            "holderIdentity": name, "leaseDurationSeconds": self.lease_duration_s, "renewTime": ps.micro_time(now)}
+            "holderIdentity": name,
+            "leaseDurationSeconds": self.lease_duration_s,
+            "renewTime": ps.micro_time(now),
+        }
         try:
             self._leases[name] = await self.client.replace(kr.LEASES, renewed, nd.NODE_LEASE_NAMESPACE)
         except KubeApiError as e:
@@ -302,8 +310,9 @@ class Kubelet:
         annotations = meta.get("annotations") or {}
         pull_error = annotations.get(PULL_ERROR_ANNOTATION)
         if pull_error:
-            if not statuses or any((cs.get("state") or {}).get("waiting", {}).get("reason") != pull_error
-                                   for cs in statuses):
+            if not statuses or any(
+                (cs.get("state") or {}).get("waiting", {}).get("reason") != pull_error for cs in statuses
+            ):
                 await self._write(pod, ps.waiting_status(pod, host, self._clock(), str(pull_error)), guarded=True)
         elif not running and self._auto_run:
             await self._write(pod, ps.running_status(pod, host, ip, self._clock()), guarded=True)
@@ -324,7 +333,8 @@ class Kubelet:
         delay = float(annotations.get(RUN_SECONDS_ANNOTATION) or 0)
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         self._timers[key] = asyncio.get_running_loop().call_later(
-            delay, lambda: self._spawn(self._exit_quietly(ns, name, code)))
+            delay, lambda: self._spawn(self._exit_quietly(ns, name, code))
+        )
 
     async def _exit_quietly(self, ns: str, name: str, code: int) -> None:
         try:
@@ -340,10 +350,19 @@ class Kubelet:
             current = self.pods.get(key) or pod
             if not jp.is_terminal(current):
                 host, ip = self._where(current)
-                await self._write(current, ps.killed_status(current, host, ip if self._started(current) else None,
-                                                            self.deletion_exit_code, self._clock()))
-            await self.client.delete(kr.PODS, pod["metadata"]["name"], pod["metadata"]["namespace"],
-                                     grace_period_seconds=0, preconditions={"uid": str(pod["metadata"]["uid"])})
+                await self._write(
+                    current,
+                    ps.killed_status(
+                        current, host, ip if self._started(current) else None, self.deletion_exit_code, self._clock()
+                    ),
+                )
+            await self.client.delete(
+                kr.PODS,
+                pod["metadata"]["name"],
+                pod["metadata"]["namespace"],
+                grace_period_seconds=0,
+                preconditions={"uid": str(pod["metadata"]["uid"])},
+            )
         except KubeApiError as e:
             if not (e.not_found or e.conflict):
                 log.warning("pod deletion not finished", extra={"pod": key, "error": str(e)})
@@ -366,9 +385,14 @@ class Kubelet:
         body: JSON = {"status": status}
         if guarded:
             body["metadata"] = {"resourceVersion": pod["metadata"]["resourceVersion"]}
-        out: JSON = await self.client.patch(kr.PODS, pod["metadata"]["name"], body,
-                                            patch_type="strategic", namespace=pod["metadata"]["namespace"],
-                                            subresource="status")
+        out: JSON = await self.client.patch(
+            kr.PODS,
+            pod["metadata"]["name"],
+            body,
+            patch_type="strategic",
+            namespace=pod["metadata"]["namespace"],
+            subresource="status",
+        )
         return out
 
     # ---- commands ------------------------------------------------------------------------------
@@ -413,12 +437,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sim.kubelet", description="kubelet stand-in for simulated nodes")
     p.add_argument("--kubeconfig", required=True, help="kubeconfig with a token or client certificate user")
     p.add_argument("--context", default=None, help="kubeconfig context (default: current-context)")
-    p.add_argument("--nodes", action="append", type=Path, required=True,
-                   help="Node / ResourceSlice fixture, JSON or YAML (repeatable)")
+    p.add_argument(
+        "--nodes",
+        action="append",
+        type=Path,
+        required=True,
+        help="Node / ResourceSlice fixture, JSON or YAML (repeatable)",
+    )
     p.add_argument("--pending", action="store_true", help="leave pods Pending in ContainerCreating")
     p.add_argument("--heartbeat-interval", type=float, default=10.0, help="Lease and status period, seconds")
-    p.add_argument("--termination-delay", type=float, default=0.0,
-                   help="seconds a deleted pod's containers take to stop (capped by its grace period)")
+    p.add_argument(
+        "--termination-delay",
+        type=float,
+        default=0.0,
+        help="seconds a deleted pod's containers take to stop (capped by its grace period)",
+    )
     return p
 
 
@@ -430,8 +463,14 @@ async def _serve(args: argparse.Namespace) -> None:
         nodes += n
         slices += s
     async with KubeClient.from_kubeconfig(str(args.kubeconfig), args.context, user_agent="sim-kubelet") as client:
-        kubelet = Kubelet(client, nodes, resource_slices=slices, heartbeat_interval_s=args.heartbeat_interval,
-                          auto_run=not args.pending, termination_delay_s=args.termination_delay)
+        kubelet = Kubelet(
+            client,
+            nodes,
+            resource_slices=slices,
+            heartbeat_interval_s=args.heartbeat_interval,
+            auto_run=not args.pending,
+            termination_delay_s=args.termination_delay,
+        )
         task = asyncio.create_task(kubelet.run())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -67,8 +67,22 @@ ROLE_BINDINGS = Resource("rbac.authorization.k8s.io/v1", "rolebindings", "RoleBi
 
 _BY_KIND: dict[tuple[str, str], Resource] = {
     (r.api_version, r.kind): r
-    for r in (PODS, NODES, NAMESPACES, SERVICE_ACCOUNTS, CONFIG_MAPS, EVENTS, JOBS, LEASES, PRIORITY_CLASSES,
-              RESOURCE_SLICES, CLUSTER_ROLES, CLUSTER_ROLE_BINDINGS, ROLES, ROLE_BINDINGS)
+    for r in (
+        PODS,
+        NODES,
+        NAMESPACES,
+        SERVICE_ACCOUNTS,
+        CONFIG_MAPS,
+        EVENTS,
+        JOBS,
+        LEASES,
+        PRIORITY_CLASSES,
+        RESOURCE_SLICES,
+        CLUSTER_ROLES,
+        CLUSTER_ROLE_BINDINGS,
+        ROLES,
+        ROLE_BINDINGS,
+    )
 }
 
 

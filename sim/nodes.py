@@ -31,11 +31,21 @@ __all__ = [
 
 JSON = dict[str, Any]
 NODE_LEASE_NAMESPACE = "kube-node-lease"
-_SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields", "selfLink",
-                  "deletionTimestamp", "deletionGracePeriodSeconds")
+_SERVER_FIELDS = (
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "generation",
+    "managedFields",
+    "selfLink",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+)
 _READY = ("True", "KubeletReady", "kubelet is posting ready status")
-_NOT_READY_MESSAGE = ("container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
-                      "message:Network plugin returns error: cni plugin not initialized")
+_NOT_READY_MESSAGE = (
+    "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
+    "message:Network plugin returns error: cni plugin not initialized"
+)
 _PRESSURE = {
     "MemoryPressure": ("False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
     "DiskPressure": ("False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
@@ -96,11 +106,16 @@ def node_conditions(previous: list[JSON] | None, ready: bool, now: float, messag
     out = []
     for ctype, (status, reason, msg) in want.items():
         prev = old.get(ctype) or {}
-        out.append({
-            "type": ctype, "status": status, "reason": reason, "message": msg,
-            "lastHeartbeatTime": stamp,
-            "lastTransitionTime": prev.get("lastTransitionTime") if prev.get("status") == status else stamp,
-        })
+        out.append(
+            {
+                "type": ctype,
+                "status": status,
+                "reason": reason,
+                "message": msg,
+                "lastHeartbeatTime": stamp,
+                "lastTransitionTime": prev.get("lastTransitionTime") if prev.get("status") == status else stamp,
+            }
+        )
     return out
 
 

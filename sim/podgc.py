@@ -45,8 +45,13 @@ class PodGC:
     """Runs until cancelled: ``await PodGC(client).run()``."""
 
     def __init__(
-        self, client: KubeClient, *, orphan_quarantine_s: float = 40.0, scan_period_s: float = 20.0,
-        clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+        self,
+        client: KubeClient,
+        *,
+        orphan_quarantine_s: float = 40.0,
+        scan_period_s: float = 20.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
         self.pods = Informer(client, kr.PODS)
@@ -109,20 +114,27 @@ class PodGC:
         if not jp.is_terminal(pod):
             status: JSON = {"phase": "Failed"}
             if why == "orphaned":
-                status["conditions"] = [{
-                    "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
-                    "message": "PodGC: node no longer exists", "lastTransitionTime": jp.format_time(self._wall()),
-                }]
+                status["conditions"] = [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "DeletionByPodGC",
+                        "message": "PodGC: node no longer exists",
+                        "lastTransitionTime": jp.format_time(self._wall()),
+                    }
+                ]
             try:
-                await self.client.patch(kr.PODS, name, {"status": status}, patch_type="strategic",
-                                        namespace=ns, subresource="status")
+                await self.client.patch(
+                    kr.PODS, name, {"status": status}, patch_type="strategic", namespace=ns, subresource="status"
+                )
             except KubeApiError as e:
                 if e.not_found:
                     return
                 raise
         try:
-            await self.client.delete(kr.PODS, name, ns, grace_period_seconds=0,
-                                     preconditions={"uid": str(pod["metadata"]["uid"])})
+            await self.client.delete(
+                kr.PODS, name, ns, grace_period_seconds=0, preconditions={"uid": str(pod["metadata"]["uid"])}
+            )
         except KubeApiError as e:
             if not (e.not_found or e.conflict):
                 raise

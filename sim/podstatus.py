@@ -27,12 +27,12 @@ POD_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "Ready", "Containe
 
 
 def _t(epoch_s: float) -> str:
-    return datetime.datetime.fromtimestamp(int(epoch_s), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(int(epoch_s), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def micro_time(epoch_s: float) -> str:
     """``metav1.MicroTime``: exactly six fractional digits."""
-    return datetime.datetime.fromtimestamp(epoch_s, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.datetime.fromtimestamp(epoch_s, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _digest(*parts: str) -> str:
@@ -65,8 +65,12 @@ def _conditions(pod: Mapping[str, Any], now: float, values: Mapping[str, tuple[s
     for ctype in POD_CONDITIONS:
         status, reason, message = values.get(ctype, ("True", "", ""))
         prev = old.get(ctype) or {}
-        cond: JSON = {"type": ctype, "status": status, "lastProbeTime": None,
-                      "lastTransitionTime": prev.get("lastTransitionTime") if prev.get("status") == status else _t(now)}
+        cond: JSON = {
+            "type": ctype,
+            "status": status,
+            "lastProbeTime": None,
+            "lastTransitionTime": prev.get("lastTransitionTime") if prev.get("status") == status else _t(now),
+        }
         if reason:
             cond["reason"] = reason
         if message:
@@ -77,8 +81,12 @@ def _conditions(pod: Mapping[str, Any], now: float, values: Mapping[str, tuple[s
 
 def _base(pod: Mapping[str, Any], phase: str, host_ip: str, pod_ip: str | None, now: float) -> JSON:
     old = pod.get("status") or {}
-    status: JSON = {"phase": phase, "hostIP": host_ip, "hostIPs": [{"ip": host_ip}],
-                    "startTime": old.get("startTime") or _t(now)}
+    status: JSON = {
+        "phase": phase,
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        "startTime": old.get("startTime") or _t(now),
+    }
     if pod_ip:
         status["podIP"] = pod_ip
         status["podIPs"] = [{"ip": pod_ip}]
@@ -96,11 +104,20 @@ def running_status(pod: Mapping[str, Any], host_ip: str, pod_ip: str, now: float
     status = _base(pod, "Running", host_ip, pod_ip, now)
     status["conditions"] = _conditions(pod, now, {})
     started = _t(now)
-    status["containerStatuses"] = [{
-        "name": c["name"], "image": c.get("image", ""), "imageID": _image_id(str(c.get("image", ""))),
-        "containerID": _container_id(pod, c["name"]), "ready": True, "started": True, "restartCount": 0,
-        "state": {"running": {"startedAt": started}}, "lastState": {},
-    } for c in _containers(pod)]
+    status["containerStatuses"] = [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "imageID": _image_id(str(c.get("image", ""))),
+            "containerID": _container_id(pod, c["name"]),
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": started}},
+            "lastState": {},
+        }
+        for c in _containers(pod)
+    ]
     inits = (pod.get("spec") or {}).get("initContainers") or []
     if inits:
         status["initContainerStatuses"] = [_init_done(pod, c, now) for c in inits]
@@ -108,33 +125,65 @@ def running_status(pod: Mapping[str, Any], host_ip: str, pod_ip: str, now: float
 
 
 def _init_done(pod: Mapping[str, Any], c: Mapping[str, Any], now: float) -> JSON:
-    base: JSON = {"name": c["name"], "image": c.get("image", ""), "imageID": _image_id(str(c.get("image", ""))),
-                  "containerID": _container_id(pod, str(c["name"])), "restartCount": 0, "lastState": {}}
+    base: JSON = {
+        "name": c["name"],
+        "image": c.get("image", ""),
+        "imageID": _image_id(str(c.get("image", ""))),
+        "containerID": _container_id(pod, str(c["name"])),
+        "restartCount": 0,
+        "lastState": {},
+    }
     if c.get("restartPolicy") == "Always":  # a sidecar keeps running
         return base | {"ready": True, "started": True, "state": {"running": {"startedAt": _t(now)}}}
-    return base | {"ready": True, "started": False, "state": {"terminated": {
-        "exitCode": 0, "reason": "Completed", "startedAt": _t(now), "finishedAt": _t(now),
-        "containerID": base["containerID"]}}}
+    return base | {
+        "ready": True,
+        "started": False,
+        "state": {
+            "terminated": {
+                "exitCode": 0,
+                "reason": "Completed",
+                "startedAt": _t(now),
+                "finishedAt": _t(now),
+                "containerID": base["containerID"],
+            }
+        },
+    }
 
 
-def waiting_status(pod: Mapping[str, Any], host_ip: str, now: float, reason: str = "ContainerCreating",
-                   message: str | None = None) -> JSON:
+def waiting_status(
+    pod: Mapping[str, Any], host_ip: str, now: float, reason: str = "ContainerCreating", message: str | None = None
+) -> JSON:
     """Phase Pending with every container waiting (``ContainerCreating``, ``ErrImagePull``, ...)."""
     status = _base(pod, "Pending", host_ip, None, now)
     names = container_names(pod)
     creating = reason == "ContainerCreating"
-    status["conditions"] = _conditions(pod, now, {
-        "PodReadyToStartContainers": ("False", "", "") if creating else ("True", "", ""),
-        "Ready": _not_ready(names), "ContainersReady": _not_ready(names),
-    })
+    status["conditions"] = _conditions(
+        pod,
+        now,
+        {
+            "PodReadyToStartContainers": ("False", "", "") if creating else ("True", "", ""),
+            "Ready": _not_ready(names),
+            "ContainersReady": _not_ready(names),
+        },
+    )
     waiting: JSON = {"reason": reason}
     out = []
     for c in _containers(pod):
         w = dict(waiting)
         if message or not creating:
             w["message"] = message or _pull_message(reason, str(c.get("image", "")))
-        out.append({"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
-                    "started": False, "restartCount": 0, "state": {"waiting": w}, "lastState": {}})
+        out.append(
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {"waiting": w},
+                "lastState": {},
+            }
+        )
     status["containerStatuses"] = out
     return status
 
@@ -147,16 +196,36 @@ def _pull_message(reason: str, image: str) -> str:
     return reason
 
 
-def _terminated(pod: Mapping[str, Any], c: Mapping[str, Any], code: int, reason: str, now: float,
-                started: str | None, message: str | None = None) -> JSON:
+def _terminated(
+    pod: Mapping[str, Any],
+    c: Mapping[str, Any],
+    code: int,
+    reason: str,
+    now: float,
+    started: str | None,
+    message: str | None = None,
+) -> JSON:
     cid = _container_id(pod, str(c["name"]))
-    term: JSON = {"exitCode": code, "reason": reason, "startedAt": started or _t(now), "finishedAt": _t(now),
-                  "containerID": cid}
+    term: JSON = {
+        "exitCode": code,
+        "reason": reason,
+        "startedAt": started or _t(now),
+        "finishedAt": _t(now),
+        "containerID": cid,
+    }
     if message:
         term["message"] = message
-    return {"name": c["name"], "image": c.get("image", ""), "imageID": _image_id(str(c.get("image", ""))),
-            "containerID": cid, "ready": False, "started": False, "restartCount": 0,
-            "state": {"terminated": term}, "lastState": {}}
+    return {
+        "name": c["name"],
+        "image": c.get("image", ""),
+        "imageID": _image_id(str(c.get("image", ""))),
+        "containerID": cid,
+        "ready": False,
+        "started": False,
+        "restartCount": 0,
+        "state": {"terminated": term},
+        "lastState": {},
+    }
 
 
 def _started_at(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -168,25 +237,34 @@ def _started_at(pod: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def terminated_status(pod: Mapping[str, Any], host_ip: str, pod_ip: str | None, exit_codes: Mapping[str, int],
-                      now: float) -> JSON:
+def terminated_status(
+    pod: Mapping[str, Any], host_ip: str, pod_ip: str | None, exit_codes: Mapping[str, int], now: float
+) -> JSON:
     """All containers exited with the given codes: Succeeded if every code is 0, else Failed."""
     ok = all(exit_codes.get(n, 0) == 0 for n in container_names(pod))
     status = _base(pod, "Succeeded" if ok else "Failed", host_ip, pod_ip, now)
     done = ("False", "PodCompleted" if ok else "PodFailed", "")
-    status["conditions"] = _conditions(pod, now, {"PodReadyToStartContainers": ("False", "", ""),
-                                                  "Ready": done, "ContainersReady": done})
+    status["conditions"] = _conditions(
+        pod, now, {"PodReadyToStartContainers": ("False", "", ""), "Ready": done, "ContainersReady": done}
+    )
     started = _started_at(pod)
     status["containerStatuses"] = [
-        _terminated(pod, c, exit_codes.get(c["name"], 0), "Completed" if exit_codes.get(c["name"], 0) == 0 else "Error",
-                    now, started.get(c["name"]))
+        _terminated(
+            pod,
+            c,
+            exit_codes.get(c["name"], 0),
+            "Completed" if exit_codes.get(c["name"], 0) == 0 else "Error",
+            now,
+            started.get(c["name"]),
+        )
         for c in _containers(pod)
     ]
     return status
 
 
-def restarted_status(pod: Mapping[str, Any], host_ip: str, pod_ip: str, exit_codes: Mapping[str, int],
-                     now: float) -> JSON:
+def restarted_status(
+    pod: Mapping[str, Any], host_ip: str, pod_ip: str, exit_codes: Mapping[str, int], now: float
+) -> JSON:
     """``restartPolicy`` OnFailure/Always: the exited containers are restarted in place (restartCount + 1)."""
     status = running_status(pod, host_ip, pod_ip, now)
     old = {cs.get("name"): cs for cs in (pod.get("status") or {}).get("containerStatuses") or []}
@@ -199,9 +277,15 @@ def restarted_status(pod: Mapping[str, Any], host_ip: str, pod_ip: str, exit_cod
             continue
         restarts = int((old.get(name) or {}).get("restartCount") or 0) + 1
         code = exit_codes[name]
-        cs["lastState"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                          "startedAt": started.get(name) or _t(now), "finishedAt": _t(now),
-                                          "containerID": (old.get(name) or {}).get("containerID", "")}}
+        cs["lastState"] = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": started.get(name) or _t(now),
+                "finishedAt": _t(now),
+                "containerID": (old.get(name) or {}).get("containerID", ""),
+            }
+        }
         cs["restartCount"] = restarts
         cs["containerID"] = _container_id(pod, name, restarts)
     return status
@@ -220,8 +304,17 @@ def killed_status(pod: Mapping[str, Any], host_ip: str, pod_ip: str | None, exit
             out.append(_terminated(pod, c, exit_code, "Completed" if exit_code == 0 else "Error", now, started[name]))
         else:
             codes[name] = 137
-            out.append(_terminated(pod, c, 137, "ContainerStatusUnknown", now, None,
-                                   "The container could not be located when the pod was terminated"))
+            out.append(
+                _terminated(
+                    pod,
+                    c,
+                    137,
+                    "ContainerStatusUnknown",
+                    now,
+                    None,
+                    "The container could not be located when the pod was terminated",
+                )
+            )
     status = terminated_status(pod, host_ip, pod_ip, codes, now)
     status["containerStatuses"] = out
     return status

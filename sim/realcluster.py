@@ -39,15 +39,26 @@ JSON = dict[str, Any]
 class RealCluster:
     """`start()` registers the test's nodes and runs the kubelet stand-in; `stop()` removes what it made."""
 
-    def __init__(self, kubeconfig: str | Path, nodes: Sequence[JSON], *, extender_url: str = "",
-                 kubelet_auto_run: bool = False, heartbeat_interval_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        kubeconfig: str | Path,
+        nodes: Sequence[JSON],
+        *,
+        extender_url: str = "",
+        kubelet_auto_run: bool = False,
+        heartbeat_interval_s: float = 10.0,
+    ) -> None:
         self.creds: Credentials = load_kubeconfig(kubeconfig)
         self.url = self.creds.server
         self._nodes = list(nodes)
         self.extender_url = extender_url
         self.admin = KubeClient(self.url, credentials=self.creds, user_agent="tandem-e2e-admin")
-        self.kubelet = Kubelet(KubeClient(self.url, credentials=self.creds, user_agent="tandem-kubelet-standin"),
-                               self._nodes, heartbeat_interval_s=heartbeat_interval_s, auto_run=kubelet_auto_run)
+        self.kubelet = Kubelet(
+            KubeClient(self.url, credentials=self.creds, user_agent="tandem-kubelet-standin"),
+            self._nodes,
+            heartbeat_interval_s=heartbeat_interval_s,
+            auto_run=kubelet_auto_run,
+        )
         self._clients: list[KubeClient] = [self.admin, self.kubelet.client]
         self._created: list[tuple[kr.Resource, str, str | None]] = []
         self._task: asyncio.Task[None] | None = None
@@ -71,12 +82,22 @@ class RealCluster:
     def set_extender_url(self, url: str | None) -> None:
         """The real kube-scheduler calls the extender its own configuration names: check it is this one."""
         if url and self.extender_url and url.rstrip("/") != self.extender_url.rstrip("/"):
-            raise RuntimeError(f"the cluster's tandem-scheduler calls {self.extender_url}; the test runs the "
-                               f"extender at {url}: set TANDEM_REAL_EXTENDER_URL / the listen address to match")
+            raise RuntimeError(
+                f"the cluster's tandem-scheduler calls {self.extender_url}; the test runs the "
+                f"extender at {url}: set TANDEM_REAL_EXTENDER_URL / the listen address to match"
+            )
 
     def client(self, token: str | None = None, user_agent: str = "tandem-e2e") -> KubeClient:
-        creds = self.creds if token is None else Credentials(self.url, token=token, ca_pem=self.creds.ca_pem,
-                                                             insecure_skip_tls_verify=self.creds.insecure_skip_tls_verify)
+        creds = (
+            self.creds
+            if token is None
+            else Credentials(
+                self.url,
+                token=token,
+                ca_pem=self.creds.ca_pem,
+                insecure_skip_tls_verify=self.creds.insecure_skip_tls_verify,
+            )
+        )
         c = KubeClient(self.url, credentials=creds, user_agent=user_agent)
         self._clients.append(c)
         return c
@@ -102,9 +123,14 @@ class RealCluster:
 
     async def service_account_token(self, namespace: str, name: str, expiration_s: int = 3600) -> str:
         """A TokenRequest for that ServiceAccount (created if missing)."""
-        await self.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}})
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                  "spec": {"expirationSeconds": expiration_s}}
+        await self.apply(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}}
+        )
+        review = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_s},
+        }
         out = await self.admin.create_subresource(kr.SERVICE_ACCOUNTS, name, "token", review, namespace)
         return str(out["status"]["token"])
 
@@ -116,10 +142,14 @@ class RealCluster:
         if self.creds.insecure_skip_tls_verify:
             cluster["insecure-skip-tls-verify"] = True
         user: JSON = {"token": token or self.creds.token or ""}
-        doc = {"apiVersion": "v1", "kind": "Config", "current-context": "tandem",
-               "clusters": [{"name": "tandem", "cluster": cluster}],
-               "users": [{"name": "tandem", "user": user}],
-               "contexts": [{"name": "tandem", "context": {"cluster": "tandem", "user": "tandem"}}]}
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "tandem",
+            "clusters": [{"name": "tandem", "cluster": cluster}],
+            "users": [{"name": "tandem", "user": user}],
+            "contexts": [{"name": "tandem", "context": {"cluster": "tandem", "user": "tandem"}}],
+        }
         path.write_text(yaml.safe_dump(doc))
         path.chmod(0o600)
         return path

@@ -47,9 +47,7 @@ class RunResult:
         return None if a is None else self.total_gpus * (1 - a / 100)
 
 
-def discrete_allocation(
-    arrived: Sequence[int], used: Sequence[int], total_gpus: int
-) -> tuple[float | None, ...]:
+def discrete_allocation(arrived: Sequence[int], used: Sequence[int], total_gpus: int) -> tuple[float | None, ...]:
     """FGD's merge_alloc_discrete: mean allocation of the events whose arrived load rounds to x."""
     a = [round(v / total_gpus / 10) for v in arrived]
     u = [round(v / total_gpus / 10, 2) for v in used]
@@ -66,7 +64,10 @@ def discrete_allocation(
 
 
 def replay(
-    nodes: NodeTable, pods: PodList, policy_name: str, seed: int,
+    nodes: NodeTable,
+    pods: PodList,
+    policy_name: str,
+    seed: int,
     workload: TargetWorkload | None = None,
 ) -> RunResult:
     """One run: seeded shuffle + tuning, node priority permutation, then place pods in order."""
@@ -95,8 +96,15 @@ def replay(
         used_log.append(used)
     seconds = time.perf_counter() - start
     return RunResult(
-        pods.name, policy_name, seed, total_gpus, len(order), failed, seconds,
-        tuple(arrived_log), tuple(used_log),
+        pods.name,
+        policy_name,
+        seed,
+        total_gpus,
+        len(order),
+        failed,
+        seconds,
+        tuple(arrived_log),
+        tuple(used_log),
         discrete_allocation(arrived_log, used_log, total_gpus),
     )
 
@@ -107,8 +115,11 @@ def _run(args: tuple[NodeTable, PodList, str, int]) -> RunResult:
 
 
 def replay_many(
-    nodes: NodeTable, pods: PodList, policies: Sequence[str],
-    seeds: Sequence[int] = SEEDS, processes: int | None = None,
+    nodes: NodeTable,
+    pods: PodList,
+    policies: Sequence[str],
+    seeds: Sequence[int] = SEEDS,
+    processes: int | None = None,
 ) -> list[RunResult]:
     """Every (policy, seed) pair, in parallel over processes; results in input order."""
     jobs = [(nodes, pods, p, s) for p in policies for s in seeds]

@@ -37,10 +37,13 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem-replay", description=__doc__)
     p.add_argument("--nodes", type=Path, required=True, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
-    p.add_argument("--pods", type=Path, required=True, action="append",
-                   help="pod list CSV; repeat for several")
-    p.add_argument("--policy", action="append", choices=(*POLICY_NAMES, "all"),
-                   help=f"policy to replay; repeat for several (default: {DEFAULT_POLICY})")
+    p.add_argument("--pods", type=Path, required=True, action="append", help="pod list CSV; repeat for several")
+    p.add_argument(
+        "--policy",
+        action="append",
+        choices=(*POLICY_NAMES, "all"),
+        help=f"policy to replay; repeat for several (default: {DEFAULT_POLICY})",
+    )
     p.add_argument("--seeds", type=parse_seeds, default=SEEDS, help="e.g. 42-51 (default)")
     p.add_argument("--json", type=Path, help="write the summary as JSON here")
     p.add_argument("--expected", type=Path, help="FGD's analysis_allo_discrete.csv, for the paper's figures")

@@ -13,8 +13,12 @@ from sim.replay import MAX_COLUMN, RunResult
 
 # FGD artifact policy names -> ours.
 PAPER_POLICIES = {
-    "01-Random": "random", "02-DotProd": "dotprod", "03-GpuClustering": "clustering",
-    "04-GpuPacking": "packing", "05-BestFit": "bestfit", "06-FGD": "fgd",
+    "01-Random": "random",
+    "02-DotProd": "dotprod",
+    "03-GpuClustering": "clustering",
+    "04-GpuPacking": "packing",
+    "05-BestFit": "bestfit",
+    "06-FGD": "fgd",
 }
 COLUMNS = (100, MAX_COLUMN)
 
@@ -42,8 +46,10 @@ class PaperFigures:
         if not keep:
             return self
         return PaperFigures(
-            tuple(self.seeds[i] for i in keep), tuple(self.alloc100[i] for i in keep),
-            tuple(self.alloc130[i] for i in keep), self.total_gpus,
+            tuple(self.seeds[i] for i in keep),
+            tuple(self.alloc100[i] for i in keep),
+            tuple(self.alloc130[i] for i in keep),
+            self.total_gpus,
         )
 
     @property
@@ -67,7 +73,9 @@ def load_expected(path: Path) -> dict[tuple[str, str], PaperFigures]:
     for key, rows in acc.items():
         rows.sort()
         out[key] = PaperFigures(
-            tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows),
+            tuple(r[0] for r in rows),
+            tuple(r[1] for r in rows),
+            tuple(r[2] for r in rows),
             rows[0][3],
         )
     return out
@@ -79,16 +87,26 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 
 def summarise(
-    runs: Sequence[RunResult], expected: dict[tuple[str, str], PaperFigures] | None = None,
+    runs: Sequence[RunResult],
+    expected: dict[tuple[str, str], PaperFigures] | None = None,
     wall_seconds: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """JSON-ready summary per workload and policy (means, per-seed values, paper figures)."""
     out: dict[str, Any] = {}
     for r in runs:
         wl = out.setdefault(r.workload, {})
-        pol = wl.setdefault(r.policy, {"seeds": [], "alloc100": [], "alloc130": [],
-                                       "unallocated130": [], "failed": [], "pods": [],
-                                       "seconds": []})
+        pol = wl.setdefault(
+            r.policy,
+            {
+                "seeds": [],
+                "alloc100": [],
+                "alloc130": [],
+                "unallocated130": [],
+                "failed": [],
+                "pods": [],
+                "seconds": [],
+            },
+        )
         pol["seeds"].append(r.seed)
         pol["alloc100"].append(r.column(100))
         pol["alloc130"].append(r.column(MAX_COLUMN))
@@ -131,22 +149,42 @@ def _fmt(v: Any, digits: int = 2) -> str:
 
 def table(summary: dict[str, Any], markdown: bool = False) -> str:
     """One row per (workload, policy): ours vs paper at 100 % and 130 %, unallocated GPUs, speed."""
-    head = ("workload", "policy", "seeds", "ours@100", "paper@100", "ours@130", "paper@130",
-            "Δ130", "vs paper FGD@130", "unalloc GPUs", "paper unalloc", "decisions/s")
+    head = (
+        "workload",
+        "policy",
+        "seeds",
+        "ours@100",
+        "paper@100",
+        "ours@130",
+        "paper@130",
+        "Δ130",
+        "vs paper FGD@130",
+        "unalloc GPUs",
+        "paper unalloc",
+        "decisions/s",
+    )
     rows: list[tuple[str, ...]] = []
     for workload, policies in summary.items():
         for name, pol in policies.items():
             paper = pol.get("paper", {})
             ours130, p130 = pol["mean_alloc130"], paper.get("mean_alloc130")
             delta = None if ours130 is None or p130 is None else ours130 - p130
-            rows.append((
-                workload, name, str(len(pol["seeds"])), _fmt(pol["mean_alloc100"]),
-                _fmt(paper.get("mean_alloc100")), _fmt(ours130), _fmt(p130),
-                "—" if delta is None else f"{delta:+.2f}",
-                "—" if pol.get("vs_paper_fgd130") is None else f"{pol['vs_paper_fgd130']:+.2f}",
-                _fmt(pol["mean_unallocated130"], 0),
-                _fmt(paper.get("mean_unallocated130"), 0), str(pol["decisions_per_second"]),
-            ))
+            rows.append(
+                (
+                    workload,
+                    name,
+                    str(len(pol["seeds"])),
+                    _fmt(pol["mean_alloc100"]),
+                    _fmt(paper.get("mean_alloc100")),
+                    _fmt(ours130),
+                    _fmt(p130),
+                    "—" if delta is None else f"{delta:+.2f}",
+                    "—" if pol.get("vs_paper_fgd130") is None else f"{pol['vs_paper_fgd130']:+.2f}",
+                    _fmt(pol["mean_unallocated130"], 0),
+                    _fmt(paper.get("mean_unallocated130"), 0),
+                    str(pol["decisions_per_second"]),
+                )
+            )
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -258,9 +258,13 @@ def filter_node_affinity(pod: JSON, info: NodeInfo) -> list[str]:
 # ---- NodeResourcesFit ------------------------------------------------------------------------
 
 
-def filter_resources_fit(pod: JSON, info: NodeInfo, requests: Mapping[str, int] | None = None,
-                         ignored: frozenset[str] = frozenset(), ignored_groups: frozenset[str] = frozenset()
-                         ) -> list[str]:
+def filter_resources_fit(
+    pod: JSON,
+    info: NodeInfo,
+    requests: Mapping[str, int] | None = None,
+    ignored: frozenset[str] = frozenset(),
+    ignored_groups: frozenset[str] = frozenset(),
+) -> list[str]:
     """``fitsRequest``: the pod count first, then every requested resource that does not fit. Extended
     resources named in NodeResourcesFitArgs' ``ignoredResources`` (or whose prefix is in
     ``ignoredResourceGroups``) are not checked: an extender accounts for them."""
@@ -290,16 +294,23 @@ FILTERS: tuple[tuple[str, FilterFn], ...] = (
 """Filter plugins in kube-scheduler's default order (those the stand-in implements)."""
 
 
-def run_filters(pod: JSON, nodes: Iterable[NodeInfo], ignored: frozenset[str] = frozenset(),
-                ignored_groups: frozenset[str] = frozenset()) -> tuple[list[NodeInfo], dict[str, list[str]]]:
+def run_filters(
+    pod: JSON,
+    nodes: Iterable[NodeInfo],
+    ignored: frozenset[str] = frozenset(),
+    ignored_groups: frozenset[str] = frozenset(),
+) -> tuple[list[NodeInfo], dict[str, list[str]]]:
     """Feasible nodes, and each rejected node's reasons (from the first plugin that rejected it)."""
     feasible: list[NodeInfo] = []
     rejected: dict[str, list[str]] = {}
     requests = pod_requests(pod)
     for info in nodes:
         for name, fn in FILTERS:
-            reasons = (filter_resources_fit(pod, info, requests, ignored, ignored_groups)
-                       if name == "NodeResourcesFit" else fn(pod, info))
+            reasons = (
+                filter_resources_fit(pod, info, requests, ignored, ignored_groups)
+                if name == "NodeResourcesFit"
+                else fn(pod, info)
+            )
             if reasons:
                 rejected[info.name] = reasons
                 break
@@ -357,7 +368,8 @@ def score_taint_toleration(pod: JSON, nodes: Sequence[NodeInfo]) -> dict[str, in
     tols = [t for t in _tolerations(pod) if (t.get("effect") or "") in ("", "PreferNoSchedule")]
     raw = {
         n.name: sum(
-            1 for taint in _taints(n.node)
+            1
+            for taint in _taints(n.node)
             if taint.get("effect") == "PreferNoSchedule" and not any(tolerates(t, taint) for t in tols)
         )
         for n in nodes
@@ -372,8 +384,9 @@ def score_node_affinity(pod: JSON, nodes: Sequence[NodeInfo]) -> dict[str, int] 
     if not prefs:
         return None
     raw = {
-        n.name: sum(int(p.get("weight", 0)) for p in prefs
-                    if match_node_selector_term(p.get("preference") or {}, n.node))
+        n.name: sum(
+            int(p.get("weight", 0)) for p in prefs if match_node_selector_term(p.get("preference") or {}, n.node)
+        )
         for n in nodes
     }
     return _normalize(raw, reverse=False)

@@ -22,8 +22,12 @@ __all__ = ["SchedulingQueue"]
 
 class SchedulingQueue:
     def __init__(
-        self, *, initial_backoff_s: float = 1.0, max_backoff_s: float = 10.0,
-        unschedulable_timeout_s: float = 300.0, clock: Callable[[], float] = time.monotonic,
+        self,
+        *,
+        initial_backoff_s: float = 1.0,
+        max_backoff_s: float = 10.0,
+        unschedulable_timeout_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
@@ -164,5 +168,5 @@ class SchedulingQueue:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

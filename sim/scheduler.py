@@ -53,8 +53,11 @@ MIN_FEASIBLE_NODES_TO_FIND = 100
 def _spec_changed(old: JSON, new: JSON) -> bool:
     """A change that may make the pod schedulable (kube-scheduler ignores status-only updates)."""
     om, nm = old.get("metadata") or {}, new.get("metadata") or {}
-    return old.get("spec") != new.get("spec") or om.get("labels") != nm.get("labels") \
+    return (
+        old.get("spec") != new.get("spec")
+        or om.get("labels") != nm.get("labels")
         or om.get("annotations") != nm.get("annotations")
+    )
 
 
 def num_feasible_nodes_to_find(num_nodes: int, percentage: int) -> int:
@@ -84,8 +87,11 @@ class Scheduler:
         self.profile = profile
         self.pods = Informer(client, kr.PODS, field_selector=ACTIVE_PODS_SELECTOR)
         self.nodes = Informer(client, kr.NODES)
-        self.queue = SchedulingQueue(initial_backoff_s=initial_backoff_s, max_backoff_s=max_backoff_s,
-                                     unschedulable_timeout_s=unschedulable_timeout_s)
+        self.queue = SchedulingQueue(
+            initial_backoff_s=initial_backoff_s,
+            max_backoff_s=max_backoff_s,
+            unschedulable_timeout_s=unschedulable_timeout_s,
+        )
         self.events = EventRecorder(client, profile.scheduler_name, clock=clock)
         self._rng = random.Random(seed)
         self._clock = clock
@@ -183,8 +189,15 @@ class Scheduler:
         n_all = len(infos)
         names = sp.prefilter_node_names(pod)
         if names is not None and not names:
-            await self._reject(pod, fit_error_message(n_all, {}, prefilter_msg=sp.REASON_AFFINITY_CONFLICT,
-                                                      post_filter_msg=no_preemption_message(pod, n_all)))
+            await self._reject(
+                pod,
+                fit_error_message(
+                    n_all,
+                    {},
+                    prefilter_msg=sp.REASON_AFFINITY_CONFLICT,
+                    post_filter_msg=no_preemption_message(pod, n_all),
+                ),
+            )
             return True
         absent: list[str] = []
         if names is not None:
@@ -192,7 +205,7 @@ class Scheduler:
             absent = ["node(s) didn't satisfy plugin(s) [NodeAffinity]"]
         infos = self._rotate(infos)
         feasible, statuses = sp.run_filters(pod, infos, self.profile.fit_ignored, self.profile.fit_ignored_groups)
-        feasible = feasible[:num_feasible_nodes_to_find(len(infos), self.profile.percentage_of_nodes_to_score)]
+        feasible = feasible[: num_feasible_nodes_to_find(len(infos), self.profile.percentage_of_nodes_to_score)]
         try:
             feasible = await self._run_extender_filters(pod, feasible, statuses)
         except ExtenderError as e:
@@ -272,7 +285,8 @@ class Scheduler:
         meta = pod["metadata"]
         key = object_key(pod)
         binding = {
-            "apiVersion": "v1", "kind": "Binding",
+            "apiVersion": "v1",
+            "kind": "Binding",
             "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
@@ -286,8 +300,9 @@ class Scheduler:
                 self.queue.done(key, rejected=False)  # back to the queue after its back-off
                 await self._write_condition(pod, "SchedulerError", message)
             return
-        await self.events.record(pod, "Normal", "Scheduled",
-                                 f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}")
+        await self.events.record(
+            pod, "Normal", "Scheduled", f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}"
+        )
 
     async def _reject(self, pod: JSON, message: str) -> None:
         await self._write_condition(pod, "Unschedulable", message)
@@ -301,12 +316,22 @@ class Scheduler:
         if old.get("status") == "False" and old.get("reason") == reason and old.get("message") == message:
             return
         now = jp.format_time(self._clock())
-        cond = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message,
-                "lastTransitionTime": old.get("lastTransitionTime") if old.get("status") == "False" else now}
+        cond = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": old.get("lastTransitionTime") if old.get("status") == "False" else now,
+        }
         try:
-            await self.client.patch(kr.PODS, pod["metadata"]["name"], {"status": {"conditions": [cond]}},
-                                    patch_type="strategic", namespace=pod["metadata"]["namespace"],
-                                    subresource="status")
+            await self.client.patch(
+                kr.PODS,
+                pod["metadata"]["name"],
+                {"status": {"conditions": [cond]}},
+                patch_type="strategic",
+                namespace=pod["metadata"]["namespace"],
+                subresource="status",
+            )
         except KubeApiError as e:
             if not e.not_found:
                 log.warning("pod condition not written", extra={"pod": object_key(pod), "error": str(e)})

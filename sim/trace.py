@@ -41,8 +41,10 @@ class NodeTable:
         """Empty-cluster arrays, rows in `order` (default: name order)."""
         idx = range(len(self.names)) if order is None else [int(i) for i in order]
         return GpuArrays.from_nodes(
-            [self.names[i] for i in idx], [self.cpu_milli[i] for i in idx],
-            [self.mem_mib[i] for i in idx], [self.gpus[i] for i in idx],
+            [self.names[i] for i in idx],
+            [self.cpu_milli[i] for i in idx],
+            [self.mem_mib[i] for i in idx],
+            [self.gpus[i] for i in idx],
             [self.models[i] for i in idx],
         )
 
@@ -60,8 +62,10 @@ def load_nodes(path: Path) -> NodeTable:
     with path.open(newline="") as f:
         rows = sorted(csv.DictReader(f), key=lambda r: r["sn"])
     return NodeTable(
-        tuple(r["sn"] for r in rows), tuple(int(r["cpu_milli"]) for r in rows),
-        tuple(int(r["memory_mib"]) for r in rows), tuple(int(r["gpu"]) for r in rows),
+        tuple(r["sn"] for r in rows),
+        tuple(int(r["cpu_milli"]) for r in rows),
+        tuple(int(r["memory_mib"]) for r in rows),
+        tuple(int(r["gpu"]) for r in rows),
         tuple(r.get("model") or "" for r in rows),
     )
 
@@ -71,8 +75,10 @@ def parse_demand(row: dict[str, str], cache: dict[PodDemand, PodDemand]) -> PodD
     g = min(int(row.get("gpu_milli") or 0), GPU_MILLI) if k > 0 else 0
     spec = (row.get("gpu_spec") or "").strip()
     demand = PodDemand(
-        cpu_milli=int(row["cpu_milli"]), mem_mib=int(row.get("memory_mib") or 0),
-        gpu_count=k if g > 0 else 0, gpu_milli=g,
+        cpu_milli=int(row["cpu_milli"]),
+        mem_mib=int(row.get("memory_mib") or 0),
+        gpu_count=k if g > 0 else 0,
+        gpu_milli=g,
         models=frozenset(s for s in spec.split("|") if s) if k > 0 else frozenset(),
     )
     return cache.setdefault(demand, demand)
@@ -83,8 +89,7 @@ def load_pods(path: Path) -> PodList:
     with path.open(newline="") as f:
         rows = sorted(csv.DictReader(f), key=lambda r: r["name"])
     name = path.stem.removeprefix("openb_pod_list_")
-    return PodList(name, tuple(r["name"] for r in rows),
-                   tuple(parse_demand(r, cache) for r in rows))
+    return PodList(name, tuple(r["name"] for r in rows), tuple(parse_demand(r, cache) for r in rows))
 
 
 def arrival_order(

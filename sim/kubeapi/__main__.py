@@ -23,8 +23,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sim.kubeapi", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=0, help="port (0: any free port)")
-    parser.add_argument("--rbac", action="append", default=[], type=Path,
-                        help="RBAC manifest file or directory (repeatable)")
+    parser.add_argument(
+        "--rbac", action="append", default=[], type=Path, help="RBAC manifest file or directory (repeatable)"
+    )
     parser.add_argument("--admin-token-file", type=Path, help="read the admin token from this file")
     parser.add_argument("--event-window", type=int, default=10_000, help="watch events kept for resumption")
     parser.add_argument("--watch-delay-max", type=float, default=0.1, help="largest per-watch delivery delay, s")
@@ -33,8 +34,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    server = KubeAPIServer(rbac_paths=args.rbac, event_window=args.event_window,
-                           watch_delay_max_s=args.watch_delay_max, seed=args.seed)
+    server = KubeAPIServer(
+        rbac_paths=args.rbac, event_window=args.event_window, watch_delay_max_s=args.watch_delay_max, seed=args.seed
+    )
     if args.admin_token_file is not None:
         token = args.admin_token_file.read_text().strip()
         server.add_token(token, "kubernetes-admin", ["system:masters"])

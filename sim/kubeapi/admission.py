@@ -40,10 +40,22 @@ def check_namespace(store: Store, rt: ResourceType, obj: Obj) -> None:
     if namespace is None:
         raise errors.not_found("", "namespaces", ns)
     if namespace["metadata"].get("deletionTimestamp"):
-        err = errors.forbidden(rt.group, rt.plural, _name_for(obj),
-                               f"unable to create new content in namespace {ns} because it is being terminated")
-        err.details = dict(err.details or {}, causes=[{"reason": "NamespaceTerminating", "field": "metadata.namespace",
-                                                        "message": f"namespace {ns} is being terminated"}])
+        err = errors.forbidden(
+            rt.group,
+            rt.plural,
+            _name_for(obj),
+            f"unable to create new content in namespace {ns} because it is being terminated",
+        )
+        err.details = dict(
+            err.details or {},
+            causes=[
+                {
+                    "reason": "NamespaceTerminating",
+                    "field": "metadata.namespace",
+                    "message": f"namespace {ns} is being terminated",
+                }
+            ],
+        )
         raise err
 
 
@@ -88,8 +100,9 @@ def _limit_ranger(store: Store, pod: Obj) -> None:
                     elif parse_quantity(str(requests[k])) < parse_quantity(str(bound)):
                         problems.append(f"minimum {k} usage per Container is {bound}, but request is {requests[k]}")
     if notes:
-        pod["metadata"].setdefault("annotations", {})["kubernetes.io/limit-ranger"] = \
+        pod["metadata"].setdefault("annotations", {})["kubernetes.io/limit-ranger"] = (
             "LimitRanger plugin set: " + "; ".join(notes)
+        )
     if problems:
         joined = problems[0] if len(problems) == 1 else "[" + ", ".join(problems) + "]"
         raise errors.forbidden("", "pods", _name_for(pod), joined)
@@ -102,8 +115,12 @@ def _service_account(store: Store, pod: Obj) -> None:
     spec["serviceAccount"] = name
     ns = pod["metadata"]["namespace"]
     if store.get(SA_KEY, ns, name) is None:
-        raise errors.forbidden("", "pods", _name_for(pod),
-                               f'error looking up service account {ns}/{name}: serviceaccount "{name}" not found')
+        raise errors.forbidden(
+            "",
+            "pods",
+            _name_for(pod),
+            f'error looking up service account {ns}/{name}: serviceaccount "{name}" not found',
+        )
 
 
 def _priority(store: Store, pod: Obj) -> None:
@@ -123,14 +140,22 @@ def _priority(store: Store, pod: Obj) -> None:
             value, policy = int(pc.get("value", 0)), str(pc.get("preemptionPolicy") or policy)
     given = spec.get("priority")
     if given is not None and given != value:
-        raise errors.forbidden("", "pods", _name_for(pod),
-                               f"the integer value of priority ({given}) must not be provided in pod spec; "
-                               f"priority admission controller computed {value} from the given PriorityClass name")
+        raise errors.forbidden(
+            "",
+            "pods",
+            _name_for(pod),
+            f"the integer value of priority ({given}) must not be provided in pod spec; "
+            f"priority admission controller computed {value} from the given PriorityClass name",
+        )
     given_policy = spec.get("preemptionPolicy")
     if given_policy is not None and given_policy != policy:
-        raise errors.forbidden("", "pods", _name_for(pod),
-                               f"the string value of PreemptionPolicy ({given_policy}) must not be provided in pod "
-                               f"spec; priority admission controller computed {policy} from the given PriorityClass name")
+        raise errors.forbidden(
+            "",
+            "pods",
+            _name_for(pod),
+            f"the string value of PreemptionPolicy ({given_policy}) must not be provided in pod "
+            f"spec; priority admission controller computed {policy} from the given PriorityClass name",
+        )
     spec["priority"] = value
     spec["preemptionPolicy"] = policy
 
@@ -207,15 +232,19 @@ def pod_usage(pod: Obj) -> dict[str, Fraction]:
     return usage
 
 
-_OBJECT_COUNTS = {"services": "/services", "configmaps": "/configmaps", "resourcequotas": "/resourcequotas",
-                  "serviceaccounts": "/serviceaccounts"}
+_OBJECT_COUNTS = {
+    "services": "/services",
+    "configmaps": "/configmaps",
+    "resourcequotas": "/resourcequotas",
+    "serviceaccounts": "/serviceaccounts",
+}
 
 
 def _count_key(resource: str) -> str | None:
     if resource in _OBJECT_COUNTS:
         return _OBJECT_COUNTS[resource]
     if resource.startswith("count/") and resource != "count/pods":
-        plural, _, group = resource[len("count/"):].partition(".")
+        plural, _, group = resource[len("count/") :].partition(".")
         return f"{group}/{plural}"
     return None
 
@@ -267,21 +296,29 @@ def check_quota(store: Store, rt: ResourceType, obj: Obj) -> None:
             for k in sorted(hard):
                 if k in _MUST_SPECIFY:
                     field, res = k.split(".") if "." in k else ("requests", k)
-                    lacking = [str(c.get("name")) for c in _containers(obj["spec"])
-                               if res not in ((c.get("resources") or {}).get(field) or {})]
+                    lacking = [
+                        str(c.get("name"))
+                        for c in _containers(obj["spec"])
+                        if res not in ((c.get("resources") or {}).get(field) or {})
+                    ]
                     if lacking:
                         missing.append(f"{field}.{res} for: {','.join(lacking)}")
             if missing:
-                raise errors.forbidden(rt.group, rt.plural, name, f"failed quota: {qname}: must specify {'; '.join(missing)}")
+                raise errors.forbidden(
+                    rt.group, rt.plural, name, f"failed quota: {qname}: must specify {'; '.join(missing)}"
+                )
         used = quota_used(store, quota)
         over = sorted(k for k, v in delta.items() if k in hard and used[k] + v > parse_quantity(str(hard[k])))
         if over:
             requested = ",".join(f"{k}={_fmt(delta[k], str(hard[k]))}" for k in over)
             used_text = ",".join(f"{k}={_fmt(used[k], str(hard[k]))}" for k in over)
             limited = ",".join(f"{k}={hard[k]}" for k in over)
-            raise errors.forbidden(rt.group, rt.plural, name,
-                                   f"exceeded quota: {qname}, requested: {requested}, used: {used_text}, "
-                                   f"limited: {limited}")
+            raise errors.forbidden(
+                rt.group,
+                rt.plural,
+                name,
+                f"exceeded quota: {qname}, requested: {requested}, used: {used_text}, limited: {limited}",
+            )
 
 
 def quota_status(store: Store, quota: Obj) -> Obj:

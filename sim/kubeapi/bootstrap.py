@@ -16,10 +16,16 @@ __all__ = ["bootstrap"]
 
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 SYSTEM_PRIORITY_CLASSES = (
-    ("system-cluster-critical", 2000000000, "Used for system critical pods that must run in the cluster, but can be "
-                                            "moved to another node if necessary."),
-    ("system-node-critical", 2000001000, "Used for system critical pods that must not be moved from their current "
-                                         "node."),
+    (
+        "system-cluster-critical",
+        2000000000,
+        "Used for system critical pods that must run in the cluster, but can be moved to another node if necessary.",
+    ),
+    (
+        "system-node-critical",
+        2000001000,
+        "Used for system critical pods that must not be moved from their current node.",
+    ),
 )
 
 
@@ -52,8 +58,17 @@ def bootstrap(state: ApiState, writer: Writer, manifests: list[dict[str, Any]]) 
     for name in SYSTEM_NAMESPACES:
         ensure_namespace(state, writer, name)
     for name, value, description in SYSTEM_PRIORITY_CLASSES:
-        _create(state, writer, {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                                "metadata": {"name": name}, "value": value, "description": description})
+        _create(
+            state,
+            writer,
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+                "description": description,
+            },
+        )
     for obj in rbac.builtin_objects():
         _create(state, writer, obj)
     for obj in manifests:

@@ -31,8 +31,9 @@ def media_type(content_type: str) -> str:
 def field_validation(call: Call) -> str:
     value = call.query.get("fieldValidation", "Warn") or "Warn"
     if value not in ("Ignore", "Warn", "Strict"):
-        raise errors.bad_request(f'fieldValidation: Unsupported value: "{value}": supported values: "Ignore", '
-                                 f'"Strict", "Warn"')
+        raise errors.bad_request(
+            f'fieldValidation: Unsupported value: "{value}": supported values: "Ignore", "Strict", "Warn"'
+        )
     return value
 
 
@@ -63,9 +64,14 @@ def _patch_invalid(patched: Obj, detail: str) -> errors.ApiError:
     """A patched object that does not decode: the patch handler's 422 on the field "patch"."""
     value = json.dumps(orjson.dumps(patched).decode())
     return errors.ApiError(
-        422, "Invalid", f' "" is invalid: patch: Invalid value: {value}: {detail}',
-        details={"causes": [{"reason": "FieldValueInvalid", "message": f"Invalid value: {value}: {detail}",
-                             "field": "patch"}]},
+        422,
+        "Invalid",
+        f' "" is invalid: patch: Invalid value: {value}: {detail}',
+        details={
+            "causes": [
+                {"reason": "FieldValueInvalid", "message": f"Invalid value: {value}: {detail}", "field": "patch"}
+            ]
+        },
     )
 
 
@@ -78,10 +84,12 @@ def decode_object(call: Call, rt: ResourceType, raw: Any = None, *, patched: boo
     kind = body.get("kind") or rt.kind
     if api_version != rt.api_version:
         raise errors.bad_request(
-            f"the API version in the data ({api_version}) does not match the expected API version ({rt.api_version})")
+            f"the API version in the data ({api_version}) does not match the expected API version ({rt.api_version})"
+        )
     if kind != rt.kind:
-        raise errors.bad_request(f"the object provided is unrecognized (must be of type {rt.kind}): "
-                                 f"kind {kind!r} in version {api_version!r}")
+        raise errors.bad_request(
+            f"the object provided is unrecognized (must be of type {rt.kind}): kind {kind!r} in version {api_version!r}"
+        )
     body = dict(body, apiVersion=rt.api_version, kind=rt.kind)
     body.setdefault("metadata", {})
     mode = field_validation(call)

@@ -24,8 +24,10 @@ __all__ = ["DeleteOptions", "Deleter", "ORPHAN", "FOREGROUND"]
 
 ORPHAN = "orphan"
 FOREGROUND = "foregroundDeletion"
-JOB_ORPHAN_WARNING = ("child pods are preserved by default when jobs are deleted; set propagationPolicy=Background "
-                      "to remove them or set propagationPolicy=Orphan to suppress this warning")
+JOB_ORPHAN_WARNING = (
+    "child pods are preserved by default when jobs are deleted; set propagationPolicy=Background "
+    "to remove them or set propagationPolicy=Orphan to suppress this warning"
+)
 _POLICIES = ("Foreground", "Background", "Orphan")
 
 
@@ -52,16 +54,29 @@ def parse_delete_options(call: Call) -> DeleteOptions:
     policy = call.query.get("propagationPolicy", body.get("propagationPolicy"))
     orphan = call.query.get("orphanDependents", body.get("orphanDependents"))
     if policy is not None and orphan is not None:
-        raise _invalid_options("propagationPolicy", policy, "orphanDependents and deletionPropagation cannot be both set")
+        raise _invalid_options(
+            "propagationPolicy", policy, "orphanDependents and deletionPropagation cannot be both set"
+        )
     if orphan is not None:
         policy = "Orphan" if str(orphan).lower() in ("true", "1") else "Background"
     if policy is not None and policy not in _POLICIES:
         err = errors.ApiError(
-            422, "Invalid", f'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: Unsupported value: '
-                            f'"{policy}": supported values: "Foreground", "Background", "Orphan"',
-            details={"group": "meta.k8s.io", "kind": "DeleteOptions", "causes": [
-                {"reason": "FieldValueNotSupported", "field": "propagationPolicy",
-                 "message": f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan"'}]})
+            422,
+            "Invalid",
+            f'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: Unsupported value: '
+            f'"{policy}": supported values: "Foreground", "Background", "Orphan"',
+            details={
+                "group": "meta.k8s.io",
+                "kind": "DeleteOptions",
+                "causes": [
+                    {
+                        "reason": "FieldValueNotSupported",
+                        "field": "propagationPolicy",
+                        "message": f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan"',
+                    }
+                ],
+            },
+        )
         raise err
     opts.propagation = policy
     pre = body.get("preconditions") or {}
@@ -71,8 +86,12 @@ def parse_delete_options(call: Call) -> DeleteOptions:
 
 
 def _invalid_options(field: str, value: str, message: str) -> errors.ApiError:
-    return errors.ApiError(422, "Invalid", f'DeleteOptions.meta.k8s.io "" is invalid: {field}: Forbidden: {message}',
-                           details={"group": "meta.k8s.io", "kind": "DeleteOptions"})
+    return errors.ApiError(
+        422,
+        "Invalid",
+        f'DeleteOptions.meta.k8s.io "" is invalid: {field}: Forbidden: {message}',
+        details={"group": "meta.k8s.io", "kind": "DeleteOptions"},
+    )
 
 
 class Deleter:
@@ -101,8 +120,12 @@ class Deleter:
             if labels.matches(obj["metadata"].get("labels")) and fields.matches(obj):
                 _, result = self.delete_object(rt, obj, dataclasses.replace(opts))
                 items.append(result if result.get("kind") == rt.kind else obj)
-        return 200, {"kind": rt.list_kind, "apiVersion": rt.api_version,
-                     "metadata": {"resourceVersion": str(self.state.store.rv)}, "items": items}
+        return 200, {
+            "kind": rt.list_kind,
+            "apiVersion": rt.api_version,
+            "metadata": {"resourceVersion": str(self.state.store.rv)},
+            "items": items,
+        }
 
     def _grace(self, rt: ResourceType, obj: Obj, requested: int | None) -> int:
         """Only pods are deleted gracefully; unbound and terminal pods go at once."""
@@ -119,19 +142,28 @@ class Deleter:
         meta = obj["metadata"]
         name = meta["name"]
         if opts.precondition_uid and opts.precondition_uid != meta.get("uid"):
-            raise errors.conflict(rt.group, rt.plural, name,
-                                  f"Precondition failed: UID in precondition: {opts.precondition_uid}, "
-                                  f"UID in object meta: {meta.get('uid')}")
+            raise errors.conflict(
+                rt.group,
+                rt.plural,
+                name,
+                f"Precondition failed: UID in precondition: {opts.precondition_uid}, "
+                f"UID in object meta: {meta.get('uid')}",
+            )
         if opts.precondition_rv and opts.precondition_rv != meta.get("resourceVersion"):
-            raise errors.conflict(rt.group, rt.plural, name,
-                                  f"Precondition failed: ResourceVersion in precondition: {opts.precondition_rv}, "
-                                  f"ResourceVersion in object meta: {meta.get('resourceVersion')}")
+            raise errors.conflict(
+                rt.group,
+                rt.plural,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: {opts.precondition_rv}, "
+                f"ResourceVersion in object meta: {meta.get('resourceVersion')}",
+            )
         policy = opts.propagation or ("Orphan" if rt.key == "batch/jobs" else "Background")
         pending = bool(meta.get("deletionTimestamp"))
         finalizers = list(meta.get("finalizers") or [])
         if not pending or opts.propagation is not None:
             finalizers = [f for f in finalizers if f not in (ORPHAN, FOREGROUND)] + (
-                [ORPHAN] if policy == "Orphan" else [FOREGROUND] if policy == "Foreground" else [])
+                [ORPHAN] if policy == "Orphan" else [FOREGROUND] if policy == "Foreground" else []
+            )
             finalizers = list(dict.fromkeys(finalizers))
         grace = self._grace(rt, obj, opts.grace_period_s)
         now = self.state.now()
@@ -144,16 +176,20 @@ class Deleter:
                 current, deadline = grace, rfc3339(now + dt.timedelta(seconds=grace))
             if not finalizers and current == 0:
                 return self._remove(rt, obj, opts)
-            if finalizers == list(meta.get("finalizers") or []) and current == meta.get("deletionGracePeriodSeconds") \
-                    and deadline == meta.get("deletionTimestamp"):
+            if (
+                finalizers == list(meta.get("finalizers") or [])
+                and current == meta.get("deletionGracePeriodSeconds")
+                and deadline == meta.get("deletionTimestamp")
+            ):
                 return 200, obj
             return 200, self._mark(rt, obj, finalizers, current, str(deadline), opts)
         if not finalizers and grace == 0:
             return self._remove(rt, obj, opts)
         return 200, self._mark(rt, obj, finalizers, grace, rfc3339(now + dt.timedelta(seconds=grace)), opts)
 
-    def _mark(self, rt: ResourceType, obj: Obj, finalizers: list[str], grace: int, deadline: str,
-              opts: DeleteOptions) -> Obj:
+    def _mark(
+        self, rt: ResourceType, obj: Obj, finalizers: list[str], grace: int, deadline: str, opts: DeleteOptions
+    ) -> Obj:
         new: Obj = clone(obj)
         meta = new["metadata"]
         meta["deletionTimestamp"] = deadline

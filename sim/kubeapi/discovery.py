@@ -17,8 +17,11 @@ Obj = dict[str, Any]
 
 
 def api_versions(server_address: str) -> Obj:
-    return {"kind": "APIVersions", "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}]}
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    }
 
 
 def api_group(group: str) -> Obj | None:
@@ -43,22 +46,49 @@ def resource_list(group: str, version: str) -> Obj | None:
     for r in RESOURCES:
         if r.group != group or r.version != version:
             continue
-        entry: Obj = {"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
-                      "verbs": sorted(r.verbs)}
+        entry: Obj = {
+            "name": r.plural,
+            "singularName": r.singular,
+            "namespaced": r.namespaced,
+            "kind": r.kind,
+            "verbs": sorted(r.verbs),
+        }
         if r.short_names:
             entry["shortNames"] = list(r.short_names)
         entries.append(entry)
         for sub in sorted(r.subresources):
             if sub == "binding":
-                entries.append({"name": f"{r.plural}/binding", "singularName": "", "namespaced": True,
-                                "kind": "Binding", "verbs": ["create"]})
+                entries.append(
+                    {
+                        "name": f"{r.plural}/binding",
+                        "singularName": "",
+                        "namespaced": True,
+                        "kind": "Binding",
+                        "verbs": ["create"],
+                    }
+                )
             elif sub == "token":
-                entries.append({"name": f"{r.plural}/token", "singularName": "", "namespaced": True,
-                                "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
-                                "verbs": ["create"]})
+                entries.append(
+                    {
+                        "name": f"{r.plural}/token",
+                        "singularName": "",
+                        "namespaced": True,
+                        "group": "authentication.k8s.io",
+                        "version": "v1",
+                        "kind": "TokenRequest",
+                        "verbs": ["create"],
+                    }
+                )
             else:
-                entries.append({"name": f"{r.plural}/{sub}", "singularName": "", "namespaced": r.namespaced,
-                                "kind": r.kind, "verbs": ["get", "patch", "update"]})
+                entries.append(
+                    {
+                        "name": f"{r.plural}/{sub}",
+                        "singularName": "",
+                        "namespaced": r.namespaced,
+                        "kind": r.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
     if not entries:
         return None
     group_version = f"{group}/{version}" if group else version
@@ -69,9 +99,17 @@ def version_info(server_version: str) -> Obj:
     parts = server_version.lstrip("v").split(".")
     major, minor = parts[0], parts[1] if len(parts) > 1 else "0"
     return {
-        "major": major, "minor": minor, "emulationMajor": major, "emulationMinor": minor,
-        "minCompatibilityMajor": major, "minCompatibilityMinor": str(max(0, int(minor) - 1)),
-        "gitVersion": server_version, "gitCommit": "0000000000000000000000000000000000000000",
-        "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25.0",
-        "compiler": "gc", "platform": "linux/amd64",
+        "major": major,
+        "minor": minor,
+        "emulationMajor": major,
+        "emulationMinor": minor,
+        "minCompatibilityMajor": major,
+        "minCompatibilityMinor": str(max(0, int(minor) - 1)),
+        "gitVersion": server_version,
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "go1.25.0",
+        "compiler": "gc",
+        "platform": "linux/amd64",
     }

@@ -111,14 +111,18 @@ def path_not_found() -> ApiError:
 
 def already_exists(group: str, plural: str, name: str) -> ApiError:
     return ApiError(
-        409, "AlreadyExists", f'{qualified(group, plural)} "{name}" already exists',
+        409,
+        "AlreadyExists",
+        f'{qualified(group, plural)} "{name}" already exists',
         details=_details(group, plural, name),
     )
 
 
 def conflict(group: str, plural: str, name: str, why: str) -> ApiError:
     return ApiError(
-        409, "Conflict", f'Operation cannot be fulfilled on {qualified(group, plural)} "{name}": {why}',
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {qualified(group, plural)} "{name}": {why}',
         details=_details(group, plural, name),
     )
 
@@ -132,7 +136,9 @@ def invalid(group: str, kind: str, name: str, causes: Sequence[Cause]) -> ApiErr
     joined = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
     qualified_kind = f"{kind}.{group}" if group else kind
     return ApiError(
-        422, "Invalid", f'{qualified_kind} "{name}" is invalid: {joined}',
+        422,
+        "Invalid",
+        f'{qualified_kind} "{name}" is invalid: {joined}',
         details=_details(group, kind, name, causes=[c.as_json() for c in causes]),
     )
 
@@ -156,20 +162,29 @@ def expired(message: str, *, continue_token: str | None = None) -> ApiError:
 
 
 def method_not_allowed() -> ApiError:
-    return ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource", details={})
+    return ApiError(
+        405, "MethodNotAllowed", "the server does not allow this method on the requested resource", details={}
+    )
 
 
 def unsupported_media_type(content_type: str, accepted: Sequence[str]) -> ApiError:
-    return ApiError(
-        415, "UnsupportedMediaType",
-        f"the body of the request was in an unknown format - accepted media types include: {', '.join(accepted)}",
-        details={},
-    ) if content_type else ApiError(415, "UnsupportedMediaType", "unsupported media type", details={})
+    return (
+        ApiError(
+            415,
+            "UnsupportedMediaType",
+            f"the body of the request was in an unknown format - accepted media types include: {', '.join(accepted)}",
+            details={},
+        )
+        if content_type
+        else ApiError(415, "UnsupportedMediaType", "unsupported media type", details={})
+    )
 
 
 def not_acceptable() -> ApiError:
     return ApiError(
-        406, "NotAcceptable", "the server was unable to respond with a content type that the client supports",
+        406,
+        "NotAcceptable",
+        "the server was unable to respond with a content type that the client supports",
         details={},
     )
 
@@ -199,7 +214,10 @@ _REASON_BY_CODE = {
     422: ("Invalid", "the server rejected our request due to an error in our request"),
     500: ("InternalError", "an error on the server has prevented the request from succeeding"),
     503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
-    504: ("Timeout", "the server was unable to return a response in the time allotted, but may still be processing the request"),
+    504: (
+        "Timeout",
+        "the server was unable to return a response in the time allotted, but may still be processing the request",
+    ),
 }
 
 

@@ -146,7 +146,9 @@ class Controllers:
                 owner = self.state.store.get(owner_rt.key, owner_ns, str(ref.get("name")))
             if owner is None or owner["metadata"].get("uid") != ref.get("uid"):
                 dangling.append(ref)
-            elif owner["metadata"].get("deletionTimestamp") and FOREGROUND in (owner["metadata"].get("finalizers") or []):
+            elif owner["metadata"].get("deletionTimestamp") and FOREGROUND in (
+                owner["metadata"].get("finalizers") or []
+            ):
                 waiting.append(ref)
             else:
                 solid.append(ref)

@@ -15,8 +15,15 @@ from sim.kubeapi.podspec_checks import validate_pod_spec
 from sim.kubeapi.resources import ResourceType
 from sim.kubeapi.selectors import match_label_selector_object
 from sim.kubeapi.validation import (
-    Causes, NameCheck, dns1035_label, dns1123_label, dns1123_subdomain, path_segment_name,
-    qualified_name, validate_labels, validate_metadata,
+    Causes,
+    NameCheck,
+    dns1035_label,
+    dns1123_label,
+    dns1123_subdomain,
+    path_segment_name,
+    qualified_name,
+    validate_labels,
+    validate_metadata,
 )
 
 __all__ = ["validate_create", "validate_update", "validate_status_update"]
@@ -41,9 +48,12 @@ def _job(obj: Obj, causes: Causes) -> None:
     labels = (template.get("metadata") or {}).get("labels") or {}
     uid = obj["metadata"].get("uid", "")
     if not spec.get("manualSelector"):
-        for key, want in (("batch.kubernetes.io/controller-uid", uid), ("controller-uid", uid),
-                          ("batch.kubernetes.io/job-name", obj["metadata"].get("name")),
-                          ("job-name", obj["metadata"].get("name"))):
+        for key, want in (
+            ("batch.kubernetes.io/controller-uid", uid),
+            ("controller-uid", uid),
+            ("batch.kubernetes.io/job-name", obj["metadata"].get("name")),
+            ("job-name", obj["metadata"].get("name")),
+        ):
             if key in labels and labels[key] != want:
                 causes.invalid(f"spec.template.metadata.labels[{key}]", labels[key], f"must be '{want}'")
         if spec.get("selector") is None:
@@ -80,8 +90,11 @@ def _job(obj: Obj, causes: Causes) -> None:
         if spec.get("completions") is None:
             causes.required("spec.completions", "when completion mode is Indexed")
         elif spec["completions"] > 100000:
-            causes.invalid("spec.completions", spec["completions"],
-                           "must be less than or equal to 100000 when completion mode is Indexed")
+            causes.invalid(
+                "spec.completions",
+                spec["completions"],
+                "must be less than or equal to 100000 when completion mode is Indexed",
+            )
     policy = spec.get("podReplacementPolicy")
     if policy not in ("TerminatingOrFailed", "Failed"):
         causes.not_supported("spec.podReplacementPolicy", policy, ["Failed", "TerminatingOrFailed"])
@@ -122,10 +135,13 @@ def _configmap(obj: Obj, causes: Causes) -> None:
     for field in ("data", "binaryData"):
         for key, value in (obj.get(field) or {}).items():
             if not _CONFIG_KEY.match(key) or len(key) > 253:
-                causes.invalid(f"{field}[{key}]", key,
-                               "a valid config key must consist of alphanumeric characters, '-', '_' or '.' "
-                               "(e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation "
-                               "is '[-._a-zA-Z0-9]+')")
+                causes.invalid(
+                    f"{field}[{key}]",
+                    key,
+                    "a valid config key must consist of alphanumeric characters, '-', '_' or '.' "
+                    "(e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation "
+                    "is '[-._a-zA-Z0-9]+')",
+                )
             total += len(key) + len(str(value))
     overlap = set(obj.get("data") or {}) & set(obj.get("binaryData") or {})
     for key in sorted(overlap):
@@ -183,8 +199,11 @@ def _resource_slice(obj: Obj, causes: Causes) -> None:
         causes.invalid("spec.pool.resourceSliceCount", pool.get("resourceSliceCount"), "must be greater than zero")
     choices = [k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)]
     if len(choices) != 1:
-        causes.invalid("spec", "{`nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection`}",
-                       "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required")
+        causes.invalid(
+            "spec",
+            "{`nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection`}",
+            "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required",
+        )
     names: set[str] = set()
     for i, device in enumerate(spec.get("devices") or []):
         name = device.get("name") or ""
@@ -210,15 +229,25 @@ def _priority_class(obj: Obj, causes: Causes) -> None:
 
 
 _KIND_CHECKS = {
-    "Job": _job, "Service": _service, "ConfigMap": _configmap, "Lease": _lease, "Event": _event,
-    "Node": _node, "ResourceSlice": _resource_slice, "PriorityClass": _priority_class,
+    "Job": _job,
+    "Service": _service,
+    "ConfigMap": _configmap,
+    "Lease": _lease,
+    "Event": _event,
+    "Node": _node,
+    "ResourceSlice": _resource_slice,
+    "PriorityClass": _priority_class,
 }
 
 
 def validate_create(rt: ResourceType, obj: Obj) -> Causes:
     causes = Causes()
-    validate_metadata(obj.get("metadata") or {}, namespaced=rt.namespaced,
-                      name_check=_NAME_CHECKS.get(rt.kind, dns1123_subdomain), causes=causes)
+    validate_metadata(
+        obj.get("metadata") or {},
+        namespaced=rt.namespaced,
+        name_check=_NAME_CHECKS.get(rt.kind, dns1123_subdomain),
+        causes=causes,
+    )
     if rt.kind == "Pod":
         spec = obj.get("spec") or {}
         validate_pod_spec(spec, "spec", causes)
@@ -269,7 +298,9 @@ def _job_update(new: Obj, old: Obj, causes: Causes) -> None:
     for field in ("selector", "completionMode", "podFailurePolicy", "manualSelector", "backoffLimitPerIndex"):
         _immutable(causes, f"spec.{field}", new_spec.get(field), old_spec.get(field))
     if new_spec.get("completions") != old_spec.get("completions"):
-        elastic = new_spec.get("completionMode") == "Indexed" and new_spec.get("completions") == new_spec.get("parallelism")
+        elastic = new_spec.get("completionMode") == "Indexed" and new_spec.get("completions") == new_spec.get(
+            "parallelism"
+        )
         if not elastic:
             _immutable(causes, "spec.completions", new_spec.get("completions"), old_spec.get("completions"))
     new_t, old_t = new_spec.get("template") or {}, old_spec.get("template") or {}
@@ -277,10 +308,16 @@ def _job_update(new: Obj, old: Obj, causes: Causes) -> None:
         return
     never_started = old_spec.get("suspend") and not (old.get("status") or {}).get("startTime")
     if never_started:
-        relaxed_new = {**new_t, "metadata": {}, "spec": {k: v for k, v in (new_t.get("spec") or {}).items()
-                                                          if k not in _SCHEDULING_DIRECTIVES}}
-        relaxed_old = {**old_t, "metadata": {}, "spec": {k: v for k, v in (old_t.get("spec") or {}).items()
-                                                          if k not in _SCHEDULING_DIRECTIVES}}
+        relaxed_new = {
+            **new_t,
+            "metadata": {},
+            "spec": {k: v for k, v in (new_t.get("spec") or {}).items() if k not in _SCHEDULING_DIRECTIVES},
+        }
+        relaxed_old = {
+            **old_t,
+            "metadata": {},
+            "spec": {k: v for k, v in (old_t.get("spec") or {}).items() if k not in _SCHEDULING_DIRECTIVES},
+        }
         if relaxed_new == relaxed_old:
             return
     causes.invalid("spec.template", new_t, "field is immutable")
@@ -291,4 +328,3 @@ def validate_status_update(rt: ResourceType, new: Obj, old: Obj) -> Causes:
     if rt.kind == "Pod":
         podrules.validate_pod_status_update(new, old, causes)
     return causes
-

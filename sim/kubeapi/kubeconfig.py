@@ -16,8 +16,12 @@ def write_kubeconfig(path: Path, server_url: str, token: str, *, namespace: str 
         "kind": "Config",
         "clusters": [{"name": "tandem-fake", "cluster": {"server": server_url}}],
         "users": [{"name": "tandem-fake-user", "user": {"token": token}}],
-        "contexts": [{"name": "tandem-fake", "context": {"cluster": "tandem-fake", "user": "tandem-fake-user",
-                                                          "namespace": namespace}}],
+        "contexts": [
+            {
+                "name": "tandem-fake",
+                "context": {"cluster": "tandem-fake", "user": "tandem-fake-user", "namespace": namespace},
+            }
+        ],
         "current-context": "tandem-fake",
         "preferences": {},
     }

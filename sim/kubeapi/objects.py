@@ -21,11 +21,11 @@ def clone(obj: Any) -> Any:
 
 def rfc3339(when: dt.datetime) -> str:
     """metav1.Time as the server writes it: UTC, whole seconds, "Z"."""
-    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(text: str) -> dt.datetime:
-    return dt.datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc)
+    return dt.datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC)
 
 
 def set_condition(status: Obj, condition: Obj) -> None:

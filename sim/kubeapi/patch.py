@@ -208,10 +208,10 @@ def _merge_map(original: Any, patch: dict[str, Any], node: Node | None) -> Any:
         if key == _RETAIN:
             continue
         if key.startswith(_ORDER):
-            orders[key[len(_ORDER):]] = value if isinstance(value, list) else []
+            orders[key[len(_ORDER) :]] = value if isinstance(value, list) else []
             continue
         if key.startswith(_DELETE_PRIMITIVE):
-            field = key[len(_DELETE_PRIMITIVE):]
+            field = key[len(_DELETE_PRIMITIVE) :]
             drop = value if isinstance(value, list) else []
             if isinstance(out.get(field), list):
                 out[field] = [v for v in out[field] if v not in drop]

@@ -18,13 +18,15 @@ __all__ = ["validate_pod_update", "validate_pod_status_update"]
 
 Obj = dict[str, Any]
 
-_UPDATABLE = ",".join([
-    "`spec.containers[*].image`",
-    "`spec.initContainers[*].image`",
-    "`spec.activeDeadlineSeconds`",
-    "`spec.tolerations` (only additions to existing tolerations)",
-    "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
-])
+_UPDATABLE = ",".join(
+    [
+        "`spec.containers[*].image`",
+        "`spec.initContainers[*].image`",
+        "`spec.activeDeadlineSeconds`",
+        "`spec.tolerations` (only additions to existing tolerations)",
+        "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+    ]
+)
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
@@ -42,8 +44,9 @@ def _only_added_tolerations(new: list[Obj], old: list[Obj], causes: Causes) -> N
     for old_tol in old:
         match = False
         for new_tol in new:
-            same = {k: v for k, v in new_tol.items() if k != "tolerationSeconds"} == \
-                   {k: v for k, v in old_tol.items() if k != "tolerationSeconds"}
+            same = {k: v for k, v in new_tol.items() if k != "tolerationSeconds"} == {
+                k: v for k, v in old_tol.items() if k != "tolerationSeconds"
+            }
             if same:
                 old_s, new_s = old_tol.get("tolerationSeconds"), new_tol.get("tolerationSeconds")
                 if old_s is None or (new_s is not None and new_s <= old_s):
@@ -102,8 +105,10 @@ def validate_pod_update(new: Obj, old: Obj, causes: Causes) -> None:
     old_gates = {g.get("name") for g in old_spec.get("schedulingGates") or []}
     for i, gate in enumerate(new_spec.get("schedulingGates") or []):
         if gate.get("name") not in old_gates:
-            causes.forbidden(f"spec.schedulingGates[{i}].name",
-                             f"only deletion is allowed, but found new scheduling gate '{gate.get('name')}'")
+            causes.forbidden(
+                f"spec.schedulingGates[{i}].name",
+                f"only deletion is allowed, but found new scheduling gate '{gate.get('name')}'",
+            )
     munged["schedulingGates"] = old_spec.get("schedulingGates") or []
     tgps_old = old_spec.get("terminationGracePeriodSeconds")
     if tgps_old is not None and tgps_old < 0 and new_spec.get("terminationGracePeriodSeconds") == 1:
@@ -111,8 +116,11 @@ def validate_pod_update(new: Obj, old: Obj, causes: Causes) -> None:
     if old_spec.get("schedulingGates"):
         old_sel, new_sel = old_spec.get("nodeSelector") or {}, new_spec.get("nodeSelector") or {}
         if any(new_sel.get(k) != v for k, v in old_sel.items()):
-            causes.invalid("spec.nodeSelector", new_sel,
-                           "only additions to spec.nodeSelector are allowed (no mutations or deletions)")
+            causes.invalid(
+                "spec.nodeSelector",
+                new_sel,
+                "only additions to spec.nodeSelector are allowed (no mutations or deletions)",
+            )
         munged["nodeSelector"] = old_sel
         old_na = (old_spec.get("affinity") or {}).get("nodeAffinity")
         new_affinity = munged.get("affinity")
@@ -126,10 +134,14 @@ def validate_pod_update(new: Obj, old: Obj, causes: Causes) -> None:
             if old_na is not None:
                 new_affinity["nodeAffinity"] = old_na
     if _semantic(munged) != _semantic(old_spec):
-        changed = sorted(k for k in set(munged) | set(old_spec)
-                         if _semantic(munged.get(k)) != _semantic(old_spec.get(k)))
-        causes.forbidden("spec", f"pod updates may not change fields other than {_UPDATABLE}\n"
-                                 f"  core.PodSpec{{ fields changed: {', '.join(changed)} }}")
+        changed = sorted(
+            k for k in set(munged) | set(old_spec) if _semantic(munged.get(k)) != _semantic(old_spec.get(k))
+        )
+        causes.forbidden(
+            "spec",
+            f"pod updates may not change fields other than {_UPDATABLE}\n"
+            f"  core.PodSpec{{ fields changed: {', '.join(changed)} }}",
+        )
 
 
 def validate_pod_status_update(new: Obj, old: Obj, causes: Causes) -> None:
@@ -137,5 +149,6 @@ def validate_pod_status_update(new: Obj, old: Obj, causes: Causes) -> None:
     old_phase = (old.get("status") or {}).get("phase")
     new_phase = (new.get("status") or {}).get("phase")
     if old_phase in ("Succeeded", "Failed") and new_phase != old_phase:
-        causes.forbidden("status.phase", f"cannot transition from terminal phase {old_phase!r} to {new_phase!r}"
-                         .replace("'", '"'))
+        causes.forbidden(
+            "status.phase", f"cannot transition from terminal phase {old_phase!r} to {new_phase!r}".replace("'", '"')
+        )

@@ -32,7 +32,7 @@ def is_extended_resource(name: str) -> bool:
 def _validate_resources(res: Obj, path: str, causes: Causes) -> None:
     limits = res.get("limits") or {}
     requests = res.get("requests") or {}
-    for name, value in {**requests, **limits}.items():
+    for name in {**requests, **limits}:
         for msg in qualified_name(name):
             causes.invalid(f"{path}.limits[{name}]" if name in limits else f"{path}.requests[{name}]", name, msg)
     for name, value in requests.items():
@@ -48,7 +48,9 @@ def _validate_resources(res: Obj, path: str, causes: Causes) -> None:
             if extended and req != lim:
                 causes.invalid(f"{path}.requests", value, f"must be equal to {name} limit of {limits[name]}")
             elif req > lim:
-                causes.invalid(f"{path}.requests", value, f"must be less than or equal to {name} limit of {limits[name]}")
+                causes.invalid(
+                    f"{path}.requests", value, f"must be less than or equal to {name} limit of {limits[name]}"
+                )
         elif extended:
             causes.forbidden(f"{path}.limits", "Limit must be set for non overcommitable resources")
         if extended and req.denominator != 1:
@@ -98,7 +100,9 @@ def validate_node_selector(selector: Obj, path: str, causes: Causes) -> None:
                     causes.required(f"{rpath}.values", "must be specified when `operator` is 'In' or 'NotIn'")
             elif op in ("Exists", "DoesNotExist"):
                 if values:
-                    causes.forbidden(f"{rpath}.values", "may not be specified when `operator` is 'Exists' or 'DoesNotExist'")
+                    causes.forbidden(
+                        f"{rpath}.values", "may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
+                    )
             elif op in ("Gt", "Lt"):
                 if len(values) != 1:
                     causes.required(f"{rpath}.values", "must be specified single value when `operator` is 'Lt' or 'Gt'")
@@ -111,8 +115,10 @@ def validate_node_selector(selector: Obj, path: str, causes: Causes) -> None:
             op, values = req.get("operator"), req.get("values") or []
             if op in ("In", "NotIn"):
                 if len(values) != 1:
-                    causes.required(f"{rpath}.values",
-                                    "must be only one value when `operator` is 'In' or 'NotIn' for node field selector")
+                    causes.required(
+                        f"{rpath}.values",
+                        "must be only one value when `operator` is 'In' or 'NotIn' for node field selector",
+                    )
             else:
                 causes.invalid(f"{rpath}.operator", op, "not a valid selector operator")
             if req.get("key") != "metadata.name":
@@ -166,7 +172,11 @@ def validate_pod_spec(spec: Obj, path: str, causes: Causes) -> None:
         if op == "Exists" and tol.get("value"):
             causes.invalid(f"{tpath}.operator", tol.get("value"), "value must be empty when `operator` is 'Exists'")
         if not tol.get("key") and op != "Exists":
-            causes.invalid(f"{tpath}.operator", op, "operator must be Exists when `key` is empty, which means \"match all values and all keys\"")
+            causes.invalid(
+                f"{tpath}.operator",
+                op,
+                'operator must be Exists when `key` is empty, which means "match all values and all keys"',
+            )
         effect = tol.get("effect")
         if effect and effect not in _EFFECTS:
             causes.not_supported(f"{tpath}.effect", effect, _EFFECTS)
@@ -175,10 +185,14 @@ def validate_pod_spec(spec: Obj, path: str, causes: Causes) -> None:
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if required is not None:
-        validate_node_selector(required, f"{path}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
-                               causes)
+        validate_node_selector(
+            required, f"{path}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution", causes
+        )
     for i, pref in enumerate(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []):
         weight = pref.get("weight")
         if not isinstance(weight, int) or not 1 <= weight <= 100:
-            causes.invalid(f"{path}.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].weight",
-                           weight, "must be in the range 1-100")
+            causes.invalid(
+                f"{path}.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].weight",
+                weight,
+                "must be in the range 1-100",
+            )

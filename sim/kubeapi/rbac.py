@@ -160,12 +160,18 @@ def load_manifests(paths: Sequence[Path]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for file in files:
         for doc in yaml.safe_load_all(file.read_text()):
-            if isinstance(doc, dict) and doc.get("kind") in RBAC_KINDS and str(doc.get("apiVersion", "")).startswith(RBAC_GROUP):
+            if (
+                isinstance(doc, dict)
+                and doc.get("kind") in RBAC_KINDS
+                and str(doc.get("apiVersion", "")).startswith(RBAC_GROUP)
+            ):
                 out.append(doc)
     return out
 
 
-def _rule(groups: Iterable[str], resources: Iterable[str], verbs: Iterable[str], names: Iterable[str] = ()) -> dict[str, Any]:
+def _rule(
+    groups: Iterable[str], resources: Iterable[str], verbs: Iterable[str], names: Iterable[str] = ()
+) -> dict[str, Any]:
     rule: dict[str, Any] = {"verbs": list(verbs), "apiGroups": list(groups), "resources": list(resources)}
     if names:
         rule["resourceNames"] = list(names)
@@ -174,26 +180,45 @@ def _rule(groups: Iterable[str], resources: Iterable[str], verbs: Iterable[str],
 
 def _cluster_role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRole",
-        "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
-                     "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"}},
+        "apiVersion": f"{RBAC_GROUP}/v1",
+        "kind": "ClusterRole",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
+            "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"},
+        },
         "rules": rules,
     }
 
 
 def _cluster_binding(name: str, role: str, kind: str, subject: str) -> dict[str, Any]:
     return {
-        "apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
-                     "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"}},
+        "apiVersion": f"{RBAC_GROUP}/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
+            "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"},
+        },
         "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": role},
         "subjects": [{"apiGroup": RBAC_GROUP, "kind": kind, "name": subject}],
     }
 
 
 _READ = ("get", "list", "watch")
-_DISCOVERY = ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz",
-              "/version", "/version/"]
+_DISCOVERY = [
+    "/api",
+    "/api/*",
+    "/apis",
+    "/apis/*",
+    "/healthz",
+    "/livez",
+    "/openapi",
+    "/openapi/*",
+    "/readyz",
+    "/version",
+    "/version/",
+]
 
 
 def builtin_objects() -> list[dict[str, Any]]:
@@ -223,23 +248,33 @@ def builtin_objects() -> list[dict[str, Any]]:
         _cluster_binding("cluster-admin", "cluster-admin", "Group", "system:masters"),
         _cluster_role("system:discovery", [{"verbs": ["get"], "nonResourceURLs": _DISCOVERY}]),
         _cluster_binding("system:discovery", "system:discovery", "Group", "system:authenticated"),
-        _cluster_role("system:basic-user", [
-            _rule(["authorization.k8s.io"], ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], ["create"]),
-            _rule(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"]),
-        ]),
+        _cluster_role(
+            "system:basic-user",
+            [
+                _rule(["authorization.k8s.io"], ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], ["create"]),
+                _rule(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"]),
+            ],
+        ),
         _cluster_binding("system:basic-user", "system:basic-user", "Group", "system:authenticated"),
         _cluster_role("system:kube-scheduler", scheduler_rules),
         _cluster_binding("system:kube-scheduler", "system:kube-scheduler", "User", "system:kube-scheduler"),
-        _cluster_role("system:volume-scheduler", [
-            _rule([""], ["persistentvolumes"], ["get", "list", "patch", "update", "watch"]),
-            _rule(["storage.k8s.io"], ["storageclasses"], _READ),
-            _rule([""], ["persistentvolumeclaims"], ["get", "list", "patch", "update", "watch"]),
-        ]),
+        _cluster_role(
+            "system:volume-scheduler",
+            [
+                _rule([""], ["persistentvolumes"], ["get", "list", "patch", "update", "watch"]),
+                _rule(["storage.k8s.io"], ["storageclasses"], _READ),
+                _rule([""], ["persistentvolumeclaims"], ["get", "list", "patch", "update", "watch"]),
+            ],
+        ),
         _cluster_binding("system:volume-scheduler", "system:volume-scheduler", "User", "system:kube-scheduler"),
         {
-            "apiVersion": f"{RBAC_GROUP}/v1", "kind": "Role",
-            "metadata": {"name": "extension-apiserver-authentication-reader", "namespace": "kube-system",
-                         "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+            "apiVersion": f"{RBAC_GROUP}/v1",
+            "kind": "Role",
+            "metadata": {
+                "name": "extension-apiserver-authentication-reader",
+                "namespace": "kube-system",
+                "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
+            },
             "rules": [_rule([""], ["configmaps"], _READ, ["extension-apiserver-authentication"])],
         },
     ]
@@ -252,9 +287,14 @@ def self_subject_access_review(authorizer: Authorizer, user: User, body: dict[st
     res = spec.get("resourceAttributes")
     non_res = spec.get("nonResourceAttributes")
     if res is not None:
-        attrs = Attributes(verb=str(res.get("verb", "")), group=str(res.get("group", "")),
-                           resource=str(res.get("resource", "")), subresource=str(res.get("subresource", "")),
-                           namespace=str(res.get("namespace", "")), name=str(res.get("name", "")))
+        attrs = Attributes(
+            verb=str(res.get("verb", "")),
+            group=str(res.get("group", "")),
+            resource=str(res.get("resource", "")),
+            subresource=str(res.get("subresource", "")),
+            namespace=str(res.get("namespace", "")),
+            name=str(res.get("name", "")),
+        )
     else:
         non_res = non_res or {}
         attrs = Attributes(verb=str(non_res.get("verb", "")), path=str(non_res.get("path", "")) or "/")
@@ -262,5 +302,10 @@ def self_subject_access_review(authorizer: Authorizer, user: User, body: dict[st
     status: dict[str, Any] = {"allowed": decision.allowed}
     if decision.reason:
         status["reason"] = decision.reason
-    return {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
-            "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
+    return {
+        "kind": "SelfSubjectAccessReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {"creationTimestamp": None},
+        "spec": spec,
+        "status": status,
+    }

@@ -36,7 +36,9 @@ def parse_rv(text: str, field: str = "resourceVersion") -> int:
         return value
     except ValueError as e:
         raise errors.ApiError(
-            400, "BadRequest", f'invalid resource version "{text}": strconv.ParseUint: parsing "{text}": invalid syntax',
+            400,
+            "BadRequest",
+            f'invalid resource version "{text}": strconv.ParseUint: parsing "{text}": invalid syntax',
         ) from e
 
 
@@ -55,9 +57,14 @@ def _decode_continue(token: str) -> tuple[int, str]:
 
 def _list_options_invalid(field: str, message: str) -> errors.ApiError:
     return errors.ApiError(
-        422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {field}: Forbidden: {message}',
-        details={"group": "meta.k8s.io", "kind": "ListOptions",
-                 "causes": [{"reason": "FieldValueForbidden", "message": f"Forbidden: {message}", "field": field}]},
+        422,
+        "Invalid",
+        f'ListOptions.meta.k8s.io "" is invalid: {field}: Forbidden: {message}',
+        details={
+            "group": "meta.k8s.io",
+            "kind": "ListOptions",
+            "causes": [{"reason": "FieldValueForbidden", "message": f"Forbidden: {message}", "field": field}],
+        },
     )
 
 
@@ -85,15 +92,21 @@ class Reader:
         rv_text = q.get("resourceVersion", "")
         match = q.get("resourceVersionMatch", "")
         if token and rv_text:
-            raise _list_options_invalid("resourceVersion", "specifying resource version is not allowed when using continue")
+            raise _list_options_invalid(
+                "resourceVersion", "specifying resource version is not allowed when using continue"
+            )
         if match and not rv_text:
-            raise _list_options_invalid("resourceVersionMatch",
-                                        "resourceVersionMatch is forbidden unless resourceVersion is provided")
+            raise _list_options_invalid(
+                "resourceVersionMatch", "resourceVersionMatch is forbidden unless resourceVersion is provided"
+            )
         if match and match not in ("Exact", "NotOlderThan"):
-            raise errors.bad_request(f'resourceVersionMatch: Unsupported value: "{match}": supported values: '
-                                     f'"Exact", "NotOlderThan"')
+            raise errors.bad_request(
+                f'resourceVersionMatch: Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"'
+            )
         if match == "Exact" and rv_text == "0":
-            raise _list_options_invalid("resourceVersionMatch", 'resourceVersionMatch "exact" is forbidden for resourceVersion "0"')
+            raise _list_options_invalid(
+                "resourceVersionMatch", 'resourceVersionMatch "exact" is forbidden for resourceVersion "0"'
+            )
         start = ""
         if token:
             list_rv, start = _decode_continue(token)
@@ -126,8 +139,12 @@ class Reader:
             if labels.empty and fields.empty:
                 meta["remainingItemCount"] = len(selected) - limit
             selected = page
-        return 200, {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta,
-                     "items": [_item(o) for o in selected]}
+        return 200, {
+            "kind": rt.list_kind,
+            "apiVersion": rt.api_version,
+            "metadata": meta,
+            "items": [_item(o) for o in selected],
+        }
 
     def _limit(self, text: str | None) -> int | None:
         if not text:
@@ -143,9 +160,13 @@ class Reader:
 
     def too_large(self, rv: int) -> errors.ApiError:
         return errors.ApiError(
-            504, "Timeout", f"Timeout: Too large resource version: {rv}, current: {self.state.store.rv}",
-            details={"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
-                     "retryAfterSeconds": 1},
+            504,
+            "Timeout",
+            f"Timeout: Too large resource version: {rv}, current: {self.state.store.rv}",
+            details={
+                "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                "retryAfterSeconds": 1,
+            },
         )
 
 

@@ -27,7 +27,6 @@ class Route:
     subresource: str
 
 
-
 def _verb(method: str, collection: bool, watch: bool, subresource: str) -> str:
     if method == "GET":
         if watch:

@@ -118,7 +118,8 @@ def _fill(node: Node, schema: dict[str, Any]) -> None:
         node.required = frozenset(schema.get("required") or ())
         for field, sub in schema["properties"].items():
             node.props[field] = Prop(
-                _compile(sub, node.name), str(sub.get("x-kubernetes-patch-strategy", "")),
+                _compile(sub, node.name),
+                str(sub.get("x-kubernetes-patch-strategy", "")),
                 sub.get("x-kubernetes-patch-merge-key"),
             )
     elif "object" in types:
@@ -141,7 +142,10 @@ def _compile(schema: dict[str, Any], owner: str) -> Node:
     if "array" in types:
         items = _compile(schema.get("items") or {}, owner)
         return Node(
-            "array", owner, f"[]{items.go_type}", items=items,
+            "array",
+            owner,
+            f"[]{items.go_type}",
+            items=items,
             strategy=str(schema.get("x-kubernetes-patch-strategy", "")),
             merge_key=schema.get("x-kubernetes-patch-merge-key"),
         )
@@ -178,7 +182,7 @@ def _parse_rfc3339(text: str) -> dt.datetime | None:
     frac = m.group(7) or ""
     micro = int((frac[1:] + "000000")[:6]) if frac else 0
     zone = m.group(8)
-    tz = dt.timezone.utc
+    tz = dt.UTC
     if zone != "Z":
         sign = 1 if zone[0] == "+" else -1
         tz = dt.timezone(sign * dt.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
@@ -199,7 +203,7 @@ def _time_text(text: str) -> str:
     parsed = _parse_rfc3339(text)
     if parsed is None:
         raise DecodeError(f'parsing time "{text}" as "{_TIME_LAYOUT}": cannot parse "{text}" as "2006"')
-    return parsed.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return parsed.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _microtime(text: object) -> str:
@@ -223,7 +227,7 @@ def _microtime_text(text: str) -> str:
     parsed = _parse_rfc3339(text)
     if parsed is None:
         raise DecodeError(f'{prefix} "{text}" as "2006"')
-    return parsed.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return parsed.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _json_type(value: object) -> str:

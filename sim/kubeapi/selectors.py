@@ -15,9 +15,17 @@ from typing import Any
 from sim.kubeapi import errors
 from sim.kubeapi.resources import ResourceType, field_value
 
-__all__ = ["FieldSelector", "LabelSelector", "parse_field_selector", "parse_label_selector", "match_label_selector_object"]
+__all__ = [
+    "FieldSelector",
+    "LabelSelector",
+    "parse_field_selector",
+    "parse_label_selector",
+    "match_label_selector_object",
+]
 
-_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -67,15 +75,21 @@ def _bad(text: str, why: str) -> errors.ApiError:
 
 def _check_key(key: str) -> None:
     if not _KEY.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
-        raise _bad(key, f'<nil>: Invalid value: "{key}": name part must consist of alphanumeric characters, '
-                        "'-', '_' or '.', and must start and end with an alphanumeric character")
+        raise _bad(
+            key,
+            f'<nil>: Invalid value: "{key}": name part must consist of alphanumeric characters, '
+            "'-', '_' or '.', and must start and end with an alphanumeric character",
+        )
 
 
 def _check_value(key: str, value: str) -> None:
     if not _VALUE.match(value) or len(value) > 63:
-        raise _bad(value, f'values[0][{key}]: Invalid value: "{value}": a valid label must be an empty string or '
-                          "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-                          "alphanumeric character")
+        raise _bad(
+            value,
+            f'values[0][{key}]: Invalid value: "{value}": a valid label must be an empty string or '
+            "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+            "alphanumeric character",
+        )
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -117,7 +131,7 @@ def parse_label_selector(text: str | None) -> LabelSelector:
             _check_key(key)
             values = tuple(v.strip() for v in m.group("values").split(",")) if m.group("values").strip() else ()
             if not values and m.group("op") == "in":
-                raise _bad(part, f"for 'in', 'notin' operators, values set can't be empty")
+                raise _bad(part, "for 'in', 'notin' operators, values set can't be empty")
             for v in values:
                 _check_value(key, v)
             reqs.append(Requirement(key, m.group("op"), values))
@@ -126,7 +140,7 @@ def parse_label_selector(text: str | None) -> LabelSelector:
             _check_key(key)
             if op in (">", "<"):
                 if not re.fullmatch(r"-?[0-9]+", value):
-                    raise _bad(part, f"for 'Gt', 'Lt' operators, the value must be an integer")
+                    raise _bad(part, "for 'Gt', 'Lt' operators, the value must be an integer")
                 reqs.append(Requirement(key, "gt" if op == ">" else "lt", (value,)))
                 continue
             _check_value(key, value)
@@ -202,7 +216,7 @@ def parse_field_selector(text: str | None, resource: ResourceType) -> FieldSelec
     for part in _unescape_split(text, ","):
         if not part:
             continue
-        for op, equal in (("!=", False), ("==", True), ("=", True)):
+        for op, equal in (("!=", False), ("==", True), ("=", True)):  # noqa: B007 - read after the break
             idx = part.find(op)
             if idx > 0:
                 label, value = part[:idx].strip(), _unescape(part[idx + len(op) :])
@@ -210,6 +224,6 @@ def parse_field_selector(text: str | None, resource: ResourceType) -> FieldSelec
         else:
             raise errors.bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         if label not in resource.field_labels:
-            raise errors.bad_request(f'field label not supported: {label}')
+            raise errors.bad_request(f"field label not supported: {label}")
         terms.append((label, equal, value))
     return FieldSelector(tuple(terms))

@@ -63,8 +63,14 @@ class KubeAPIServer:
     """A Kubernetes API server for tests and the simulator; see the package docstring."""
 
     def __init__(
-        self, *, rbac_paths: Sequence[Path] = (), event_window: int = 10_000, watch_delay_max_s: float = 0.1,
-        bookmark_interval_s: float = 1.0, seed: int | None = None, server_version: str = "v1.36.0",
+        self,
+        *,
+        rbac_paths: Sequence[Path] = (),
+        event_window: int = 10_000,
+        watch_delay_max_s: float = 0.1,
+        bookmark_interval_s: float = 1.0,
+        seed: int | None = None,
+        server_version: str = "v1.36.0",
         page_size_cap: int | None = None,
     ) -> None:
         self._rbac_paths = [Path(p) for p in rbac_paths]
@@ -114,8 +120,16 @@ class KubeAPIServer:
         """A bearer token of system:serviceaccount:<ns>:<name> (the account object need not exist)."""
         return self.state.mint_service_account_token(namespace, name)
 
-    def inject_fault(self, verb: str, resource: str, *, status: int, retry_after_s: int | None = None,
-                     count: int = 1, namespace: str | None = None) -> None:
+    def inject_fault(
+        self,
+        verb: str,
+        resource: str,
+        *,
+        status: int,
+        retry_after_s: int | None = None,
+        count: int = 1,
+        namespace: str | None = None,
+    ) -> None:
         """The next `count` requests with this verb on this resource ("pods", "pods/status", "*") fail."""
         self.state.faults.append(Fault(verb, resource, status, retry_after_s, count, namespace))
 
@@ -143,8 +157,9 @@ class KubeAPIServer:
             err = errors.internal_error(repr(e))
             return self._respond(500, err.status(), call_warnings)
 
-    def _respond(self, code: int, body: Any, warnings: list[str], headers: dict[str, str] | None = None
-                 ) -> web.Response:
+    def _respond(
+        self, code: int, body: Any, warnings: list[str], headers: dict[str, str] | None = None
+    ) -> web.Response:
         out: CIMultiDict[str] = CIMultiDict(headers or {})
         for text in warnings:
             out.add("Warning", _warning_header(text))
@@ -181,8 +196,20 @@ class KubeAPIServer:
         if route.verb == "watch" and route.name:
             query["fieldSelector"] = ",".join(filter(None, [query.get("fieldSelector"), f"metadata.name={route.name}"]))
         body = await request.read() if request.method in ("POST", "PUT", "PATCH", "DELETE") else b""
-        call = Call(route.verb, group, version, route.rt.plural, route.namespace, route.name, route.subresource,
-                    query, body, request.headers.get("Content-Type", ""), user, warnings)
+        call = Call(
+            route.verb,
+            group,
+            version,
+            route.rt.plural,
+            route.namespace,
+            route.name,
+            route.subresource,
+            query,
+            body,
+            request.headers.get("Content-Type", ""),
+            user,
+            warnings,
+        )
         if route.verb == "watch":
             return await self._watch(request, call, route)
         code, obj = self._dispatch(call, route)
@@ -195,12 +222,18 @@ class KubeAPIServer:
             name = info.name if info.verb not in ("list", "watch", "deletecollection") else ""
             raise errors.forbidden(group, info.resource, name, rbac.forbidden_reason(user, attrs, decision))
 
-    def _non_resource(self, request: web.Request, user: User, path: str, parts: list[str],
-                      warnings: list[str]) -> web.Response:
+    def _non_resource(
+        self, request: web.Request, user: User, path: str, parts: list[str], warnings: list[str]
+    ) -> web.Response:
         decision = self.state.authorizer.authorize(user, rbac.Attributes(request.method.lower(), path=path))
         if not decision.allowed:
-            raise errors.ApiError(403, "Forbidden", "forbidden: " + rbac.forbidden_reason(
-                user, rbac.Attributes(request.method.lower(), path=path), decision), details={})
+            raise errors.ApiError(
+                403,
+                "Forbidden",
+                "forbidden: "
+                + rbac.forbidden_reason(user, rbac.Attributes(request.method.lower(), path=path), decision),
+                details={},
+            )
         if request.method != "GET":
             raise errors.method_not_allowed()
         body: dict[str, Any] | None = None
@@ -250,8 +283,13 @@ class KubeAPIServer:
         raise errors.method_not_allowed()
 
     async def _watch(self, request: web.Request, call: Call, route: Route) -> web.StreamResponse:
-        stream = WatchStream(self.state, call, route.rt, delay_max_s=self._watch_delay_max_s,
-                             bookmark_interval_s=self._bookmark_interval_s)
+        stream = WatchStream(
+            self.state,
+            call,
+            route.rt,
+            delay_max_s=self._watch_delay_max_s,
+            bookmark_interval_s=self._bookmark_interval_s,
+        )
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         self._watches.add(stream)

@@ -45,7 +45,11 @@ class ApiState:
     """Shared by the HTTP layer, the verb handlers and the in-process controllers (GC, quota)."""
 
     def __init__(
-        self, *, event_window: int, seed: int | None, page_size_cap: int | None,
+        self,
+        *,
+        event_window: int,
+        seed: int | None,
+        page_size_cap: int | None,
         clock: Callable[[], dt.datetime] | None = None,
     ) -> None:
         self.store = Store(event_window)
@@ -58,7 +62,7 @@ class ApiState:
         self.dropped: set[str] = set()
         self.partition_changed = asyncio.Event()
         self.stopping = asyncio.Event()
-        self._clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
+        self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
 
     def now(self) -> dt.datetime:
         return self._clock()
@@ -74,14 +78,17 @@ class ApiState:
 
     def mint_service_account_token(self, namespace: str, name: str) -> str:
         token = self.new_token()
-        self.users[token] = User.of(f"system:serviceaccount:{namespace}:{name}",
-                                    ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"], token)
+        self.users[token] = User.of(
+            f"system:serviceaccount:{namespace}:{name}",
+            ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+            token,
+        )
         return token
 
     def authenticate(self, header: str | None) -> User:
         if not header or not header.startswith("Bearer "):
             raise errors.unauthorized()
-        user = self.users.get(header[len("Bearer "):].strip())
+        user = self.users.get(header[len("Bearer ") :].strip())
         if user is None:
             raise errors.unauthorized()
         return user

@@ -128,9 +128,7 @@ class Store:
 
     def check_not_compacted(self, rv: int) -> None:
         if rv < self.compacted_rv:
-            raise errors.ApiError(
-                410, "Expired", f"too old resource version: {rv} ({self.compacted_rv})"
-            )
+            raise errors.ApiError(410, "Expired", f"too old resource version: {rv} ({self.compacted_rv})")
 
     def events_after(self, key: str, rv: int) -> list[Event]:
         """Events of one resource with revision > rv; 410 if some of them were compacted."""

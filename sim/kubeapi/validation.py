@@ -86,9 +86,15 @@ def dns1123_label(value: str) -> list[str]:
     if len(value) > 63:
         errs.append("must be no more than 63 characters")
     if not re.fullmatch(_DNS1123_LABEL, value):
-        errs.append(_regex_error(
-            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
-            "start and end with an alphanumeric character", _DNS1123_LABEL, "my-name", "123-abc"))
+        errs.append(
+            _regex_error(
+                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+                "start and end with an alphanumeric character",
+                _DNS1123_LABEL,
+                "my-name",
+                "123-abc",
+            )
+        )
     return errs
 
 
@@ -97,9 +103,14 @@ def dns1123_subdomain(value: str) -> list[str]:
     if len(value) > 253:
         errs.append("must be no more than 253 characters")
     if not re.fullmatch(_DNS1123_SUBDOMAIN, value):
-        errs.append(_regex_error(
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and "
-            "must start and end with an alphanumeric character", _DNS1123_SUBDOMAIN, "example.com"))
+        errs.append(
+            _regex_error(
+                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and "
+                "must start and end with an alphanumeric character",
+                _DNS1123_SUBDOMAIN,
+                "example.com",
+            )
+        )
     return errs
 
 
@@ -108,9 +119,15 @@ def dns1035_label(value: str) -> list[str]:
     if len(value) > 63:
         errs.append("must be no more than 63 characters")
     if not re.fullmatch(_DNS1035_LABEL, value):
-        errs.append(_regex_error(
-            "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an "
-            "alphabetic character, and end with an alphanumeric character", _DNS1035_LABEL, "my-name", "abc-123"))
+        errs.append(
+            _regex_error(
+                "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an "
+                "alphabetic character, and end with an alphanumeric character",
+                _DNS1035_LABEL,
+                "my-name",
+                "abc-123",
+            )
+        )
     return errs
 
 
@@ -135,18 +152,33 @@ def qualified_name(value: str) -> list[str]:
         else:
             errs.extend("prefix part " + e for e in dns1123_subdomain(prefix))
     else:
-        return [_regex_error(
-            "a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
-            "with an alphanumeric character", _QUALIFIED_NAME, "MyName", "my.name", "123-abc")
-            + " with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"]
+        return [
+            _regex_error(
+                "a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+                "with an alphanumeric character",
+                _QUALIFIED_NAME,
+                "MyName",
+                "my.name",
+                "123-abc",
+            )
+            + " with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+        ]
     if not name:
         errs.append("name part must be non-empty")
     elif len(name) > 63:
         errs.append("name part must be no more than 63 characters")
     if name and not re.fullmatch(_QUALIFIED_NAME, name):
-        errs.append("name part " + _regex_error(
-            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-            "alphanumeric character", _QUALIFIED_NAME, "MyName", "my.name", "123-abc"))
+        errs.append(
+            "name part "
+            + _regex_error(
+                "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                "alphanumeric character",
+                _QUALIFIED_NAME,
+                "MyName",
+                "my.name",
+                "123-abc",
+            )
+        )
     return errs
 
 
@@ -155,9 +187,16 @@ def label_value(value: str) -> list[str]:
     if len(value) > 63:
         errs.append("must be no more than 63 characters")
     if not re.fullmatch(_LABEL_VALUE, value):
-        errs.append(_regex_error(
-            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and "
-            "must start and end with an alphanumeric character", _LABEL_VALUE, "MyValue", "my_value", "12345"))
+        errs.append(
+            _regex_error(
+                "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and "
+                "must start and end with an alphanumeric character",
+                _LABEL_VALUE,
+                "MyValue",
+                "my_value",
+                "12345",
+            )
+        )
     return errs
 
 
@@ -207,8 +246,11 @@ def validate_metadata(meta: Mapping[str, Any], *, namespaced: bool, name_check: 
         if ref.get("controller"):
             controllers += 1
     if controllers > 1:
-        causes.invalid("metadata.ownerReferences", meta.get("ownerReferences"),
-                       "Only one reference can have Controller set to true")
+        causes.invalid(
+            "metadata.ownerReferences",
+            meta.get("ownerReferences"),
+            "Only one reference can have Controller set to true",
+        )
     for value in meta.get("finalizers") or []:
         for msg in qualified_name(value):
             causes.invalid("metadata.finalizers", value, msg)

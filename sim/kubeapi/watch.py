@@ -49,14 +49,16 @@ class _Filter:
 class WatchStream:
     """One watch request: prepared (validated, subscribed) synchronously, then served by `run`."""
 
-    def __init__(self, state: ApiState, call: Call, rt: ResourceType, *, delay_max_s: float,
-                 bookmark_interval_s: float) -> None:
+    def __init__(
+        self, state: ApiState, call: Call, rt: ResourceType, *, delay_max_s: float, bookmark_interval_s: float
+    ) -> None:
         self.state = state
         self.rt = rt
         q = call.query
         self.filter = _Filter(
             call.namespace if rt.namespaced and call.namespace else None,
-            parse_label_selector(q.get("labelSelector")), parse_field_selector(q.get("fieldSelector"), rt),
+            parse_label_selector(q.get("labelSelector")),
+            parse_field_selector(q.get("fieldSelector"), rt),
         )
         self.bookmarks = call.flag("allowWatchBookmarks")
         self.bookmark_interval_s = bookmark_interval_s
@@ -71,9 +73,12 @@ class WatchStream:
         self.initial_events = q.get("sendInitialEvents", "").lower() == "true"
         if self.initial_events and q.get("resourceVersionMatch") != "NotOlderThan":
             raise errors.ApiError(
-                422, "Invalid", 'ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: '
-                                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                details={"group": "meta.k8s.io", "kind": "ListOptions"})
+                422,
+                "Invalid",
+                'ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: '
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                details={"group": "meta.k8s.io", "kind": "ListOptions"},
+            )
         self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self.last_rv = 0
 
@@ -91,9 +96,14 @@ class WatchStream:
                 await asyncio.sleep(0.05)
             if rv > store.rv:
                 err = errors.ApiError(
-                    504, "Timeout", f"Timeout: Too large resource version: {rv}, current: {store.rv}",
-                    details={"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
-                             "retryAfterSeconds": 1})
+                    504,
+                    "Timeout",
+                    f"Timeout: Too large resource version: {rv}, current: {store.rv}",
+                    details={
+                        "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                        "retryAfterSeconds": 1,
+                    },
+                )
                 return [self._error_line(err)], False
         store.subscribe(self.rt.key, self._subscriber)
         lines: list[bytes] = []
@@ -125,17 +135,30 @@ class WatchStream:
         if was and now:
             return event.line()
         if now:
-            return event.line() if event.type == "ADDED" else orjson.dumps({"type": "ADDED", "object": event.obj}) + b"\n"
+            return (
+                event.line() if event.type == "ADDED" else orjson.dumps({"type": "ADDED", "object": event.obj}) + b"\n"
+            )
         if was:
-            return event.line() if event.type == "DELETED" else orjson.dumps({"type": "DELETED", "object": event.obj}) + b"\n"
+            return (
+                event.line()
+                if event.type == "DELETED"
+                else orjson.dumps({"type": "DELETED", "object": event.obj}) + b"\n"
+            )
         return None
 
     def _bookmark_line(self, rv: int, initial_end: bool = False) -> bytes:
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
         if initial_end:
             meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-        return orjson.dumps({"type": "BOOKMARK", "object": {"kind": self.rt.kind, "apiVersion": self.rt.api_version,
-                                                             "metadata": meta}}) + b"\n"
+        return (
+            orjson.dumps(
+                {
+                    "type": "BOOKMARK",
+                    "object": {"kind": self.rt.kind, "apiVersion": self.rt.api_version, "metadata": meta},
+                }
+            )
+            + b"\n"
+        )
 
     @staticmethod
     def _error_line(err: errors.ApiError) -> bytes:
@@ -166,7 +189,7 @@ class WatchStream:
                 wake = min(end, next_bookmark) if self.bookmarks else end
                 try:
                     event = await asyncio.wait_for(self.queue.get(), timeout=max(0.0, wake - now))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if self.bookmarks and time.monotonic() >= next_bookmark and time.monotonic() < end:
                         rv = self.state.store.rv if self.queue.empty() else self.last_rv
                         await self._send(write, self._bookmark_line(rv), 0.0)

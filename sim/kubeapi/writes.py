@@ -23,8 +23,12 @@ from sim.kubeapi.validation import Causes
 
 __all__ = ["Writer"]
 
-_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
-                "application/strategic-merge-patch+json", "application/apply-patch+yaml")
+_PATCH_TYPES = (
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+    "application/apply-patch+yaml",
+)
 _GENERATE_ATTEMPTS = 8
 JOB_NAME = "batch.kubernetes.io/job-name"
 LEGACY_JOB_NAME = "job-name"
@@ -64,7 +68,8 @@ class Writer:
             body_ns = meta.get("namespace")
             if body_ns and body_ns != call.namespace:
                 raise errors.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request")
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             meta["namespace"] = call.namespace
         else:
             meta.pop("namespace", None)
@@ -125,11 +130,17 @@ class Writer:
         spec = pod.get("spec") or {}
         status: Obj = {"phase": "Pending", "qosClass": _qos(spec)}
         if spec.get("schedulingGates") and not spec.get("nodeName"):
-            set_condition(status, {
-                "type": "PodScheduled", "status": "False", "lastProbeTime": None,
-                "lastTransitionTime": rfc3339(self.state.now()), "reason": "SchedulingGated",
-                "message": "Scheduling is blocked due to non-empty scheduling gates",
-            })
+            set_condition(
+                status,
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": rfc3339(self.state.now()),
+                    "reason": "SchedulingGated",
+                    "message": "Scheduling is blocked due to non-empty scheduling gates",
+                },
+            )
         pod["status"] = status
 
     def _after_create(self, rt: ResourceType, obj: Obj) -> None:
@@ -137,8 +148,10 @@ class Writer:
             sa_rt = _resource("", "serviceaccounts")
             name = obj["metadata"]["name"]
             if self.state.store.get(sa_rt.key, name, "default") is None:
-                self.create_decoded(sa_rt, {"apiVersion": "v1", "kind": "ServiceAccount",
-                                            "metadata": {"name": "default", "namespace": name}})
+                self.create_decoded(
+                    sa_rt,
+                    {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": name}},
+                )
 
     # -- update and patch --------------------------------------------------------------
 
@@ -147,12 +160,14 @@ class Writer:
         meta = obj["metadata"]
         if meta.get("name") and meta["name"] != call.name:
             raise errors.bad_request(
-                f"the name of the object ({meta['name']}) does not match the name on the URL ({call.name})")
+                f"the name of the object ({meta['name']}) does not match the name on the URL ({call.name})"
+            )
         meta["name"] = call.name
         if rt.namespaced:
             if meta.get("namespace") and meta["namespace"] != call.namespace:
                 raise errors.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request")
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             meta["namespace"] = call.namespace
         existing = self.state.store.get(rt.key, call.namespace, call.name)
         if existing is None:
@@ -198,16 +213,20 @@ class Writer:
             raise errors.conflict(rt.group, rt.plural, call.name, errors.STALE)
         return self.commit_update(rt, existing, obj, call.subresource, dry_run=call.dry_run)
 
-    def commit_update(self, rt: ResourceType, old: Obj, new: Obj, subresource: str, *,
-                      dry_run: bool = False) -> tuple[int, Obj]:
+    def commit_update(
+        self, rt: ResourceType, old: Obj, new: Obj, subresource: str, *, dry_run: bool = False
+    ) -> tuple[int, Obj]:
         """Everything after the object is decoded: default, reset what this endpoint may not write, validate, store.
 
         An update that changes nothing is not written (no new resourceVersion, no event), as in etcd3's store."""
         if subresource != "status":
             apply_defaults(rt.kind, new)
         new = self._prepare_update(rt, old, new, subresource)
-        causes = (kinds.validate_status_update(rt, new, old) if subresource == "status"
-                  else kinds.validate_update(rt, new, old))
+        causes = (
+            kinds.validate_status_update(rt, new, old)
+            if subresource == "status"
+            else kinds.validate_update(rt, new, old)
+        )
         self._check_meta_update(new, old, causes.items)
         if causes:
             raise errors.invalid(rt.group, rt.kind, new["metadata"]["name"], causes.items)
@@ -256,12 +275,16 @@ class Writer:
         if new["metadata"].get("uid") != old["metadata"].get("uid"):
             extra.invalid("metadata.uid", new["metadata"].get("uid"), "field is immutable")
         if old["metadata"].get("deletionTimestamp"):
-            added = [f for f in new["metadata"].get("finalizers") or [] if f not in (old["metadata"].get("finalizers") or [])]
+            added = [
+                f for f in new["metadata"].get("finalizers") or [] if f not in (old["metadata"].get("finalizers") or [])
+            ]
             if added:
                 listed = ", ".join(f'"{f}"' for f in added)
-                extra.forbidden("metadata.finalizers",
-                                f"no new finalizers can be added if the object is being deleted, found new finalizers "
-                                f"[]string{{{listed}}}")
+                extra.forbidden(
+                    "metadata.finalizers",
+                    f"no new finalizers can be added if the object is being deleted, found new finalizers "
+                    f"[]string{{{listed}}}",
+                )
         causes.extend(extra.items)
 
     # -- pods/binding ------------------------------------------------------------------
@@ -298,11 +321,17 @@ class Writer:
         if annotations:
             new["metadata"].setdefault("annotations", {}).update(annotations)
         status = new.setdefault("status", {})
-        set_condition(status, {"type": "PodScheduled", "status": "True", "lastProbeTime": None,
-                               "lastTransitionTime": rfc3339(self.state.now())})
+        set_condition(
+            status,
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": rfc3339(self.state.now()),
+            },
+        )
         self.state.store.put(rt.key, new, created=False)
         return 201, errors.status_success(201)
-
 
     # -- serviceaccounts/token ---------------------------------------------------------
 
@@ -316,23 +345,40 @@ class Writer:
         spec = dict((body or {}).get("spec") or {}) if isinstance(body, dict) else {}
         seconds = int(spec.get("expirationSeconds") or 3600)
         if seconds < 600:
-            raise errors.invalid("authentication.k8s.io", "TokenRequest", call.name, [errors.Cause(
-                "FieldValueInvalid", f"Invalid value: {seconds}: may not specify a duration less than 10 minutes",
-                "spec.expirationSeconds")])
+            raise errors.invalid(
+                "authentication.k8s.io",
+                "TokenRequest",
+                call.name,
+                [
+                    errors.Cause(
+                        "FieldValueInvalid",
+                        f"Invalid value: {seconds}: may not specify a duration less than 10 minutes",
+                        "spec.expirationSeconds",
+                    )
+                ],
+            )
         spec.setdefault("audiences", ["https://kubernetes.default.svc.cluster.local"])
         spec["expirationSeconds"] = seconds
         token = "" if call.dry_run else self.state.mint_service_account_token(call.namespace, call.name)
         expires = rfc3339(self.state.now() + dt.timedelta(seconds=seconds))
-        return 201, {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
-                     "metadata": {"name": call.name, "namespace": call.namespace, "creationTimestamp": None},
-                     "spec": spec, "status": {"token": token, "expirationTimestamp": expires}}
+        return 201, {
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": call.name, "namespace": call.namespace, "creationTimestamp": None},
+            "spec": spec,
+            "status": {"token": token, "expirationTimestamp": expires},
+        }
 
 
 def finished_deleting(obj: Obj) -> bool:
     """Deleting, no finalizers left, no grace period pending: the write removes the object instead."""
     meta = obj["metadata"]
-    return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers") \
-        and meta.get("deletionGracePeriodSeconds") == 0 and not (obj.get("spec") or {}).get("finalizers")
+    return (
+        bool(meta.get("deletionTimestamp"))
+        and not meta.get("finalizers")
+        and meta.get("deletionGracePeriodSeconds") == 0
+        and not (obj.get("spec") or {}).get("finalizers")
+    )
 
 
 def _generate_job_selector(job: Obj) -> None:

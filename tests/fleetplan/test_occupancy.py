@@ -27,23 +27,33 @@ class _Rep:
 
 
 def _node(i: int, zone: str, rack: str | None, gpus: int, busy: int, model: str, ready: bool, pods: int) -> Node:
-    return Node(name=f"n{i}", ready=ready, pods_free=pods,
-                gpus=tuple(Gpu(k, model, 81920, milli_used=1000 if k < busy else 0) for k in range(gpus)),
-                topology=(zone, rack, f"n{i}"))
+    return Node(
+        name=f"n{i}",
+        ready=ready,
+        pods_free=pods,
+        gpus=tuple(Gpu(k, model, 81920, milli_used=1000 if k < busy else 0) for k in range(gpus)),
+        topology=(zone, rack, f"n{i}"),
+    )
 
 
 nodes_st = st.lists(
-    st.tuples(st.sampled_from(["z1", "z2"]), st.one_of(st.none(), st.sampled_from(["r1", "r2", "r3"])),
-              st.sampled_from([0, 4, 8]), st.integers(0, 8), st.sampled_from(["H100", "A100"]), st.booleans(),
-              st.integers(0, 3)),
-    min_size=1, max_size=24)
+    st.tuples(
+        st.sampled_from(["z1", "z2"]),
+        st.one_of(st.none(), st.sampled_from(["r1", "r2", "r3"])),
+        st.sampled_from([0, 4, 8]),
+        st.integers(0, 8),
+        st.sampled_from(["H100", "A100"]),
+        st.booleans(),
+        st.integers(0, 3),
+    ),
+    min_size=1,
+    max_size=24,
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(nodes_st, st.lists(st.tuples(st.integers(0, 23), st.integers(1, 8)), max_size=10),
-       st.sampled_from([1, 2, 4, 8]))
-def test_counts_add_up_and_match_a_recount_per_node(raw: list[tuple], holds: list[tuple[int, int]],
-                                                    probe: int) -> None:
+@given(nodes_st, st.lists(st.tuples(st.integers(0, 23), st.integers(1, 8)), max_size=10), st.sampled_from([1, 2, 4, 8]))
+def test_counts_add_up_and_match_a_recount_per_node(raw: list[tuple], holds: list[tuple[int, int]], probe: int) -> None:
     nodes = [_node(i, z, r, g, min(b, g), m, ready, pods) for i, (z, r, g, b, m, ready, pods) in enumerate(raw)]
     arrays = ClusterArrays(nodes, LEVELS, ModelTable())
     pending = [(_Res({"w": PodShape(gpus=g)}), _Rep(nodes[i % len(nodes)].name)) for i, g in holds]
@@ -82,8 +92,10 @@ def test_counts_add_up_and_match_a_recount_per_node(raw: list[tuple], holds: lis
         key = path if None not in path else (*path, n.name)
         members.setdefault(key, []).append(n)
     assert len(members) == len(occ.domains)
-    by_counts = sorted((sum(room[n.name] for n in ms), sum(free[n.name] for n in ms), sum(whole[n.name] for n in ms),
-                        len(ms)) for ms in members.values())
+    by_counts = sorted(
+        (sum(room[n.name] for n in ms), sum(free[n.name] for n in ms), sum(whole[n.name] for n in ms), len(ms))
+        for ms in members.values()
+    )
     assert by_counts == sorted((d.probe_replicas, d.gpus.free, d.whole_free_nodes, d.nodes) for d in occ.domains)
     assert occ.largest_probe_replicas == max(d.probe_replicas for d in occ.domains)
 

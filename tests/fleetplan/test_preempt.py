@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
-from placement.model import PodShape
-
 from fleetplan.preempt import VictimCandidate, plan_preemption
 from fleetplan.view import FleetView
+from placement.model import PodShape
 from tests.broker.test_placer_decide import fleet, job, mk
 
 G8 = PodShape(gpus=8)
 
 
-def victim(job_id: str, nodes: list[str], *, cluster: str = "c", stage: int = 2, lost: float = 1.0,
-           priority: int = 0, shape: PodShape = G8) -> VictimCandidate:
+def victim(
+    job_id: str,
+    nodes: list[str],
+    *,
+    cluster: str = "c",
+    stage: int = 2,
+    lost: float = 1.0,
+    priority: int = 0,
+    shape: PodShape = G8,
+) -> VictimCandidate:
     return VictimCandidate(job_id, cluster, tuple((n, shape) for n in nodes), stage, lost, priority)
 
 
 def test_cheapest_sufficient_set_wins_and_unneeded_victims_are_pruned() -> None:
     cat = fleet(c=[mk(f"n{i}", free=0) for i in range(4)])
-    cands = [victim("cheap", ["n0"], lost=1.0), victim("mid", ["n1"], lost=2.0),
-             victim("dear", ["n2", "n3"], lost=50.0)]
+    cands = [
+        victim("cheap", ["n0"], lost=1.0),
+        victim("mid", ["n1"], lost=2.0),
+        victim("dear", ["n2", "n3"], lost=50.0),
+    ]
     plan = plan_preemption(FleetView(cat, 1.0), job(8, 2), cands)
     assert plan is not None
     assert [v.job_id for v in plan.victims] == ["cheap", "mid"]
@@ -36,8 +46,9 @@ def test_a_gang_is_freed_whole_even_when_one_of_its_nodes_would_do() -> None:
 
 def test_required_domain_picks_the_rack_that_can_be_cleared_cheapest() -> None:
     # rack A: two cheap victims; rack B: one dear victim plus a free node. Needs 2 nodes in one rack.
-    cat = fleet(c=[mk("a0", free=0, rack="rA"), mk("a1", free=0, rack="rA"),
-                   mk("b0", free=0, rack="rB"), mk("b1", rack="rB")])
+    cat = fleet(
+        c=[mk("a0", free=0, rack="rA"), mk("a1", free=0, rack="rA"), mk("b0", free=0, rack="rB"), mk("b1", rack="rB")]
+    )
     cands = [victim("a-0", ["a0"], lost=1.0), victim("a-1", ["a1"], lost=1.5), victim("b-0", ["b0"], lost=2.0)]
     plan = plan_preemption(FleetView(cat, 1.0), job(8, 2, level="rack"), cands)
     assert plan is not None

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from placement.model import PodShape
-
 from fleetplan.catalog import InventoryReport, Reservation, ReservedReplica
 from fleetplan.choice import CHOICES, AggregateChoice, RoundRobinChoice, TandemChoice, make_choice
 from fleetplan.decide import WaitReason
 from fleetplan.view import FleetView, StaleView
+from placement.model import PodShape
 from tests.broker.test_placer_decide import fleet, job, mk
 
 
@@ -29,8 +28,17 @@ def test_the_cycles_own_holds_are_seen_by_its_next_decision() -> None:
     view = FleetView(cat, 1.0)
     first = TandemChoice().decide(view, job(8)).choice
     assert first is not None
-    view.hold([Reservation("j1", 1, first.cluster, tuple(ReservedReplica(p.pod_set, p.index, p.node)
-                                                          for p in first.assignments), {"w": PodShape(gpus=8)})])
+    view.hold(
+        [
+            Reservation(
+                "j1",
+                1,
+                first.cluster,
+                tuple(ReservedReplica(p.pod_set, p.index, p.node) for p in first.assignments),
+                {"w": PodShape(gpus=8)},
+            )
+        ]
+    )
     second = TandemChoice().decide(view, job(8)).choice  # the view is still valid after its own hold
     assert second is not None and second.cluster != first.cluster
     assert TandemChoice().decide(view, job(8)).choice is not None  # a view never mutates by deciding
@@ -85,8 +93,8 @@ def test_every_choice_waits_with_a_reason_when_nothing_is_usable() -> None:
 
 
 def test_the_broker_flag_selects_the_choice_and_the_shells_exchange_events() -> None:
-    from broker.config import load_config
     from broker.api import serde
+    from broker.config import load_config
     from broker.hub import Hub
 
     cfg = load_config(["--db", ":memory:", "--cluster-choice", "round-robin", "--agent-insecure"])

@@ -33,8 +33,9 @@ def group(name: str, model: str = "GPU-A", nodes: int = 4, per_rack: int = 4, gp
     return NodeGroup(name, model, nodes, gpus, 81920, 64, 512, nodes_per_rack=per_rack, **kw)  # type: ignore[arg-type]
 
 
-def cluster(name: str, *groups: NodeGroup, levels: tuple[Level, ...] = (ZONE, RACK),
-            background: float = 0.0) -> ClusterSpec:
+def cluster(
+    name: str, *groups: NodeGroup, levels: tuple[Level, ...] = (ZONE, RACK), background: float = 0.0
+) -> ClusterSpec:
     return ClusterSpec(name, "eu-west", "training", levels, groups, background)
 
 
@@ -42,11 +43,31 @@ def fleet(*clusters: ClusterSpec, tenants: tuple[TenantSpec, ...] = (TenantSpec(
     return FleetSpec("test", clusters, tenants)
 
 
-def item(name: str, at: float = 0.0, duration: float = 1000.0, replicas: int = 1, gpus: int = 8, level: str = "",
-         models: tuple[str, ...] = (), tenant: str = "t", **kw: object) -> WorkItem:
-    return WorkItem(name, tenant, "gang" if replicas > 1 else "batch", at, duration, replicas, gpus,
-                    cpu_milli=4000 * max(gpus, 1), memory_bytes=(16 << 30) * max(gpus, 1), required_level=level,
-                    gpu_models=models, **kw)  # type: ignore[arg-type]
+def item(
+    name: str,
+    at: float = 0.0,
+    duration: float = 1000.0,
+    replicas: int = 1,
+    gpus: int = 8,
+    level: str = "",
+    models: tuple[str, ...] = (),
+    tenant: str = "t",
+    **kw: object,
+) -> WorkItem:
+    return WorkItem(
+        name,
+        tenant,
+        "gang" if replicas > 1 else "batch",
+        at,
+        duration,
+        replicas,
+        gpus,
+        cpu_milli=4000 * max(gpus, 1),
+        memory_bytes=(16 << 30) * max(gpus, 1),
+        required_level=level,
+        gpu_models=models,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def outcome(result: RunResult, name: str) -> Outcome:
@@ -64,8 +85,10 @@ def test_a_rack_gang_goes_where_a_rack_holds_it_while_aggregate_times_out_in_the
     # a-wide: 80 GPUs in racks of two 8-GPU nodes; b-rack: 32 GPUs in one rack. Only b-rack holds 4 x 8 GPUs in a
     # rack. Work only a-wide's model can run fills it meanwhile, so once aggregate's first try is withdrawn its
     # estimate no longer ranks a-wide first (a tie goes to b-rack, the greater name) and the gang can start.
-    f = fleet(cluster("a-wide", group("w", "GPU-A", nodes=10, per_rack=2)),
-              cluster("b-rack", group("k", "GPU-B", nodes=4, per_rack=4)))
+    f = fleet(
+        cluster("a-wide", group("w", "GPU-A", nodes=10, per_rack=2)),
+        cluster("b-rack", group("k", "GPU-B", nodes=4, per_rack=4)),
+    )
     items = [item("gang", 0.0, 1000.0, replicas=4, level="rack")]
     items += [item(f"fill-{i}", 10.0, 5000.0, models=("GPU-A",)) for i in range(6)]
 
@@ -116,8 +139,11 @@ def test_a_background_pod_between_report_and_dispatch_makes_a_false_dispatch_tha
 def test_multikueue_copies_the_job_everywhere_and_the_cluster_that_binds_it_whole_wins() -> None:
     # a-split has the GPUs but racks of two; b-rack holds the gang in one rack; c-flat has no rack level (a
     # cluster selector leaves it out). The a-split copy binds two pods and waits for the rest; b-rack's binds whole.
-    f = fleet(cluster("a-split", group("s", nodes=4, per_rack=2)), cluster("b-rack", group("k", nodes=4, per_rack=4)),
-              cluster("c-flat", group("f", nodes=4), levels=(ZONE,)))
+    f = fleet(
+        cluster("a-split", group("s", nodes=4, per_rack=2)),
+        cluster("b-rack", group("k", nodes=4, per_rack=4)),
+        cluster("c-flat", group("f", nodes=4), levels=(ZONE,)),
+    )
     sim = FastSim(f, [item("gang", 0.0, 600.0, replicas=4, level="rack")], policy="multikueue", seed=0)
     result = sim.run()
     gang = outcome(result, "gang")
@@ -134,8 +160,7 @@ def test_multikueue_copies_that_lose_held_gpus_while_they_waited() -> None:
     # and waits, a-split's binds two and waits; b-rack's completes when the pod ends, and a-split's is withdrawn.
     f = fleet(cluster("a-split", group("s", nodes=4, per_rack=2)), cluster("b-rack", group("k", nodes=4, per_rack=4)))
     params = FastParams(background=(BackgroundPod(0.0, "b-rack", 8, 100.0),))
-    sim = FastSim(f, [item("gang", 10.0, 100.0, replicas=4, level="rack")], policy="multikueue", seed=0,
-                  params=params)
+    sim = FastSim(f, [item("gang", 10.0, 100.0, replicas=4, level="rack")], policy="multikueue", seed=0, params=params)
     gang = outcome(sim.run(), "gang")
     assert gang.cluster == "b-rack" and gang.duplicates == 1 and gang.false_dispatches == 0
     assert gang.started_s == 100.0
@@ -170,8 +195,9 @@ def test_merged_never_allocates_less_than_tandem_where_fragmentation_matters() -
     merged = run_fast(f, items, policy="merged", seed=0)
     # measured (seed 0): 37.5 vs 39.1 GPUs allocated on average; mean queueing delay 1548 s vs 678 s
     assert _mean_allocation(merged, until) > _mean_allocation(tandem, until)
-    delays = {r.policy: [o.queueing_delay_s for o in r.outcomes if o.queueing_delay_s is not None]
-              for r in (tandem, merged)}
+    delays = {
+        r.policy: [o.queueing_delay_s for o in r.outcomes if o.queueing_delay_s is not None] for r in (tandem, merged)
+    }
     assert sum(delays["merged"]) < sum(delays["tandem"])
     # fragmentation is what it used: some gangs ran on nodes of both original clusters
     assert any(o.cluster == "merged" for o in merged.outcomes)
@@ -181,7 +207,9 @@ def test_merged_never_allocates_less_than_tandem_where_fragmentation_matters() -
 def test_merged_keeps_the_original_clusters_domains_apart() -> None:
     # Both clusters' zone is "eu-west-a" and a's rack is "r1": merged, every value is prefixed by its cluster. b has
     # no rack level: there each node is a rack of its own (the narrowest level b has), so no rack spans nodes of b.
-    f = fleet(cluster("a", group("n", nodes=3, per_rack=3)), cluster("b", group("n", nodes=3, per_rack=3), levels=(ZONE,)))
+    f = fleet(
+        cluster("a", group("n", nodes=3, per_rack=3)), cluster("b", group("n", nodes=3, per_rack=3), levels=(ZONE,))
+    )
     levels, nodes, owner = merged_nodes(f)
     assert [lv.name for lv in levels] == ["zone", "rack", "host"]
     assert {n.topology[0] for n in nodes} == {"a/eu-west-a", "b/eu-west-a"}
@@ -199,10 +227,16 @@ def test_merged_keeps_the_original_clusters_domains_apart() -> None:
 
 def _busy_fleet() -> FleetSpec:
     return fleet(
-        cluster("train", group("h", nodes=8, per_rack=4, racks_per_block=2), levels=(ZONE, BLOCK, RACK), background=0.3),
+        cluster(
+            "train", group("h", nodes=8, per_rack=4, racks_per_block=2), levels=(ZONE, BLOCK, RACK), background=0.3
+        ),
         cluster("infer", group("mig", A100, nodes=2, mig="all-1g.10gb"), group("a", A100, nodes=4), background=1.0),
-        cluster("nvl", group("gb", "NVIDIA-GB200", nodes=8, per_rack=8, gpus=4, clique_nodes=4), levels=(ZONE, NVLINK),
-                background=0.1),
+        cluster(
+            "nvl",
+            group("gb", "NVIDIA-GB200", nodes=8, per_rack=8, gpus=4, clique_nodes=4),
+            levels=(ZONE, NVLINK),
+            background=0.1,
+        ),
         tenants=(TenantSpec("research", 2.0, quota=(("GPU-A", 32), ("*", 48))), TenantSpec("product", 1.0)),
     )
 
@@ -219,22 +253,63 @@ def _busy_items(seed: int, n: int = 160) -> list[WorkItem]:
         if kind < 0.3:
             out.append(item(name, t, rng.uniform(100, 900), replicas=rng.choice((2, 4)), level="rack", tenant=tenant))
         elif kind < 0.45:
-            out.append(item(name, t, rng.uniform(100, 900), replicas=rng.choice((2, 4)), gpus=4, level="nvlink",
-                            models=("NVIDIA-GB200",), tenant=tenant))
+            out.append(
+                item(
+                    name,
+                    t,
+                    rng.uniform(100, 900),
+                    replicas=rng.choice((2, 4)),
+                    gpus=4,
+                    level="nvlink",
+                    models=("NVIDIA-GB200",),
+                    tenant=tenant,
+                )
+            )
         elif kind < 0.6:
             out.append(item(name, t, rng.uniform(100, 900), replicas=4, level="block", min_replicas=2, tenant=tenant))
         elif kind < 0.8:
-            out.append(WorkItem(name, tenant, "inference", t, rng.uniform(100, 900), 1, 0, mig_profile="1g.10gb",
-                                mig_count=rng.choice((1, 2)), cpu_milli=1000, memory_bytes=4 << 30, gpu_models=(A100,)))
+            out.append(
+                WorkItem(
+                    name,
+                    tenant,
+                    "inference",
+                    t,
+                    rng.uniform(100, 900),
+                    1,
+                    0,
+                    mig_profile="1g.10gb",
+                    mig_count=rng.choice((1, 2)),
+                    cpu_milli=1000,
+                    memory_bytes=4 << 30,
+                    gpu_models=(A100,),
+                )
+            )
         else:
             out.append(item(name, t, rng.uniform(60, 600), gpus=rng.choice((1, 2)), tenant=tenant))
     return out
 
 
 def _digest(result: RunResult) -> tuple[object, ...]:
-    return (tuple((o.item.name, o.placed_s, o.started_s, o.finished_s, o.cluster, o.domains, o.dispatches,
-                   o.false_dispatches, o.false_dispatch_causes, o.duplicates) for o in result.outcomes),
-            tuple(result.allocation), result.background_pods, result.makespan_s)
+    return (
+        tuple(
+            (
+                o.item.name,
+                o.placed_s,
+                o.started_s,
+                o.finished_s,
+                o.cluster,
+                o.domains,
+                o.dispatches,
+                o.false_dispatches,
+                o.false_dispatch_causes,
+                o.duplicates,
+            )
+            for o in result.outcomes
+        ),
+        tuple(result.allocation),
+        result.background_pods,
+        result.makespan_s,
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -268,10 +343,17 @@ def test_two_tenants_weighted_one_to_three_share_a_saturated_cluster_one_to_thre
     # One 32-GPU cluster; each tenant submits a 4-GPU job every 4 s (~100 s each): together 200 GPUs asked of 32.
     # Equal job sizes, so what is measured is the queue's fair-share order, not backfill (a smaller job of the
     # tenant over its share fitting where the next job of the other does not, which the broker allows).
-    f = fleet(cluster("c", group("n", nodes=4, per_rack=4)), tenants=(TenantSpec("light", 1.0), TenantSpec("heavy", 3.0)))
+    f = fleet(
+        cluster("c", group("n", nodes=4, per_rack=4)), tenants=(TenantSpec("light", 1.0), TenantSpec("heavy", 3.0))
+    )
     rng = random.Random(0)
-    items = [item(f"{tenant}-{i:03d}", round(i * 4.0 + rng.random(), 3), round(rng.uniform(50, 150), 3), gpus=4,
-                  tenant=tenant) for i in range(300) for tenant in ("light", "heavy")]
+    items = [
+        item(
+            f"{tenant}-{i:03d}", round(i * 4.0 + rng.random(), 3), round(rng.uniform(50, 150), 3), gpus=4, tenant=tenant
+        )
+        for i in range(300)
+        for tenant in ("light", "heavy")
+    ]
     result = run_fast(f, items, policy="tandem", seed=0)
     start, end = 300.0, 1500.0  # after the queue saturated, before either tenant's stream runs dry
     held = {"light": 0.0, "heavy": 0.0}
@@ -301,14 +383,32 @@ def test_nodes_of_matches_what_the_extender_reads_from_the_fleets_node_objects()
         for a, b in zip(mine, real):
             assert a.topology == b.topology, a.name
             assert (a.gpus, a.extended_free, a.taints) == (b.gpus, b.extended_free, b.taints), a.name
-            assert (a.cpu_milli_free, a.memory_free, a.pods_free, a.gpu_model) == \
-                (b.cpu_milli_free, b.memory_free, b.pods_free, b.gpu_model), a.name
+            assert (a.cpu_milli_free, a.memory_free, a.pods_free, a.gpu_model) == (
+                b.cpu_milli_free,
+                b.memory_free,
+                b.pods_free,
+                b.gpu_model,
+            ), a.name
 
 
 def test_mig_slices_run_on_mig_nodes_and_count_as_sevenths() -> None:
     f = fleet(cluster("infer", group("mig", A100, nodes=1, gpus=1, mig="all-1g.10gb")))
-    items = [WorkItem(f"i{k}", "t", "inference", 0.0, 600.0, 1, 0, mig_profile="1g.10gb", mig_count=2,
-                      cpu_milli=1000, memory_bytes=4 << 30) for k in range(4)]
+    items = [
+        WorkItem(
+            f"i{k}",
+            "t",
+            "inference",
+            0.0,
+            600.0,
+            1,
+            0,
+            mig_profile="1g.10gb",
+            mig_count=2,
+            cpu_milli=1000,
+            memory_bytes=4 << 30,
+        )
+        for k in range(4)
+    ]
     result = run_fast(f, items, policy="tandem", seed=0)
     started = sorted(o.started_s for o in result.outcomes if o.started_s is not None)
     assert len(started) == 4 and started[2] == started[0] and started[3] >= 600.0  # 7 slices: three pairs at once
@@ -317,8 +417,9 @@ def test_mig_slices_run_on_mig_nodes_and_count_as_sevenths() -> None:
 
 def test_a_job_no_cluster_could_ever_hold_is_never_queued() -> None:
     f = fleet(cluster("a", group("n", nodes=2, per_rack=2)))
-    result = run_fast(f, [item("huge", 0.0, 10.0, replicas=3, level="rack"), item("ok", 0.0, 10.0)],
-                      policy="tandem", seed=0)
+    result = run_fast(
+        f, [item("huge", 0.0, 10.0, replicas=3, level="rack"), item("ok", 0.0, 10.0)], policy="tandem", seed=0
+    )
     assert outcome(result, "huge").placed_s is None and outcome(result, "ok").finished_s == 10.5
     assert any("could not fit any cluster" in n for n in result.notes)
 

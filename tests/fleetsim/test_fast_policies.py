@@ -30,10 +30,21 @@ WIDE = ClusterSpec("a", "eu", "training", (ZONE, RACK), (hgx(6, 2),))
 RACKED = ClusterSpec("b", "eu", "training", (ZONE, RACK), (hgx(4, 4),))
 
 
-def gang(name: str, replicas: int, *, at: float = 0.5, duration: float = 600.0, tenant: str = "t",
-         level: str = "rack") -> WorkItem:
-    return WorkItem(name, tenant, "gang", at, duration, replicas=replicas, gpus=8, cpu_milli=16_000,
-                    memory_bytes=64 << 30, required_level=level)
+def gang(
+    name: str, replicas: int, *, at: float = 0.5, duration: float = 600.0, tenant: str = "t", level: str = "rack"
+) -> WorkItem:
+    return WorkItem(
+        name,
+        tenant,
+        "gang",
+        at,
+        duration,
+        replicas=replicas,
+        gpus=8,
+        cpu_milli=16_000,
+        memory_bytes=64 << 30,
+        required_level=level,
+    )
 
 
 def only(result_outcomes: list[Outcome]) -> Outcome:
@@ -93,8 +104,11 @@ def test_tandem_never_splits_a_gang_on_the_default_fleet(policy: str) -> None:
 def test_weighted_fair_share_under_a_saturating_stream() -> None:
     tenants = (TenantSpec("light", weight=1.0), TenantSpec("heavy", weight=3.0))
     pool = ClusterSpec("p", "eu", "training", (ZONE, RACK), (hgx(8, 8),))
-    items = [gang(f"{t.name}-{i}", 1, at=0.5 + i, duration=600.0, tenant=t.name, level="")
-             for t in tenants for i in range(120)]
+    items = [
+        gang(f"{t.name}-{i}", 1, at=0.5 + i, duration=600.0, tenant=t.name, level="")
+        for t in tenants
+        for i in range(120)
+    ]
     run = run_fast(fleet(pool, tenants=tenants), items, policy="tandem", seed=0, params=QUIET)
     window = 2 * 3600.0  # both keep a backlog throughout: at its share heavy runs 72 of its 120 jobs, light 24
     got = {t.name: 0.0 for t in tenants}

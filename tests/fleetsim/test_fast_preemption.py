@@ -19,9 +19,11 @@ def _two_racks():  # type: ignore[no-untyped-def]
 
 
 def test_the_owner_takes_borrowed_gpus_back_and_the_victim_finishes_later() -> None:
-    work = [item("b1", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
-            item("b2", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
-            item("own", 1000.0, 2000.0, replicas=2, tenant="owner", level="rack")]
+    work = [
+        item("b1", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
+        item("b2", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
+        item("own", 1000.0, 2000.0, replicas=2, tenant="owner", level="rack"),
+    ]
     sim = FastSim(_two_racks(), work, policy="tandem-fair", seed=0, params=P)
     r = sim.run()
     own = outcome(r, "own")
@@ -39,21 +41,30 @@ def test_the_owner_takes_borrowed_gpus_back_and_the_victim_finishes_later() -> N
 
 
 def test_without_preemption_the_owner_waits_for_the_borrowers() -> None:
-    work = [item("b1", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
-            item("b2", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
-            item("own", 1000.0, 2000.0, replicas=2, tenant="owner", level="rack")]
+    work = [
+        item("b1", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
+        item("b2", 0.0, 5000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
+        item("own", 1000.0, 2000.0, replicas=2, tenant="owner", level="rack"),
+    ]
     r = FastSim(_two_racks(), work, policy="tandem", seed=0, params=P).run()
     assert not any(o.preemptions for o in r.outcomes) and r.preemptions == {}
     assert outcome(r, "own").started_s is not None and outcome(r, "own").started_s >= 5000.0  # type: ignore[operator]
 
 
 def test_a_job_that_is_not_preemptible_is_never_a_victim() -> None:
-    work = [item("b1", 0.0, 5000.0, replicas=2, tenant="owner", level="rack"),
-            item("b2", 0.0, 5000.0, replicas=2, tenant="owner", level="rack"),
-            item("late", 1000.0, 2000.0, replicas=2, tenant="borrower", level="rack", preemptible=True)]
+    work = [
+        item("b1", 0.0, 5000.0, replicas=2, tenant="owner", level="rack"),
+        item("b2", 0.0, 5000.0, replicas=2, tenant="owner", level="rack"),
+        item("late", 1000.0, 2000.0, replicas=2, tenant="borrower", level="rack", preemptible=True),
+    ]
     tenants = (TenantSpec("owner"), TenantSpec("borrower", quota=(("*", 16),)))
-    r = FastSim(fleet(cluster("c", group("g", nodes=4, per_rack=2)), tenants=tenants), work,
-                policy="tandem-fair", seed=0, params=P).run()
+    r = FastSim(
+        fleet(cluster("c", group("g", nodes=4, per_rack=2)), tenants=tenants),
+        work,
+        policy="tandem-fair",
+        seed=0,
+        params=P,
+    ).run()
     assert not any(o.preemptions for o in r.outcomes)
     assert outcome(r, "late").started_s is not None and outcome(r, "late").started_s >= 5000.0  # type: ignore[operator]
 
@@ -77,8 +88,11 @@ def test_a_held_rack_drains_for_its_gang_and_only_a_job_that_ends_before_backfil
         return item(name, at, duration, max_runtime_s=declared_max_runtime(duration), **kw)
 
     work = [job(f"f{k}", 0.0, d) for k, d in enumerate((1000.0, 3000.0, 5000.0, 6000.0))]
-    work += [job("gang", 10.0, 1000.0, replicas=2, level="rack"), job("long", 200.0, 5000.0),
-             job("short", 200.0, 300.0)]
+    work += [
+        job("gang", 10.0, 1000.0, replicas=2, level="rack"),
+        job("long", 200.0, 5000.0),
+        job("short", 200.0, 300.0),
+    ]
     f = fleet(cluster("c", group("g", nodes=4, per_rack=2)))
     params = FastParams(hold_after_s=100.0)
     fair = FastSim(f, work, policy="tandem-fair", seed=0, params=params)

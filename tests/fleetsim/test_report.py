@@ -17,14 +17,23 @@ RACK = Level("rack", "network.example.com/rack")
 
 
 def group(name: str, nodes: int) -> NodeGroup:
-    return NodeGroup(name, "NVIDIA-H100-80GB-HBM3", nodes=nodes, gpus_per_node=8, gpu_memory_mib=81559,
-                     cpu_cores=192, memory_gib=2048)
+    return NodeGroup(
+        name,
+        "NVIDIA-H100-80GB-HBM3",
+        nodes=nodes,
+        gpus_per_node=8,
+        gpu_memory_mib=81559,
+        cpu_cores=192,
+        memory_gib=2048,
+    )
 
 
 FLEET = FleetSpec(
     "two",
-    (ClusterSpec("a", "eu-west", "training", (RACK,), (group("ga", 1),)),
-     ClusterSpec("b", "eu-north", "training", (RACK,), (group("gb", 1),))),
+    (
+        ClusterSpec("a", "eu-west", "training", (RACK,), (group("ga", 1),)),
+        ClusterSpec("b", "eu-north", "training", (RACK,), (group("gb", 1),)),
+    ),
     (TenantSpec("big", 3.0), TenantSpec("small", 1.0), TenantSpec("idle", 1.0)),
 )
 
@@ -33,21 +42,48 @@ def item(name: str, *, tenant: str = "big", replicas: int = 1, gpus: int = 1) ->
     return WorkItem(name, tenant, "gang" if replicas > 1 else "batch", 0.0, 100.0, replicas=replicas, gpus=gpus)
 
 
-def started(name: str, wait: float, *, tenant: str = "big", replicas: int = 1, gpus: int = 1,
-            domains: tuple[str, ...] = (), dispatches: int = 0, false_dispatches: int = 0,
-            false_dispatch_causes: tuple[str, ...] = (), duplicates: int = 0) -> Outcome:
+def started(
+    name: str,
+    wait: float,
+    *,
+    tenant: str = "big",
+    replicas: int = 1,
+    gpus: int = 1,
+    domains: tuple[str, ...] = (),
+    dispatches: int = 0,
+    false_dispatches: int = 0,
+    false_dispatch_causes: tuple[str, ...] = (),
+    duplicates: int = 0,
+) -> Outcome:
     """An item submitted at 0 that started after `wait` seconds and ran 100 s."""
-    return Outcome(item(name, tenant=tenant, replicas=replicas, gpus=gpus), 0.0, placed_s=wait, started_s=wait,
-                   finished_s=wait + 100.0, cluster="a", domains=domains, dispatches=dispatches,
-                   false_dispatches=false_dispatches, false_dispatch_causes=false_dispatch_causes,
-                   duplicates=duplicates)
+    return Outcome(
+        item(name, tenant=tenant, replicas=replicas, gpus=gpus),
+        0.0,
+        placed_s=wait,
+        started_s=wait,
+        finished_s=wait + 100.0,
+        cluster="a",
+        domains=domains,
+        dispatches=dispatches,
+        false_dispatches=false_dispatches,
+        false_dispatch_causes=false_dispatch_causes,
+        duplicates=duplicates,
+    )
 
 
-def run(outcomes: list[Outcome], *, mode: str = "fast", policy: str = "tandem", seed: int = 0,
-        allocation: list[tuple[float, dict[str, float]]] | None = None, makespan_s: float = 0.0,
-        fleet: FleetSpec = FLEET, notes: list[str] | None = None, latency: list[float] | None = None) -> RunResult:
-    return RunResult(mode, policy, fleet, seed, outcomes, allocation or [], latency or [], 0, makespan_s,
-                     notes or [])
+def run(
+    outcomes: list[Outcome],
+    *,
+    mode: str = "fast",
+    policy: str = "tandem",
+    seed: int = 0,
+    allocation: list[tuple[float, dict[str, float]]] | None = None,
+    makespan_s: float = 0.0,
+    fleet: FleetSpec = FLEET,
+    notes: list[str] | None = None,
+    latency: list[float] | None = None,
+) -> RunResult:
+    return RunResult(mode, policy, fleet, seed, outcomes, allocation or [], latency or [], 0, makespan_s, notes or [])
 
 
 def only_group(summary: dict[str, Any]) -> dict[str, Any]:
@@ -67,8 +103,11 @@ def test_percentile_interpolates_between_ranks() -> None:
 
 def test_queueing_delay_percentiles_overall_per_tenant_and_per_gang_size() -> None:
     outcomes = [started(f"j{i}", float(i), tenant="big" if i % 2 else "small") for i in range(1, 21)]
-    outcomes += [started("g4", 500.0, replicas=4), started("g16", 900.0, replicas=16),
-                 started("g40", 1800.0, replicas=40)]
+    outcomes += [
+        started("g4", 500.0, replicas=4),
+        started("g16", 900.0, replicas=16),
+        started("g40", 1800.0, replicas=40),
+    ]
     never = Outcome(item("late"), 0.0)
     g = only_group(summarise([run(outcomes + [never])]))
     delays = g["queueing_delay_s"]
@@ -89,7 +128,16 @@ def test_queueing_delay_percentiles_overall_per_tenant_and_per_gang_size() -> No
 
 def test_gang_buckets() -> None:
     assert [gang_bucket(n) for n in (1, 2, 7, 8, 15, 16, 31, 32, 64)] == [
-        "1", "2-7", "2-7", "8-15", "8-15", "16-31", "16-31", "32+", "32+"]
+        "1",
+        "2-7",
+        "2-7",
+        "8-15",
+        "8-15",
+        "16-31",
+        "16-31",
+        "32+",
+        "32+",
+    ]
 
 
 def test_split_gangs_count_outcomes_on_more_than_one_domain() -> None:
@@ -106,8 +154,14 @@ def test_false_dispatch_rate_causes_replans_and_duplicates() -> None:
     outcomes = [
         started("a", 1.0, dispatches=1),
         started("b", 1.0, dispatches=2, false_dispatches=1, false_dispatch_causes=("GANG_TIMEOUT",)),
-        started("c", 1.0, dispatches=3, false_dispatches=2,
-                false_dispatch_causes=("REJECTED:NO_FIT", "GANG_TIMEOUT"), duplicates=2),
+        started(
+            "c",
+            1.0,
+            dispatches=3,
+            false_dispatches=2,
+            false_dispatch_causes=("REJECTED:NO_FIT", "GANG_TIMEOUT"),
+            duplicates=2,
+        ),
         Outcome(item("never"), 0.0),  # never dispatched
     ]
     g = only_group(summarise([run(outcomes)]))
@@ -141,8 +195,10 @@ def test_allocation_without_elapsed_time_is_a_plain_mean_and_without_samples_non
 
 
 def test_allocation_over_seeds_mean_and_p50() -> None:
-    runs = [run([], seed=s, allocation=[(0.0, {"a": a, "b": 0.0})], makespan_s=10.0)
-            for s, a in ((0, 1.6), (1, 3.2), (2, 9.6))]  # 10 %, 20 %, 60 % of 16 GPUs
+    runs = [
+        run([], seed=s, allocation=[(0.0, {"a": a, "b": 0.0})], makespan_s=10.0)
+        for s, a in ((0, 1.6), (1, 3.2), (2, 9.6))
+    ]  # 10 %, 20 %, 60 % of 16 GPUs
     alloc = only_group(summarise(runs))["allocation"]
     assert alloc["mean_pct"] == pytest.approx(30.0)
     assert alloc["p50_over_seeds_pct"] == pytest.approx(20.0)
@@ -174,8 +230,7 @@ def test_fair_share_counts_an_unfinished_item_until_the_run_ends() -> None:
 
 def test_groups_per_mode_and_policy_with_decision_latency_and_makespan() -> None:
     runs = [
-        run([started("a", 1.0)], mode="fast", policy="tandem", seed=0, makespan_s=100.0,
-            latency=[0.001, 0.002, 0.003]),
+        run([started("a", 1.0)], mode="fast", policy="tandem", seed=0, makespan_s=100.0, latency=[0.001, 0.002, 0.003]),
         run([started("a", 1.0)], mode="fast", policy="tandem", seed=1, makespan_s=300.0),
         run([started("a", 1.0)], mode="fast", policy="round-robin", seed=0, makespan_s=50.0),
         run([started("a", 1.0)], mode="wire", policy="tandem", seed=0, makespan_s=60.0),
@@ -193,8 +248,10 @@ def test_groups_per_mode_and_policy_with_decision_latency_and_makespan() -> None
 
 def test_notes_say_which_runs_they_come_from_and_synthesised_topology() -> None:
     synthetic = FleetSpec(FLEET.name, FLEET.clusters, FLEET.tenants, synthesised_topology=True)
-    runs = [run([], mode="wire", notes=["time compressed 60x", "shared"], fleet=synthetic),
-            run([], mode="fast", notes=["shared"], fleet=synthetic)]
+    runs = [
+        run([], mode="wire", notes=["time compressed 60x", "shared"], fleet=synthetic),
+        run([], mode="fast", notes=["shared"], fleet=synthetic),
+    ]
     notes = summarise(runs)["notes"]
     assert any("synthesised" in n for n in notes)
     assert "time compressed 60x (wire/tandem seed 0)" in notes
@@ -202,11 +259,13 @@ def test_notes_say_which_runs_they_come_from_and_synthesised_topology() -> None:
 
 
 def test_summary_table_has_a_row_per_mode_and_policy() -> None:
-    outcomes = [started("g", 600.0, replicas=16, dispatches=4, false_dispatches=1,
-                        false_dispatch_causes=("GANG_TIMEOUT",))]
-    runs = [run(outcomes, mode="fast", policy="aggregate", allocation=[(0.0, {"a": 8.0, "b": 0.0})],
-                makespan_s=7200.0),
-            run(outcomes, mode="wire", policy="tandem", makespan_s=60.0)]
+    outcomes = [
+        started("g", 600.0, replicas=16, dispatches=4, false_dispatches=1, false_dispatch_causes=("GANG_TIMEOUT",))
+    ]
+    runs = [
+        run(outcomes, mode="fast", policy="aggregate", allocation=[(0.0, {"a": 8.0, "b": 0.0})], makespan_s=7200.0),
+        run(outcomes, mode="wire", policy="tandem", makespan_s=60.0),
+    ]
     lines = summary_table(summarise(runs)).splitlines()
     assert len(lines) == 4
     assert lines[0].split()[:2] == ["policy", "mode"]
@@ -219,22 +278,47 @@ def test_summary_table_has_a_row_per_mode_and_policy() -> None:
 
 
 def test_write_report_writes_markdown_json_and_pngs(tmp_path: Path) -> None:
-    outcomes = [started(f"j{i}", 10.0 * i, tenant=("big", "small")[i % 2], replicas=(1, 4, 16)[i % 3],
-                        domains=("r1", "r2") if i == 4 else ("r1",), dispatches=1 + (i == 5),
-                        false_dispatches=int(i == 5), false_dispatch_causes=("GANG_TIMEOUT|LOST",) if i == 5 else ())
-                for i in range(12)]
+    outcomes = [
+        started(
+            f"j{i}",
+            10.0 * i,
+            tenant=("big", "small")[i % 2],
+            replicas=(1, 4, 16)[i % 3],
+            domains=("r1", "r2") if i == 4 else ("r1",),
+            dispatches=1 + (i == 5),
+            false_dispatches=int(i == 5),
+            false_dispatch_causes=("GANG_TIMEOUT|LOST",) if i == 5 else (),
+        )
+        for i in range(12)
+    ]
     samples = [(60.0 * t, {"a": float(t % 9), "b": 4.0}) for t in range(30)]
-    runs = [run(outcomes, mode="fast", policy=p, seed=s, allocation=samples, makespan_s=1800.0)
-            for p in ("tandem", "aggregate") for s in (0, 1)]
-    runs.append(run(outcomes, mode="wire", policy="tandem", allocation=samples, makespan_s=1800.0,
-                    notes=["wire mode: time compressed 60x"]))
+    runs = [
+        run(outcomes, mode="fast", policy=p, seed=s, allocation=samples, makespan_s=1800.0)
+        for p in ("tandem", "aggregate")
+        for s in (0, 1)
+    ]
+    runs.append(
+        run(
+            outcomes,
+            mode="wire",
+            policy="tandem",
+            allocation=samples,
+            makespan_s=1800.0,
+            notes=["wire mode: time compressed 60x"],
+        )
+    )
     out = tmp_path / "sim" / "results" / "run1"
     report = write_report(runs, out)
 
     assert report == out / "report.md"
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["allocation-fast.png", "allocation-wire.png", "queueing-fast.png", "queueing-wire.png",
-                    "splits-false-dispatches.png"]
+    assert pngs == [
+        "allocation-fast.png",
+        "allocation-wire.png",
+        "queueing-fast.png",
+        "queueing-wire.png",
+        "splits-false-dispatches.png",
+    ]
     for name in pngs:
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 1000

@@ -12,7 +12,6 @@ import math
 from pathlib import Path
 
 import pytest
-from tandem.v1 import inventory_pb2 as inv
 
 from broker.api.serde_inventory import node_from_proto
 from fleetsim.scale import (
@@ -26,12 +25,16 @@ from fleetsim.scale import (
     record_inventory,
     run_scale,
 )
+from tandem.v1 import inventory_pb2 as inv
 
 pytestmark = pytest.mark.timeout(180)
 
 LAYOUT = FleetLayout(clusters=3, nodes=20, nodes_per_rack=5, racks_per_block=2)
-MIX = (JobKind("1 x 8 GPUs", 1, "", 0.2), JobKind("4 x 8 GPUs, one rack", 4, "rack", 0.2),
-       JobKind("8 x 8 GPUs, one block", 8, "block", 0.6))
+MIX = (
+    JobKind("1 x 8 GPUs", 1, "", 0.2),
+    JobKind("4 x 8 GPUs, one rack", 4, "rack", 0.2),
+    JobKind("8 x 8 GPUs, one block", 8, "block", 0.6),
+)
 RUN_SECONDS = (1.0, 1.5)
 
 
@@ -74,8 +77,16 @@ def test_job_mix_keeps_its_proportions() -> None:
 
 
 async def test_small_fleet_places_every_job_within_what_each_cluster_holds(tmp_path: Path) -> None:
-    result = await run_scale(tmp_path, LAYOUT, [Phase(jobs=10, rate_per_s=20.0)], mix=MIX, run_seconds=RUN_SECONDS,
-                             settle_s=0.5, place_timeout_s=60.0, drain_timeout_s=60.0)
+    result = await run_scale(
+        tmp_path,
+        LAYOUT,
+        [Phase(jobs=10, rate_per_s=20.0)],
+        mix=MIX,
+        run_seconds=RUN_SECONDS,
+        settle_s=0.5,
+        place_timeout_s=60.0,
+        drain_timeout_s=60.0,
+    )
     phase, tally = result.phases[0], result.tally
     assert phase.refused == []
     assert phase.placed == 10 and len(tally.placements) == 10

@@ -59,14 +59,21 @@ def test_default_fleet_matches_its_description() -> None:
     assert [c.name for c in fleet.clusters] == ["train-h100", "infer-a100", "batch-mixed", "gb200-nvl"]
     assert 100 <= sum(nodes_of(c) for c in fleet.clusters) <= 150 and 700 <= fleet.gpus <= 1000
     assert {c.name: (nodes_of(c), c.gpus) for c in fleet.clusters} == {
-        "train-h100": (48, 384), "infer-a100": (24, 192), "batch-mixed": (36, 176), "gb200-nvl": (36, 144)}
+        "train-h100": (48, 384),
+        "infer-a100": (24, 192),
+        "batch-mixed": (36, 176),
+        "gb200-nvl": (36, 144),
+    }
     assert not fleet.synthesised_topology
 
     train = cluster(fleet, "train-h100")
     assert (train.region, train.role) == ("eu-west", "training")
     assert [lv.name for lv in train.levels] == ["zone", "block", "rack"]
     assert [lv.key for lv in train.levels] == [
-        "topology.kubernetes.io/zone", "network.example.com/block", "network.example.com/rack"]
+        "topology.kubernetes.io/zone",
+        "network.example.com/block",
+        "network.example.com/rack",
+    ]
     assert {g.gpu_model for g in train.groups} == {H100, H200}
     assert all(g.gpus_per_node == 8 and 4 <= g.nodes_per_rack <= 8 and not g.mig for g in train.groups)
 
@@ -115,6 +122,7 @@ def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], None]:
         for p in path[:-1]:
             node = node[p]
         node[path[-1]] = value
+
     return apply
 
 
@@ -129,37 +137,67 @@ def _append_copy_of_first_group(doc: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("change", "field", "text"),
     [
-        (_set(("clusters", 1, "groups", 0, "nodez"), 3), "clusters[1](infer-a100).groups[0](a100-mig).nodez",
-         "unknown field 'nodez'; did you mean 'nodes'?"),
+        (
+            _set(("clusters", 1, "groups", 0, "nodez"), 3),
+            "clusters[1](infer-a100).groups[0](a100-mig).nodez",
+            "unknown field 'nodez'; did you mean 'nodes'?",
+        ),
         (_set(("tenantz",), []), "tenantz", "unknown field 'tenantz'; did you mean 'tenants'?"),
         (_append_copy_of_first_cluster, "clusters[4](train-h100).name", "duplicate cluster 'train-h100'"),
         (_append_copy_of_first_group, "clusters[0](train-h100).groups[2](h100).name", "duplicate node group 'h100'"),
-        (_set(("clusters", 2, "groups", 1, "nodes"), -2), "clusters[2](batch-mixed).groups[1](t4).nodes",
-         "greater than or equal to 1"),
-        (_set(("clusters", 0, "groups", 0, "gpus_per_node"), 0),
-         "clusters[0](train-h100).groups[0](h100).gpus_per_node", "greater than or equal to 1"),
-        (_set(("clusters", 0, "groups", 0, "nodes"), "8"), "clusters[0](train-h100).groups[0](h100).nodes",
-         "valid integer"),
+        (
+            _set(("clusters", 2, "groups", 1, "nodes"), -2),
+            "clusters[2](batch-mixed).groups[1](t4).nodes",
+            "greater than or equal to 1",
+        ),
+        (
+            _set(("clusters", 0, "groups", 0, "gpus_per_node"), 0),
+            "clusters[0](train-h100).groups[0](h100).gpus_per_node",
+            "greater than or equal to 1",
+        ),
+        (
+            _set(("clusters", 0, "groups", 0, "nodes"), "8"),
+            "clusters[0](train-h100).groups[0](h100).nodes",
+            "valid integer",
+        ),
         (_set(("tenants", 1, "weight"), 0), "tenants[1](product).weight", "greater than 0"),
-        (_set(("clusters", 0, "background_pods_per_min"), -1.0), "clusters[0](train-h100).background_pods_per_min",
-         "greater than or equal to 0"),
-        (_set(("clusters", 3, "levels"), ["zone", "clique"]), "clusters[3](gb200-nvl).levels[1].name",
-         "unknown level 'clique'"),
-        (_set(("clusters", 0, "levels"), ["rack", "zone"]), "clusters[0](train-h100).levels[1].name",
-         "out of order"),
-        (_set(("clusters", 2, "groups", 1, "mig"), "all-1g.10gb"), "clusters[2](batch-mixed).groups[1](t4).mig",
-         "'Tesla-T4' has no MIG"),
-        (_set(("clusters", 1, "groups", 0, "mig"), "all-1g.5gb"), "clusters[1](infer-a100).groups[0](a100-mig).mig",
-         "unknown MIG layout 'all-1g.5gb'"),
+        (
+            _set(("clusters", 0, "background_pods_per_min"), -1.0),
+            "clusters[0](train-h100).background_pods_per_min",
+            "greater than or equal to 0",
+        ),
+        (
+            _set(("clusters", 3, "levels"), ["zone", "clique"]),
+            "clusters[3](gb200-nvl).levels[1].name",
+            "unknown level 'clique'",
+        ),
+        (_set(("clusters", 0, "levels"), ["rack", "zone"]), "clusters[0](train-h100).levels[1].name", "out of order"),
+        (
+            _set(("clusters", 2, "groups", 1, "mig"), "all-1g.10gb"),
+            "clusters[2](batch-mixed).groups[1](t4).mig",
+            "'Tesla-T4' has no MIG",
+        ),
+        (
+            _set(("clusters", 1, "groups", 0, "mig"), "all-1g.5gb"),
+            "clusters[1](infer-a100).groups[0](a100-mig).mig",
+            "unknown MIG layout 'all-1g.5gb'",
+        ),
         (_set(("clusters", 0, "name"), "Train_H100"), "clusters[0](Train_H100).name", "not a DNS-1123 label"),
-        (_set(("tenants", 0, "quota"), {"NVIDIA-H100-80GB": 8}), "tenants[0](research).quota.NVIDIA-H100-80GB",
-         "did you mean 'NVIDIA-H100-80GB-HBM3'?"),
-        (_set(("clusters", 0, "groups", 0, "name"), "h" * 50), f"clusters[0](train-h100).groups[0]({'h' * 50}).name",
-         "over 63"),
+        (
+            _set(("tenants", 0, "quota"), {"NVIDIA-H100-80GB": 8}),
+            "tenants[0](research).quota.NVIDIA-H100-80GB",
+            "did you mean 'NVIDIA-H100-80GB-HBM3'?",
+        ),
+        (
+            _set(("clusters", 0, "groups", 0, "name"), "h" * 50),
+            f"clusters[0](train-h100).groups[0]({'h' * 50}).name",
+            "over 63",
+        ),
     ],
 )
 def test_a_bad_fleet_file_names_the_file_and_the_field(
-        tmp_path: Path, change: Callable[[dict[str, Any]], None], field: str, text: str) -> None:
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], field: str, text: str
+) -> None:
     doc = _default_doc()
     change(doc)
     path = tmp_path / "fleet.yaml"
@@ -186,19 +224,45 @@ def test_unreadable_and_non_mapping_files_are_fleet_errors(tmp_path: Path) -> No
 
 
 def test_a_fleet_built_in_code_is_held_to_the_same_rules() -> None:
-    t4 = NodeGroup("t4", "Tesla-T4", nodes=2, gpus_per_node=4, gpu_memory_mib=15360, cpu_cores=48, memory_gib=192,
-                   mig="all-1g.10gb")
-    fleet = FleetSpec("f", (ClusterSpec("c", "r", "batch", (Level("zone", "topology.kubernetes.io/zone"),), (t4,)),),
-                      (TenantSpec("a"),))
+    t4 = NodeGroup(
+        "t4",
+        "Tesla-T4",
+        nodes=2,
+        gpus_per_node=4,
+        gpu_memory_mib=15360,
+        cpu_cores=48,
+        memory_gib=192,
+        mig="all-1g.10gb",
+    )
+    fleet = FleetSpec(
+        "f",
+        (ClusterSpec("c", "r", "batch", (Level("zone", "topology.kubernetes.io/zone"),), (t4,)),),
+        (TenantSpec("a"),),
+    )
     with pytest.raises(FleetSpecError) as caught:
         check_fleet(fleet, "code")
     assert caught.value.field == "clusters[0](c).groups[0](t4).mig"
-    check_fleet(FleetSpec(fleet.name, (ClusterSpec("c", "r", "batch", fleet.clusters[0].levels,
-                                                   (NodeGroup("t4", "Tesla-T4", 2, 4, 15360, 48, 192),)),),
-                          fleet.tenants))
-    dup_quota = FleetSpec(fleet.name, fleet.clusters[:0] + (ClusterSpec("c", "r", "batch", fleet.clusters[0].levels,
-                          (NodeGroup("t4", "Tesla-T4", 2, 4, 15360, 48, 192),)),),
-                          (TenantSpec("a", quota=(("*", 1), ("*", 2))),))
+    check_fleet(
+        FleetSpec(
+            fleet.name,
+            (
+                ClusterSpec(
+                    "c", "r", "batch", fleet.clusters[0].levels, (NodeGroup("t4", "Tesla-T4", 2, 4, 15360, 48, 192),)
+                ),
+            ),
+            fleet.tenants,
+        )
+    )
+    dup_quota = FleetSpec(
+        fleet.name,
+        fleet.clusters[:0]
+        + (
+            ClusterSpec(
+                "c", "r", "batch", fleet.clusters[0].levels, (NodeGroup("t4", "Tesla-T4", 2, 4, 15360, 48, 192),)
+            ),
+        ),
+        (TenantSpec("a", quota=(("*", 1), ("*", 2))),),
+    )
     with pytest.raises(FleetSpecError, match="given twice"):
         check_fleet(dup_quota)
 
@@ -223,8 +287,10 @@ def test_mig_layouts(model: str, layout: str, per_gpu: dict[str, int]) -> None:
     assert mig_layout(model, layout) == per_gpu
 
 
-@pytest.mark.parametrize(("model", "layout"), [("Tesla-T4", "all-1g.10gb"), (A100, "all-1g.10gb+me"),
-                                               (A100, "1g.10gb"), (H100, "all-disabled")])
+@pytest.mark.parametrize(
+    ("model", "layout"),
+    [("Tesla-T4", "all-1g.10gb"), (A100, "all-1g.10gb+me"), (A100, "1g.10gb"), (H100, "all-disabled")],
+)
 def test_impossible_mig_layouts(model: str, layout: str) -> None:
     with pytest.raises(ValueError):
         mig_layout(model, layout)
@@ -252,8 +318,9 @@ def test_node_objects_are_real_format(name: str) -> None:
         assert (n["apiVersion"], n["kind"]) == ("v1", "Node")
         assert set(n["status"]) == set(fixture["status"])
         assert set(n["status"]["nodeInfo"]) == set(fixture["status"]["nodeInfo"])
-        assert [cond["type"] for cond in n["status"]["conditions"]] == \
-            [cond["type"] for cond in fixture["status"]["conditions"]]
+        assert [cond["type"] for cond in n["status"]["conditions"]] == [
+            cond["type"] for cond in fixture["status"]["conditions"]
+        ]
         assert {"type": "Ready", "status": "True"}.items() <= n["status"]["conditions"][-1].items()
         assert n["spec"]["taints"] == fixture["spec"]["taints"]
         labels = n["metadata"]["labels"]
@@ -305,8 +372,9 @@ def test_the_extender_reads_every_node_as_described(name: str) -> None:
         assert node.cpu_milli_allocatable == g.cpu_cores * 1000 and node.memory_allocatable == g.memory_gib << 30
         if g.mig:
             assert node.gpus == ()
-            assert dict(node.extended_free) == {f"nvidia.com/mig-{p}": n * g.gpus_per_node
-                                                for p, n in mig_layout(g.gpu_model, g.mig).items()}
+            assert dict(node.extended_free) == {
+                f"nvidia.com/mig-{p}": n * g.gpus_per_node for p, n in mig_layout(g.gpu_model, g.mig).items()
+            }
             gpus += int(node.labels["nvidia.com/gpu.count"])
         else:
             assert len(node.gpus) == node.free_whole_gpus == g.gpus_per_node
@@ -315,8 +383,12 @@ def test_the_extender_reads_every_node_as_described(name: str) -> None:
             gpus += len(node.gpus)
         # the extender's levels: zone, block, rack, clique, hostname
         assert node.topology == (
-            loc.zone, loc.block if "block" in declared else None, loc.rack if "rack" in declared else None,
-            loc.clique or None, loc.name)
+            loc.zone,
+            loc.block if "block" in declared else None,
+            loc.rack if "rack" in declared else None,
+            loc.clique or None,
+            loc.name,
+        )
     assert gpus == c.gpus
 
 

@@ -27,13 +27,16 @@ SITE_RACK = "topology.example.org/rack"
 
 
 def _levels(rack_key: str) -> tuple[Level, ...]:
-    return (Level("zone", "topology.kubernetes.io/zone"), Level("block", "network.example.com/block"),
-            Level("rack", rack_key), Level("host", "kubernetes.io/hostname"))
+    return (
+        Level("zone", "topology.kubernetes.io/zone"),
+        Level("block", "network.example.com/block"),
+        Level("rack", rack_key),
+        Level("host", "kubernetes.io/hostname"),
+    )
 
 
 def _group(nodes: int) -> tuple[NodeGroup, ...]:
-    return (NodeGroup("hgx", H100, nodes=nodes, gpus_per_node=8, gpu_memory_mib=81559, cpu_cores=224,
-                      memory_gib=2048),)
+    return (NodeGroup("hgx", H100, nodes=nodes, gpus_per_node=8, gpu_memory_mib=81559, cpu_cores=224, memory_gib=2048),)
 
 
 def fleet_and_nodes() -> tuple[FleetSpec, dict[str, list[dict[str, Any]]]]:
@@ -44,11 +47,18 @@ def fleet_and_nodes() -> tuple[FleetSpec, dict[str, list[dict[str, Any]]]]:
         labels[SITE_RACK] = labels.pop("network.example.com/rack")
     fleet = FleetSpec(
         name="two-small-clusters",
-        clusters=(ClusterSpec("a", region="eu-west", role="training", levels=_levels("network.example.com/rack"),
-                              groups=_group(6), background_pods_per_min=0.5),
-                  ClusterSpec("b", region="eu-north", role="training", levels=_levels(SITE_RACK), groups=_group(6))),
-        tenants=(TenantSpec("alpha", weight=2.0, namespace="team-a"),
-                 TenantSpec("beta", quota=(("*", 64),))),
+        clusters=(
+            ClusterSpec(
+                "a",
+                region="eu-west",
+                role="training",
+                levels=_levels("network.example.com/rack"),
+                groups=_group(6),
+                background_pods_per_min=0.5,
+            ),
+            ClusterSpec("b", region="eu-north", role="training", levels=_levels(SITE_RACK), groups=_group(6)),
+        ),
+        tenants=(TenantSpec("alpha", weight=2.0, namespace="team-a"), TenantSpec("beta", quota=(("*", 64),))),
     )
     return fleet, {"a": a_nodes, "b": b_nodes}
 
@@ -56,8 +66,18 @@ def fleet_and_nodes() -> tuple[FleetSpec, dict[str, list[dict[str, Any]]]]:
 ITEMS = [
     WorkItem("batch-8", "alpha", "batch", arrival_s=0, duration_s=400, gpus=8),
     WorkItem("batch-2", "beta", "batch", arrival_s=30, duration_s=400, gpus=2),
-    WorkItem("gang-rack", "alpha", "gang", arrival_s=60, duration_s=500, replicas=4, gpus=8,
-             cpu_milli=16_000, memory_bytes=64 << 30, required_level="rack"),
+    WorkItem(
+        "gang-rack",
+        "alpha",
+        "gang",
+        arrival_s=60,
+        duration_s=500,
+        replicas=4,
+        gpus=8,
+        cpu_milli=16_000,
+        memory_bytes=64 << 30,
+        required_level="rack",
+    ),
     WorkItem("inference-1", "beta", "inference", arrival_s=90, duration_s=600, gpus=1),
     WorkItem("elastic-4", "alpha", "elastic", arrival_s=120, duration_s=400, replicas=2, gpus=4, min_replicas=1),
     WorkItem("batch-4", "beta", "batch", arrival_s=150, duration_s=300, gpus=4, preemptible=True),
@@ -69,8 +89,16 @@ async def test_a_small_fleet_runs_every_item_and_the_rack_gang_lands_whole_where
     fleet, nodes = fleet_and_nodes()
     progress: list[tuple[int, int]] = []
     t0 = time.monotonic()
-    result = await run_wire(fleet, nodes, ITEMS, compression=COMPRESSION, workdir=tmp_path, seed=7,
-                            progress=lambda done, total: progress.append((done, total)), timeout_s=120)
+    result = await run_wire(
+        fleet,
+        nodes,
+        ITEMS,
+        compression=COMPRESSION,
+        workdir=tmp_path,
+        seed=7,
+        progress=lambda done, total: progress.append((done, total)),
+        timeout_s=120,
+    )
     wall_s = time.monotonic() - t0
     print(f"wire run: {wall_s:.1f} s wall; notes: {result.notes}")
 

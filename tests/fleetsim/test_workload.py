@@ -24,12 +24,39 @@ BLOCK = Level("block", "network.example.com/block")
 RACK = Level("rack", "network.example.com/rack")
 CLIQUE = Level("clique", "nvidia.com/gpu.clique")
 
-H100 = NodeGroup("h100", "NVIDIA-H100-80GB-HBM3", nodes=64, gpus_per_node=8, gpu_memory_mib=81559,
-                 cpu_cores=192, memory_gib=2048, nodes_per_rack=8, racks_per_block=4)
-GB200 = NodeGroup("gb200", "NVIDIA-GB200", nodes=36, gpus_per_node=4, gpu_memory_mib=189471, cpu_cores=144,
-                  memory_gib=960, nodes_per_rack=18, racks_per_block=1, clique_nodes=18)
-A100_MIG = NodeGroup("a100", "NVIDIA-A100-SXM4-80GB", nodes=4, gpus_per_node=8, gpu_memory_mib=81920,
-                     cpu_cores=128, memory_gib=1024, mig="all-1g.10gb")
+H100 = NodeGroup(
+    "h100",
+    "NVIDIA-H100-80GB-HBM3",
+    nodes=64,
+    gpus_per_node=8,
+    gpu_memory_mib=81559,
+    cpu_cores=192,
+    memory_gib=2048,
+    nodes_per_rack=8,
+    racks_per_block=4,
+)
+GB200 = NodeGroup(
+    "gb200",
+    "NVIDIA-GB200",
+    nodes=36,
+    gpus_per_node=4,
+    gpu_memory_mib=189471,
+    cpu_cores=144,
+    memory_gib=960,
+    nodes_per_rack=18,
+    racks_per_block=1,
+    clique_nodes=18,
+)
+A100_MIG = NodeGroup(
+    "a100",
+    "NVIDIA-A100-SXM4-80GB",
+    nodes=4,
+    gpus_per_node=8,
+    gpu_memory_mib=81920,
+    cpu_cores=128,
+    memory_gib=1024,
+    mig="all-1g.10gb",
+)
 L4 = NodeGroup("l4", "NVIDIA-L4", nodes=16, gpus_per_node=2, gpu_memory_mib=23034, cpu_cores=32, memory_gib=128)
 
 TENANTS = (TenantSpec("research", 3.0), TenantSpec("prod", 1.0))
@@ -51,8 +78,17 @@ def mixed_fleet() -> FleetSpec:
 
 def plain_fleet() -> FleetSpec:
     """Two H100 clusters with racks of 4 and 8 nodes, no cliques, no MIG."""
-    small_racks = NodeGroup("h100s", H100.gpu_model, nodes=16, gpus_per_node=8, gpu_memory_mib=81559,
-                            cpu_cores=96, memory_gib=1024, nodes_per_rack=4, racks_per_block=2)
+    small_racks = NodeGroup(
+        "h100s",
+        H100.gpu_model,
+        nodes=16,
+        gpus_per_node=8,
+        gpu_memory_mib=81559,
+        cpu_cores=96,
+        memory_gib=1024,
+        nodes_per_rack=4,
+        racks_per_block=2,
+    )
     return fleet(
         ClusterSpec("a", "eu-west", "training", (ZONE, BLOCK, RACK), (small_racks,)),
         ClusterSpec("b", "eu-north", "training", (ZONE, BLOCK, RACK), (H100,)),
@@ -118,8 +154,17 @@ def test_a_clique_level_named_nvlink_is_asked_for_by_that_name() -> None:
 
 def test_sizes_no_cluster_holds_are_never_emitted() -> None:
     # Blocks of 2 racks x 4 nodes hold at most 8 pods: no 16-, 32- or 64-pod gangs.
-    tiny = NodeGroup("h", H100.gpu_model, nodes=8, gpus_per_node=8, gpu_memory_mib=81559, cpu_cores=96,
-                     memory_gib=1024, nodes_per_rack=4, racks_per_block=2)
+    tiny = NodeGroup(
+        "h",
+        H100.gpu_model,
+        nodes=8,
+        gpus_per_node=8,
+        gpu_memory_mib=81559,
+        cpu_cores=96,
+        memory_gib=1024,
+        nodes_per_rack=4,
+        racks_per_block=2,
+    )
     f = fleet(ClusterSpec("only", "r", "training", (BLOCK, RACK), (tiny,)))
     items = training_mix(f, hours=200, load=0.8, seed=1)
     assert max(i.replicas for i in items) == 8

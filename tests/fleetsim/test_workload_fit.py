@@ -28,7 +28,8 @@ NVLINK = Level("nvlink", "nvidia.com/gpu.clique")  # level names as the fleet lo
 MODELS = (  # (model, GPU memory MiB, MIG layouts the loader accepts for it)
     ("NVIDIA-H100-80GB-HBM3", 81559, ("", "", "all-1g.10gb", "all-balanced")),
     ("NVIDIA-A100-SXM4-80GB", 81920, ("", "", "all-1g.10gb", "all-balanced")),
-    ("NVIDIA-GB200", 189471, ("",)), ("NVIDIA-L4", 23034, ("",)),
+    ("NVIDIA-GB200", 189471, ("",)),
+    ("NVIDIA-L4", 23034, ("",)),
 )
 
 
@@ -43,11 +44,19 @@ def groups(draw: st.DrawFn, name: str, nvlink: bool) -> NodeGroup:
     # the core (a missing label makes it unique) but no domain to the closed form.
     cliques = ([] if nvlink else [0, 0]) + [k for k in (2, 4, 9, 18) if per_rack % k == 0]
     return NodeGroup(
-        name, model, nodes=draw(st.integers(1, 48)), gpus_per_node=gpus, gpu_memory_mib=memory,
-        cpu_cores=draw(st.sampled_from([32, 128, 192])), memory_gib=draw(st.sampled_from([128, 1024, 2048])),
+        name,
+        model,
+        nodes=draw(st.integers(1, 48)),
+        gpus_per_node=gpus,
+        gpu_memory_mib=memory,
+        cpu_cores=draw(st.sampled_from([32, 128, 192])),
+        memory_gib=draw(st.sampled_from([128, 1024, 2048])),
         mig=draw(st.sampled_from(layouts)),
-        nodes_per_rack=per_rack, racks_per_block=draw(st.integers(1, 4)), clique_nodes=draw(st.sampled_from(cliques)),
-        zone=draw(st.sampled_from(["", "", "z-b"])))
+        nodes_per_rack=per_rack,
+        racks_per_block=draw(st.integers(1, 4)),
+        clique_nodes=draw(st.sampled_from(cliques)),
+        zone=draw(st.sampled_from(["", "", "z-b"])),
+    )
 
 
 @st.composite
@@ -55,8 +64,15 @@ def fleets(draw: st.DrawFn) -> FleetSpec:
     clusters = []
     for c in range(draw(st.integers(1, 2))):
         levels = tuple(lv for lv in (ZONE, BLOCK, RACK, NVLINK) if draw(st.booleans()))
-        clusters.append(ClusterSpec(f"c{c}", f"region-{c}", "training", levels, tuple(
-            draw(groups(f"g{k}", NVLINK in levels)) for k in range(draw(st.integers(1, 3))))))
+        clusters.append(
+            ClusterSpec(
+                f"c{c}",
+                f"region-{c}",
+                "training",
+                levels,
+                tuple(draw(groups(f"g{k}", NVLINK in levels)) for k in range(draw(st.integers(1, 3)))),
+            )
+        )
     return FleetSpec("f", tuple(clusters), (TenantSpec("t"),))
 
 
@@ -88,8 +104,21 @@ def test_emitted_items_fit_as_the_core_says(fleet: FleetSpec, seed: int) -> None
         return
     shapes: dict[tuple[object, ...], WorkItem] = {}
     for it in items:  # one item of each shape (many arrivals share a template)
-        shapes.setdefault((it.kind, it.replicas, it.gpus, it.gpu_milli, it.mig_profile, it.mig_count, it.cpu_milli,
-                           it.memory_bytes, it.gpu_models, it.required_level), it)
+        shapes.setdefault(
+            (
+                it.kind,
+                it.replicas,
+                it.gpus,
+                it.gpu_milli,
+                it.mig_profile,
+                it.mig_count,
+                it.cpu_milli,
+                it.memory_bytes,
+                it.gpu_models,
+                it.required_level,
+            ),
+            it,
+        )
     for it in shapes.values():
         best = 0
         for cluster in fleet.clusters:

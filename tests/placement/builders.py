@@ -18,7 +18,7 @@ from placement.model import (
     Toleration,
     TopologyLevels,
 )
-from tests.fixtures import fixture_json as fixture  # the placement tests' name for it
+from tests.fixtures import fixture_json as fixture  # noqa: F401 - re-exported: the placement tests' name for it
 
 GIB = 2**30
 GPU_TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")

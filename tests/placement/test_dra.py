@@ -5,7 +5,6 @@ import pytest
 from placement.dra import DraEvaluator, check_selector, device_slices
 from placement.errors import SelectorError
 from placement.model import DraDevice, DraVersion
-
 from tests.placement.builders import GIB, h200_device
 
 H200 = DraDevice(
@@ -43,7 +42,10 @@ H200 = DraDevice(
         ("'gpu.nvidia.com' in device.attributes", True),
         ("'other.example.com' in device.attributes", False),
         ("'profile' in device.attributes['gpu.nvidia.com']", False),
-        ("'profile' in device.attributes['gpu.nvidia.com'] && device.attributes['gpu.nvidia.com'].profile == '1g.10gb'", False),
+        (
+            "'profile' in device.attributes['gpu.nvidia.com'] && device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",
+            False,
+        ),
         ("device.attributes['gpu.nvidia.com'].profile == '1g.10gb' || true", True),
         # an unknown domain is an empty map (Kubernetes rule), so this is false, not an error
         ("'x' in device.attributes['vendor.example.com']", False),
@@ -110,7 +112,9 @@ def test_custom_device_classes() -> None:
         ),
         (DraDevice("gpu.nvidia.com", "p", "gpu-1-mig-19-4-1", {"type": "mig"}), ("minor-1", 0x10)),
         (
-            DraDevice("gpu.nvidia.com", "p", "gpu-0-mig-1g10gb-19-3", {"type": "mig", "parentUUID": "U0"}, {"memorySlice3": 1}),
+            DraDevice(
+                "gpu.nvidia.com", "p", "gpu-0-mig-1g10gb-19-3", {"type": "mig", "parentUUID": "U0"}, {"memorySlice3": 1}
+            ),
             ("U0", 0x08),
         ),
         (DraDevice("other.com", "p", "nic-0", {}), None),
@@ -123,7 +127,6 @@ def test_device_slices(device: DraDevice, slices: tuple[str, int] | None) -> Non
 def test_compile_error_is_a_whole_request_error_even_through_fit() -> None:
     from placement.fit import capacity
     from placement.model import DraRequest
-
     from tests.placement.builders import node, shape
 
     ev = DraEvaluator()

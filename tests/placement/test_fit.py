@@ -7,13 +7,17 @@ from placement.errors import CapacityError
 from placement.fit import Fit, allocate, capacity, release
 from placement.model import DraDevice, DraRequest, LabelRequirement, Node, PodShape, Taint
 from placement.reasons import Reason
-
 from tests.placement.builders import GIB, h200_device, mig_inst, node, shape
 
 R = Reason
 A100_MIG = {
     0: (mig_inst("3g.40gb", 0, 4, used=True), mig_inst("3g.40gb", 4, 4)),
-    1: (mig_inst("1g.10gb", 0, 1), mig_inst("1g.10gb", 1, 1, used=True), mig_inst("2g.20gb", 2, 2), mig_inst("3g.40gb", 4, 4)),
+    1: (
+        mig_inst("1g.10gb", 0, 1),
+        mig_inst("1g.10gb", 1, 1, used=True),
+        mig_inst("2g.20gb", 2, 2),
+        mig_inst("3g.40gb", 4, 4),
+    ),
 }
 H200_DRA = tuple(h200_device(i, allocated=i < 2) for i in range(8))
 IS_H200 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"
@@ -50,7 +54,13 @@ CASES: list[tuple[str, Node, PodShape, int, Reason | None]] = [
     ("not ready", node(ready=False), shape(1), 0, R.NOT_READY),
     ("cordoned", node(cordoned=True), shape(1), 0, R.CORDONED),
     ("taint", node(), shape(1, tolerate=False), 0, R.TAINT_NOT_TOLERATED),
-    ("prefer-no-schedule ignored", node(taints=(Taint("x", "", "PreferNoSchedule"),)), shape(1, tolerate=False), 8, None),
+    (
+        "prefer-no-schedule ignored",
+        node(taints=(Taint("x", "", "PreferNoSchedule"),)),
+        shape(1, tolerate=False),
+        8,
+        None,
+    ),
     ("selector match", node(labels={"pool": "a"}), shape(1, selector={"pool": "a"}), 8, None),
     ("selector mismatch", node(labels={"pool": "b"}), shape(1, selector={"pool": "a"}), 0, R.NODE_SELECTOR_MISMATCH),
     ("cpu-only pod", node(gpus=0), shape(0, cpu=2), 64, None),
@@ -58,17 +68,53 @@ CASES: list[tuple[str, Node, PodShape, int, Reason | None]] = [
     ("mig detailed 2 per pod", node(gpus=2, mig=A100_MIG), shape(mig="3g.40gb", mig_count=2), 1, None),
     ("mig all used", node(gpus=2, mig=A100_MIG), shape(mig="1g.10gb", mig_count=2), 0, R.INSUFFICIENT_MIG),
     ("mig profile absent", node(gpus=2, mig=A100_MIG), shape(mig="7g.80gb"), 0, R.NO_MIG_PROFILE),
-    ("mig mixed counts", node(gpus=0, extended={"nvidia.com/mig-1g.10gb": 5}), shape(mig="1g.10gb", mig_count=2), 2, None),
-    ("mig mixed none free", node(gpus=0, extended={"nvidia.com/mig-1g.10gb": 0}), shape(mig="1g.10gb"), 0, R.INSUFFICIENT_MIG),
+    (
+        "mig mixed counts",
+        node(gpus=0, extended={"nvidia.com/mig-1g.10gb": 5}),
+        shape(mig="1g.10gb", mig_count=2),
+        2,
+        None,
+    ),
+    (
+        "mig mixed none free",
+        node(gpus=0, extended={"nvidia.com/mig-1g.10gb": 0}),
+        shape(mig="1g.10gb"),
+        0,
+        R.INSUFFICIENT_MIG,
+    ),
     ("mig on a non-mig node", node(), shape(mig="1g.10gb"), 0, R.NO_MIG_PROFILE),
     ("extended", node(gpus=0, extended={"example.com/fpga": 3}), shape(extended={"example.com/fpga": 1}), 3, None),
-    ("extended short", node(gpus=0, extended={"example.com/fpga": 1}), shape(extended={"example.com/fpga": 2}), 0, R.INSUFFICIENT_EXTENDED),
+    (
+        "extended short",
+        node(gpus=0, extended={"example.com/fpga": 1}),
+        shape(extended={"example.com/fpga": 2}),
+        0,
+        R.INSUFFICIENT_EXTENDED,
+    ),
     ("dra 4 of 6 free", node(gpus=0, dra=H200_DRA), shape(dra=dra(4, IS_H200)), 1, None),
     ("dra 2 of 6 free", node(gpus=0, dra=H200_DRA), shape(dra=dra(2)), 3, None),
     ("dra 7 of 6 free", node(gpus=0, dra=H200_DRA), shape(dra=dra(7)), 0, R.INSUFFICIENT_DRA_DEVICES),
-    ("dra no match", node(gpus=0, dra=H200_DRA), shape(dra=dra(1, "device.attributes['gpu.nvidia.com'].productName == 'B200'")), 0, R.NO_DRA_DEVICES),
-    ("dra missing attribute", node(gpus=0, dra=H200_DRA), shape(dra=dra(1, "device.attributes['gpu.nvidia.com'].profile == '1g'")), 0, R.DRA_SELECTOR_ERROR),
-    ("dra unknown class", node(gpus=0, dra=H200_DRA), shape(dra=dra(1, cls="fpga.example.com")), 0, R.DRA_CLASS_UNKNOWN),
+    (
+        "dra no match",
+        node(gpus=0, dra=H200_DRA),
+        shape(dra=dra(1, "device.attributes['gpu.nvidia.com'].productName == 'B200'")),
+        0,
+        R.NO_DRA_DEVICES,
+    ),
+    (
+        "dra missing attribute",
+        node(gpus=0, dra=H200_DRA),
+        shape(dra=dra(1, "device.attributes['gpu.nvidia.com'].profile == '1g'")),
+        0,
+        R.DRA_SELECTOR_ERROR,
+    ),
+    (
+        "dra unknown class",
+        node(gpus=0, dra=H200_DRA),
+        shape(dra=dra(1, cls="fpga.example.com")),
+        0,
+        R.DRA_CLASS_UNKNOWN,
+    ),
     ("dra none on node", node(), shape(dra=dra(1)), 0, R.NO_DRA_DEVICES),
     ("dra two requests share devices", node(gpus=0, dra=H200_DRA), shape(dra=dra(2) + dra(1, IS_H200)), 2, None),
 ]
@@ -83,11 +129,21 @@ def test_capacity(name: str, n: Node, s: PodShape, count: int, reason: Reason | 
 
 def test_affinity_terms_or_and_match_fields() -> None:
     n = node("n7", labels={"pool": "a"})
-    ok = PodShape(gpus=1, tolerations=shape(1).tolerations, affinity=((LabelRequirement("pool", "In", ("b",)),), (LabelRequirement("pool", "In", ("a",)),)))
+    ok = PodShape(
+        gpus=1,
+        tolerations=shape(1).tolerations,
+        affinity=((LabelRequirement("pool", "In", ("b",)),), (LabelRequirement("pool", "In", ("a",)),)),
+    )
     assert capacity(n, ok).count == 8
-    bad = PodShape(gpus=1, tolerations=shape(1).tolerations, affinity=((LabelRequirement("pool", "In", ("a",)), LabelRequirement("x", "Exists")),))
+    bad = PodShape(
+        gpus=1,
+        tolerations=shape(1).tolerations,
+        affinity=((LabelRequirement("pool", "In", ("a",)), LabelRequirement("x", "Exists")),),
+    )
     assert capacity(n, bad).reason is R.NODE_SELECTOR_MISMATCH
-    pinned = PodShape(gpus=1, tolerations=shape(1).tolerations, affinity=((LabelRequirement("metadata.name", "In", ("n7",)),),))
+    pinned = PodShape(
+        gpus=1, tolerations=shape(1).tolerations, affinity=((LabelRequirement("metadata.name", "In", ("n7",)),),)
+    )
     assert capacity(n, pinned).count == 8 and capacity(node("n8"), pinned).count == 0
 
 
@@ -138,7 +194,11 @@ def test_allocate_too_many_raises() -> None:
         (node(used=[1]), shape(3), 2),
         (node(gpus=3, milli={0: 200, 1: 700}), shape(1, milli=250), 4),
         (node(gpus=2, mig=A100_MIG), shape(mig="3g.40gb"), 2),
-        (node(gpus=0, extended={"nvidia.com/mig-1g.10gb": 5, "example.com/x": 9}), shape(mig="1g.10gb", extended={"example.com/x": 2}), 2),
+        (
+            node(gpus=0, extended={"nvidia.com/mig-1g.10gb": 5, "example.com/x": 9}),
+            shape(mig="1g.10gb", extended={"example.com/x": 2}),
+            2,
+        ),
         (node(gpus=0, dra=H200_DRA), shape(dra=dra(2)), 3),
     ],
 )
@@ -155,7 +215,9 @@ def _dyn(name: str, profile: str | None, slices: range) -> DraDevice:
         attrs["parentUUID"], attrs["profile"] = "GPU-A", profile
     else:
         attrs["uuid"] = "GPU-A"
-    return DraDevice("gpu.nvidia.com", "p", name, attrs, {f"memorySlice{i}": 1 for i in slices} if profile else {"memory": 80 * GIB})
+    return DraDevice(
+        "gpu.nvidia.com", "p", name, attrs, {f"memorySlice{i}": 1 for i in slices} if profile else {"memory": 80 * GIB}
+    )
 
 
 DYN = (
@@ -190,4 +252,6 @@ def test_custom_device_classes_passed_through() -> None:
 
 
 def test_memory_detail_in_gib() -> None:
-    assert capacity(node("m", mem_gib=8), shape(1, mem_gib=16)).detail == "node m has 8.0Gi memory free, pod needs 16.0Gi"
+    assert (
+        capacity(node("m", mem_gib=8), shape(1, mem_gib=16)).detail == "node m has 8.0Gi memory free, pod needs 16.0Gi"
+    )

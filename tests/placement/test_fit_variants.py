@@ -94,15 +94,25 @@ def node_of_row(a: GpuArrays, row: int) -> Node:
 
 
 def shape_of_demand(d: PodDemand) -> PodShape:
-    return PodShape(gpus=d.gpu_count, gpu_milli=d.gpu_milli if d.gpu_count else GPU_MILLI, gpu_models=d.models,
-                    cpu_milli=d.cpu_milli, memory=d.mem_mib * MIB)
+    return PodShape(
+        gpus=d.gpu_count,
+        gpu_milli=d.gpu_milli if d.gpu_count else GPU_MILLI,
+        gpu_models=d.models,
+        cpu_milli=d.cpu_milli,
+        memory=d.mem_mib * MIB,
+    )
 
 
 @SETTINGS
-@given(node_tables(), st.lists(demands(), max_size=12), st.lists(demands(), min_size=1, max_size=4),
-       st.lists(st.integers(0, 1001), max_size=6))
-def test_replay_array_fit_equals_the_exact_fit(table: NodeTable, placed: list[PodDemand], asked: list[PodDemand],
-                                                max_pods: list[int]) -> None:
+@given(
+    node_tables(),
+    st.lists(demands(), max_size=12),
+    st.lists(demands(), min_size=1, max_size=4),
+    st.lists(st.integers(0, 1001), max_size=6),
+)
+def test_replay_array_fit_equals_the_exact_fit(
+    table: NodeTable, placed: list[PodDemand], asked: list[PodDemand], max_pods: list[int]
+) -> None:
     a = table.arrays()  # the replay's arrays: every node empty
     for row, limit in enumerate(max_pods[: len(a)]):
         a.max_pods[row] = limit
@@ -147,8 +157,9 @@ MIG_RESOURCE = mig.resource_name(MIG_1G)
 
 @st.composite
 def plain_gpu(draw: st.DrawFn, index: int, model: str) -> Gpu:
-    return Gpu(index, model, 81920, draw(st.sampled_from([0, 0, 0, 0, 250, 500, 1000])),
-               healthy=draw(st.integers(0, 19)) > 0)
+    return Gpu(
+        index, model, 81920, draw(st.sampled_from([0, 0, 0, 0, 250, 500, 1000])), healthy=draw(st.integers(0, 19)) > 0
+    )
 
 
 @st.composite
@@ -184,8 +195,21 @@ def _other(draw: st.DrawFn, options: Sequence[object], current: object) -> objec
 def variant(draw: st.DrawFn, base: Node) -> Node:
     """`base` with one field the fit reads changed: a fit signature that missed that field would put both
     in one class although their fits differ."""
-    field = draw(st.sampled_from(["labels", "taints", "ready", "cordoned", "cpu_milli_free", "memory_free",
-                                  "pods_free", "gpus", "extended_free"]))
+    field = draw(
+        st.sampled_from(
+            [
+                "labels",
+                "taints",
+                "ready",
+                "cordoned",
+                "cpu_milli_free",
+                "memory_free",
+                "pods_free",
+                "gpus",
+                "extended_free",
+            ]
+        )
+    )
     value: object
     if field in ("ready", "cordoned"):
         value = not getattr(base, field)
@@ -234,8 +258,11 @@ def fleets_of_copies(draw: st.DrawFn) -> list[Node]:
 def gpu_shapes(draw: st.DrawFn) -> PodShape:
     kind = draw(st.sampled_from(["whole", "share", "mig", "mig3", "cpu"]))
     tolerations: tuple[Toleration, ...] = draw(st.sampled_from([(GPU_TOLERATION,)] * 4 + [()]))
-    common: dict[str, object] = dict(cpu_milli=draw(st.sampled_from([0, 1000, 8000])),
-                                     memory=draw(st.sampled_from([0, 1, 16])) << 30, tolerations=tolerations)
+    common: dict[str, object] = dict(
+        cpu_milli=draw(st.sampled_from([0, 1000, 8000])),
+        memory=draw(st.sampled_from([0, 1, 16])) << 30,
+        tolerations=tolerations,
+    )
     if draw(st.integers(0, 3)) == 0:
         common["gpu_models"] = frozenset(draw(st.lists(st.sampled_from([H100, A100]), min_size=1, max_size=2)))
     selector = draw(st.sampled_from(["", "", "", "rack", "product", "affinity", "name"]))
@@ -264,8 +291,17 @@ def facts_of(nodes: list[Node]) -> list[NodeFacts]:
     for n in nodes:
         sig = extender_facts.fit_signature(n)
         quoted = orjson.dumps(n.name)
-        out.append(NodeFacts(node=n, name=n.name, name_json=quoted, host_prefix=b'{"Host":' + quoted + b',"Score":',
-                             holds=(), pods=(), sig_id=sig_ids.setdefault(sig, len(sig_ids))))
+        out.append(
+            NodeFacts(
+                node=n,
+                name=n.name,
+                name_json=quoted,
+                host_prefix=b'{"Host":' + quoted + b',"Score":',
+                holds=(),
+                pods=(),
+                sig_id=sig_ids.setdefault(sig, len(sig_ids)),
+            )
+        )
     return out
 
 
@@ -293,5 +329,5 @@ def test_extender_verdicts_equal_the_exact_fit(nodes: list[Node], shapes: list[P
             assert exact.reason is not None
             assert code_name(int(sv.codes[i])) == exact.reason.code, n.name
             assert bool(sv.unresolvable[i]) == (not exact.reason.preemptible), n.name
-            (name, message), = orjson.loads(b"{" + sv.frags[i] + b"}").items()
+            ((name, message),) = orjson.loads(b"{" + sv.frags[i] + b"}").items()
             assert name == n.name and message.startswith(exact.detail), (message, exact.detail)

@@ -9,7 +9,6 @@ from placement.inventory import nodes_from_list
 from placement.model import Node
 from placement.podspec import holds_resources, requests_from_claim, shape_from_pod
 from placement.reasons import Reason
-
 from tests.placement.builders import GIB, fixture
 
 
@@ -119,7 +118,9 @@ def test_scheduler_candidates_all_fit(nodes: dict[str, Node], pending: dict[str,
         ("cpu-1", Reason.NO_GPU),
     ],
 )
-def test_want_4_h100_refusal_reasons(nodes: dict[str, Node], pending: dict[str, Any], node: str, reason: Reason) -> None:
+def test_want_4_h100_refusal_reasons(
+    nodes: dict[str, Node], pending: dict[str, Any], node: str, reason: Reason
+) -> None:
     assert capacity(nodes[node], pending["want-4-h100"]).reason is reason
 
 

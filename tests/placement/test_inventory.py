@@ -10,13 +10,29 @@ from placement.model import DraVersion, Taint, TopologyLevels
 
 
 def k8s_node(
-    name: str = "n1", *, gpus: int = 4, ready: str = "True", unschedulable: bool = False, extra: dict[str, str] | None = None, cpu: str = "32"
+    name: str = "n1",
+    *,
+    gpus: int = 4,
+    ready: str = "True",
+    unschedulable: bool = False,
+    extra: dict[str, str] | None = None,
+    cpu: str = "32",
 ) -> dict[str, Any]:
     allocatable = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus), **(extra or {})}
     return {
         "kind": "Node",
-        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559", "acme/rack": "r9"}},
-        "spec": {"unschedulable": unschedulable, "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+        "metadata": {
+            "name": name,
+            "labels": {
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/gpu.memory": "81559",
+                "acme/rack": "r9",
+            },
+        },
+        "spec": {
+            "unschedulable": unschedulable,
+            "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        },
         "status": {"allocatable": allocatable, "conditions": [{"type": "Ready", "status": ready}]},
     }
 
@@ -80,18 +96,32 @@ def test_dra_devices_and_allocations() -> None:
             "devices": [
                 {
                     "name": "gpu-0",
-                    "attributes": {"productName": {"string": "NVIDIA H200"}, "driverVersion": {"version": "580.95.5"}, "numa": {"int": 1}, "ok": {"bool": True}},
+                    "attributes": {
+                        "productName": {"string": "NVIDIA H200"},
+                        "driverVersion": {"version": "580.95.5"},
+                        "numa": {"int": 1},
+                        "ok": {"bool": True},
+                    },
                     "capacity": {"memory": {"value": "141Gi"}},
                 },
                 {"name": "gpu-1", "attributes": {}, "capacity": {}},
             ],
         }
     }
-    claim = {"status": {"allocation": {"devices": {"results": [{"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-1"}]}}}}
+    claim = {
+        "status": {
+            "allocation": {"devices": {"results": [{"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-1"}]}}
+        }
+    }
     taken = allocated_devices([claim, {"status": {}}])
     assert taken == frozenset({("gpu.nvidia.com", "n1", "gpu-1")})
     d0, d1 = dra_devices([slice_], taken)
-    assert d0.attributes == {"productName": "NVIDIA H200", "driverVersion": DraVersion("580.95.5"), "numa": 1, "ok": True}
+    assert d0.attributes == {
+        "productName": "NVIDIA H200",
+        "driverVersion": DraVersion("580.95.5"),
+        "numa": 1,
+        "ok": True,
+    }
     assert d0.capacity == {"memory": 141 * 2**30} and not d0.allocated and d1.allocated
     (n,) = nodes_from_list([k8s_node(gpus=0), {"kind": "ResourceSlice", **slice_}, {"kind": "ResourceClaim", **claim}])
     assert [d.allocated for d in n.dra_devices] == [False, True]

@@ -4,7 +4,6 @@ import pytest
 
 from placement import mig
 from placement.mig import CLASSES_8, CLASSES_A30
-
 from tests.placement.builders import mig_inst
 
 
@@ -89,7 +88,14 @@ def test_can_place_keeps_room_for_bigger_profiles() -> None:
 
 @pytest.mark.parametrize(
     ("occupied", "cls", "n"),
-    [(0, "1g", 7), (mask((0, 4)), "1g", 3), (mask((2, 1)), "2g", 2), (0, "3g", 2), (mask((1, 1)), "3g", 1), (0, "1g.2m", 4)],
+    [
+        (0, "1g", 7),
+        (mask((0, 4)), "1g", 3),
+        (mask((2, 1)), "2g", 2),
+        (0, "3g", 2),
+        (mask((1, 1)), "3g", 1),
+        (0, "1g.2m", 4),
+    ],
 )
 def test_max_new_instances(occupied: int, cls: str, n: int) -> None:
     assert mig.max_new_instances(occupied, C[cls]) == n
@@ -144,7 +150,12 @@ def test_resource_name_replaces_plus() -> None:
 def test_occupied_mask_and_free_instances() -> None:
     from placement.model import Gpu
 
-    g = Gpu(0, "A100", 81920, mig=(mig_inst("3g.40gb", 0, 4, used=True), mig_inst("3g.40gb", 4, 4), mig_inst("1g.10gb", 8, 0)))
+    g = Gpu(
+        0,
+        "A100",
+        81920,
+        mig=(mig_inst("3g.40gb", 0, 4, used=True), mig_inst("3g.40gb", 4, 4), mig_inst("1g.10gb", 8, 0)),
+    )
     assert mig.occupied_mask(g.mig[:2]) == 0xFF
     assert mig.free_instances(g, "3g.40gb") == 1
     assert mig.free_instances(Gpu(0, "A100", 1, mig=g.mig, healthy=False), "3g.40gb") == 0

@@ -2,9 +2,19 @@
 
 import pytest
 
-from placement.model import DraDevice, DraVersion, Gpu, JobRequest, LabelRequirement, PodSet, PodShape, Taint, Toleration, TopologyLevels
+from placement.model import (
+    DraDevice,
+    DraVersion,
+    Gpu,
+    JobRequest,
+    LabelRequirement,
+    PodSet,
+    PodShape,
+    Taint,
+    Toleration,
+    TopologyLevels,
+)
 from placement.reasons import Reason
-
 from tests.placement.builders import node
 
 NOSCHED = Taint("nvidia.com/gpu", "present", "NoSchedule")

@@ -14,7 +14,6 @@ from placement.overlay import (
 )
 from placement.reasons import Reason
 from placement.topology import GangPlacement, fit_gang
-
 from tests.placement.builders import LEVELS, RACK, job, node, shape
 
 W = shape(4)
@@ -59,7 +58,10 @@ def test_exclude_own_reservation() -> None:
 def test_conflicts_when_the_report_no_longer_has_room() -> None:
     report = InventoryReport("c1", 9, (node("a", used=range(6)),))
     ov = apply_overlay(report, [res(("a", 1), ("gone", 1))])
-    assert [(c.node, c.replicas, c.reason) for c in ov.conflicts] == [("a", 1, Reason.INSUFFICIENT_GPUS), ("gone", 1, None)]
+    assert [(c.node, c.replicas, c.reason) for c in ov.conflicts] == [
+        ("a", 1, Reason.INSUFFICIENT_GPUS),
+        ("gone", 1, None),
+    ]
     assert ov.nodes[0].free_whole_gpus == 2
 
 
@@ -72,7 +74,9 @@ def test_two_reservations_stack_and_holders_are_named() -> None:
     f = capacity_with_reservations(reported, effective, W, ov.holders["a"])
     assert f.reason is Reason.RESERVED_FOR_GANG and "g1, g2" in f.detail
     # a shape that would not fit anyway keeps its real reason
-    assert capacity_with_reservations(reported, effective, shape(16), ov.holders["a"]).reason is Reason.GPU_COUNT_TOO_LARGE
+    assert (
+        capacity_with_reservations(reported, effective, shape(16), ov.holders["a"]).reason is Reason.GPU_COUNT_TOO_LARGE
+    )
 
 
 def test_reservation_from_placement_round_trip() -> None:

@@ -8,7 +8,6 @@ from placement import mig
 from placement.errors import PodSpecError
 from placement.model import DraRequest, LabelRequirement, Toleration
 from placement.podspec import holds_resources, mig_profile_of, pod_requests, requests_from_claim, shape_from_pod
-
 from tests.placement.builders import GIB
 
 
@@ -60,7 +59,18 @@ def test_gpu_mig_share_and_other_extended() -> None:
     assert (s.mig_profile, s.mig_count, s.gpus) == ("1g.10gb+me", 1, 0)
     s = shape_from_pod(pod([{"name": "c", "resources": {"requests": {"tandem.dev/gpu-milli": "250"}}}]))
     assert (s.gpus, s.gpu_milli) == (1, 250)
-    s = shape_from_pod(pod([{"name": "c", "resources": {"requests": {"example.com/fpga": "2", "ephemeral-storage": "1Gi", "hugepages-2Mi": "1Gi"}}}]))
+    s = shape_from_pod(
+        pod(
+            [
+                {
+                    "name": "c",
+                    "resources": {
+                        "requests": {"example.com/fpga": "2", "ephemeral-storage": "1Gi", "hugepages-2Mi": "1Gi"}
+                    },
+                }
+            ]
+        )
+    )
     assert s.extended == (("example.com/fpga", 2),)
 
 
@@ -71,7 +81,9 @@ def test_mig_profile_of_a_resource_is_the_inverse_of_its_resource_name() -> None
 
 
 def test_gpu_model_from_node_selector_is_lifted() -> None:
-    s = shape_from_pod(pod([container()], nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "zone": "a"}))
+    s = shape_from_pod(
+        pod([container()], nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "zone": "a"})
+    )
     assert s.gpu_models == frozenset({"NVIDIA-H100-80GB-HBM3"})
     assert s.node_selector == (("zone", "a"),)
 
@@ -79,7 +91,9 @@ def test_gpu_model_from_node_selector_is_lifted() -> None:
 def affinity(*terms: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": t} for t in terms]}
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": t} for t in terms]
+            }
         }
     }
 
@@ -108,11 +122,21 @@ def test_match_fields_on_node_name() -> None:
             }
         }
     }
-    assert shape_from_pod(pod([container()], affinity=aff)).affinity == ((LabelRequirement("metadata.name", "In", ("n7",)),),)
+    assert shape_from_pod(pod([container()], affinity=aff)).affinity == (
+        (LabelRequirement("metadata.name", "In", ("n7",)),),
+    )
 
 
 def test_tolerations() -> None:
-    s = shape_from_pod(pod([container()], tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, {"operator": "Exists"}]))
+    s = shape_from_pod(
+        pod(
+            [container()],
+            tolerations=[
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"operator": "Exists"},
+            ],
+        )
+    )
     assert s.tolerations == (Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule"), Toleration("", "Exists", "", ""))
 
 
@@ -139,9 +163,25 @@ def test_dra_claims_resolved_by_mapping_or_callable() -> None:
         ({"spec": {"containers": "nope"}}, "spec.containers"),
         (pod([container()], overhead={"cpu": "x"}), "spec.overhead.cpu"),
         (pod([{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1.5"}}}]), "requests.nvidia.com/gpu"),
-        (pod([{"name": "c", "resources": {"requests": {"tandem.dev/gpu-milli": "1500"}}}]), "requests.tandem.dev/gpu-milli"),
-        (pod([{"name": "c", "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-3g.40gb": "1"}}}]), "requests.nvidia.com/mig-3g.40gb"),
-        (pod([{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1", "tandem.dev/gpu-milli": "500"}}}]), "requests.tandem.dev/gpu-milli"),
+        (
+            pod([{"name": "c", "resources": {"requests": {"tandem.dev/gpu-milli": "1500"}}}]),
+            "requests.tandem.dev/gpu-milli",
+        ),
+        (
+            pod(
+                [
+                    {
+                        "name": "c",
+                        "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-3g.40gb": "1"}},
+                    }
+                ]
+            ),
+            "requests.nvidia.com/mig-3g.40gb",
+        ),
+        (
+            pod([{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1", "tandem.dev/gpu-milli": "500"}}}]),
+            "requests.tandem.dev/gpu-milli",
+        ),
         (pod([container()], tolerations={"key": "x"}), "spec.tolerations"),
         (pod([container()], resourceClaims=[{"name": "x"}]), "spec.resourceClaims[0]"),
     ],
@@ -180,8 +220,21 @@ def test_requests_from_claim_and_template() -> None:
         "spec": {
             "devices": {
                 "requests": [
-                    {"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2, "selectors": [{"cel": {"expression": "true"}}]}},
-                    {"name": "b", "firstAvailable": [{"name": "x", "deviceClassName": "mig.nvidia.com"}, {"name": "y", "deviceClassName": "gpu.nvidia.com"}]},
+                    {
+                        "name": "a",
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "count": 2,
+                            "selectors": [{"cel": {"expression": "true"}}],
+                        },
+                    },
+                    {
+                        "name": "b",
+                        "firstAvailable": [
+                            {"name": "x", "deviceClassName": "mig.nvidia.com"},
+                            {"name": "y", "deviceClassName": "gpu.nvidia.com"},
+                        ],
+                    },
                 ]
             }
         }
@@ -190,5 +243,7 @@ def test_requests_from_claim_and_template() -> None:
     assert requests_from_claim(claim) == want
     assert requests_from_claim({"spec": {"spec": claim["spec"]}}) == want
     with pytest.raises(PodSpecError) as err:
-        requests_from_claim({"spec": {"devices": {"requests": [{"exactly": {"deviceClassName": "c", "allocationMode": "All"}}]}}})
+        requests_from_claim(
+            {"spec": {"devices": {"requests": [{"exactly": {"deviceClassName": "c", "allocationMode": "All"}}]}}}
+        )
     assert err.value.field == "spec.devices.requests[0].exactly.allocationMode"

@@ -14,8 +14,7 @@ from placement.fit import allocate, capacity, release
 from placement.model import DraDevice, DraRequest, Gpu, MigInstance, Node, PodShape
 from placement.overlay import BoundReplicas, InventoryReport, Reservation, ReservedPart, effective_nodes
 from placement.topology import GangPlacement, domain_of, fit_gang
-
-from tests.placement.builders import GIB, GPU_TAINT, GPU_TOLERATION, LEVELS, RACK, BLOCK, job, node
+from tests.placement.builders import BLOCK, GIB, GPU_TAINT, GPU_TOLERATION, LEVELS, RACK, job, node
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PROFILES = {"1g.10gb": 1, "2g.20gb": 2, "3g.40gb": 4}
@@ -47,19 +46,37 @@ def gpus(draw: st.DrawFn) -> tuple[Gpu, ...]:
         if draw(st.integers(0, 3)) == 0:
             out.append(Gpu(i, "H100", 81559, mig=draw(mig_layout())))
         else:
-            out.append(Gpu(i, "H100", 81559, draw(st.sampled_from([0, 0, 0, 0, 0, 250, 500, 700, 1000])), healthy=draw(st.integers(0, 9)) > 0))
+            out.append(
+                Gpu(
+                    i,
+                    "H100",
+                    81559,
+                    draw(st.sampled_from([0, 0, 0, 0, 0, 250, 500, 700, 1000])),
+                    healthy=draw(st.integers(0, 9)) > 0,
+                )
+            )
     return tuple(out)
 
 
 def dra_device(i: int, allocated: bool) -> DraDevice:
-    return DraDevice("gpu.nvidia.com", "p", f"gpu-{i}", {"type": "gpu", "uuid": f"U{i}", "productName": "NVIDIA H200"}, {"memory": 141 * GIB}, allocated)
+    return DraDevice(
+        "gpu.nvidia.com",
+        "p",
+        f"gpu-{i}",
+        {"type": "gpu", "uuid": f"U{i}", "productName": "NVIDIA H200"},
+        {"memory": 141 * GIB},
+        allocated,
+    )
 
 
 def dyn_mig(parent: int, start: int, size: int, allocated: bool) -> DraDevice:
     return DraDevice(
-        "gpu.nvidia.com", "p", f"gpu-{parent}-mig-{start}-{size}",
+        "gpu.nvidia.com",
+        "p",
+        f"gpu-{parent}-mig-{start}-{size}",
         {"type": "mig", "parentUUID": f"U{parent}", "profile": f"{size}s"},
-        {f"memorySlice{k}": 1 for k in range(start, start + size)}, allocated,
+        {f"memorySlice{k}": 1 for k in range(start, start + size)},
+        allocated,
     )
 
 
@@ -108,9 +125,13 @@ def shapes(draw: st.DrawFn) -> PodShape:
     if kind == "whole":
         return PodShape(gpus=draw(st.integers(1, 4)), **common)  # type: ignore[arg-type]
     if kind == "share":
-        return PodShape(gpus=draw(st.integers(1, 2)), gpu_milli=draw(st.sampled_from([100, 250, 300, 500, 1000])), **common)  # type: ignore[arg-type]
+        return PodShape(
+            gpus=draw(st.integers(1, 2)), gpu_milli=draw(st.sampled_from([100, 250, 300, 500, 1000])), **common
+        )  # type: ignore[arg-type]
     if kind == "mig":
-        return PodShape(mig_profile=draw(st.sampled_from(sorted(PROFILES))), mig_count=draw(st.integers(1, 2)), **common)  # type: ignore[arg-type]
+        return PodShape(
+            mig_profile=draw(st.sampled_from(sorted(PROFILES))), mig_count=draw(st.integers(1, 2)), **common
+        )  # type: ignore[arg-type]
     if kind == "dra":
         reqs = [DraRequest(draw(st.sampled_from(["gpu.nvidia.com", "mig.nvidia.com"])), (), draw(st.integers(1, 2)))]
         if draw(st.booleans()):
@@ -137,7 +158,14 @@ def check_invariants(n: Node) -> None:
 def mig_nodes(draw: st.DrawFn) -> Node:
     """Nodes whose GPUs are all in MIG mode, with room for pods."""
     devs = tuple(Gpu(i, "A100", 81920, mig=draw(mig_layout())) for i in range(draw(st.integers(1, 4))))
-    return Node("m", cpu_milli_free=64000, memory_free=64 * GIB, pods_free=draw(st.integers(1, 30)), gpus=devs, taints=(GPU_TAINT,))
+    return Node(
+        "m",
+        cpu_milli_free=64000,
+        memory_free=64 * GIB,
+        pods_free=draw(st.integers(1, 30)),
+        gpus=devs,
+        taints=(GPU_TAINT,),
+    )
 
 
 @st.composite
@@ -222,7 +250,9 @@ def clusters(draw: st.DrawFn) -> list[Node]:
 
 @SETTINGS
 @given(clusters(), st.integers(1, 8), st.sampled_from([1, 2, 4, 8]), st.sampled_from([RACK, BLOCK]), st.booleans())
-def test_gang_never_spans_two_required_domains(ns: list[Node], count: int, per: int, level: str, with_head: bool) -> None:
+def test_gang_never_spans_two_required_domains(
+    ns: list[Node], count: int, per: int, level: str, with_head: bool
+) -> None:
     from tests.placement.builders import shape
 
     sets = [("w", count, shape(per, cpu=2))]
@@ -246,8 +276,14 @@ def test_gang_never_spans_two_required_domains(ns: list[Node], count: int, per: 
 
 
 @SETTINGS
-@given(clusters(), st.lists(st.tuples(st.integers(0, 11), st.integers(1, 3), st.integers(0, 3)), max_size=6), st.sampled_from([1, 2, 4]))
-def test_overlay_counts_every_reserved_replica_once(ns: list[Node], wanted: list[tuple[int, int, int]], per: int) -> None:
+@given(
+    clusters(),
+    st.lists(st.tuples(st.integers(0, 11), st.integers(1, 3), st.integers(0, 3)), max_size=6),
+    st.sampled_from([1, 2, 4]),
+)
+def test_overlay_counts_every_reserved_replica_once(
+    ns: list[Node], wanted: list[tuple[int, int, int]], per: int
+) -> None:
     from tests.placement.builders import shape
 
     s = shape(per, cpu=1)
@@ -271,7 +307,10 @@ def test_overlay_counts_every_reserved_replica_once(ns: list[Node], wanted: list
     for e in eff:
         f = full[e.name]
         assert (e.free_whole_gpus, e.cpu_milli_free, e.memory_free, e.pods_free) == (
-            f.free_whole_gpus, f.cpu_milli_free, f.memory_free, f.pods_free,
+            f.free_whole_gpus,
+            f.cpu_milli_free,
+            f.memory_free,
+            f.pods_free,
         )
 
 
@@ -297,12 +336,43 @@ def test_gang_takes_the_feasible_domain_with_least_leftover(ns: list[Node], coun
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.sampled_from(["", "1", "2Gi", "500m", "x", "Always", "In"]),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(
-        st.sampled_from(["spec", "containers", "initContainers", "resources", "requests", "limits", "cpu", "memory",
-                         "nvidia.com/gpu", "tandem.dev/gpu-milli", "nvidia.com/mig-1g.10gb", "name", "restartPolicy",
-                         "nodeSelector", "affinity", "nodeAffinity", "tolerations", "overhead", "resourceClaims",
-                         "resourceClaimName", "status", "phase", "nodeName", "key", "operator", "values"]),
-        children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "spec",
+                    "containers",
+                    "initContainers",
+                    "resources",
+                    "requests",
+                    "limits",
+                    "cpu",
+                    "memory",
+                    "nvidia.com/gpu",
+                    "tandem.dev/gpu-milli",
+                    "nvidia.com/mig-1g.10gb",
+                    "name",
+                    "restartPolicy",
+                    "nodeSelector",
+                    "affinity",
+                    "nodeAffinity",
+                    "tolerations",
+                    "overhead",
+                    "resourceClaims",
+                    "resourceClaimName",
+                    "status",
+                    "phase",
+                    "nodeName",
+                    "key",
+                    "operator",
+                    "values",
+                ]
+            ),
+            children,
+            max_size=4,
+        )
+    ),
     max_leaves=20,
 )
 
@@ -321,7 +391,9 @@ def test_podspec_never_crashes_on_garbage(pod: object) -> None:
         assert holds_resources(pod) in (True, False)
 
 
-LEAF = st.sampled_from([None, True, -1, 0, 2, "", "1", "2Gi", "500m", "x", "1.5", "-1", "250", "1500"]) | st.lists(st.integers(), max_size=2)
+LEAF = st.sampled_from([None, True, -1, 0, 2, "", "1", "2Gi", "500m", "x", "1.5", "-1", "250", "1500"]) | st.lists(
+    st.integers(), max_size=2
+)
 
 
 def bad(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -331,34 +403,92 @@ def bad(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 QTY = st.sampled_from(["1", "2Gi", "500m", "250", "4", "-1", "1.5", "x", "1e3"]) | LEAF
 RESOURCES = st.dictionaries(
-    st.sampled_from(["cpu", "memory", "nvidia.com/gpu", "tandem.dev/gpu-milli", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "example.com/x"]),
+    st.sampled_from(
+        [
+            "cpu",
+            "memory",
+            "nvidia.com/gpu",
+            "tandem.dev/gpu-milli",
+            "nvidia.com/mig-1g.10gb",
+            "nvidia.com/mig-3g.40gb",
+            "example.com/x",
+        ]
+    ),
     QTY,
     max_size=3,
 )
-CONTAINER = bad(st.fixed_dictionaries(
-    {"name": st.just("c")},
-    optional={"resources": bad(st.fixed_dictionaries({}, optional={"requests": bad(RESOURCES), "limits": bad(RESOURCES)})),
-              "restartPolicy": bad(st.sampled_from(["Always", "Never"]))},
-))
+CONTAINER = bad(
+    st.fixed_dictionaries(
+        {"name": st.just("c")},
+        optional={
+            "resources": bad(
+                st.fixed_dictionaries({}, optional={"requests": bad(RESOURCES), "limits": bad(RESOURCES)})
+            ),
+            "restartPolicy": bad(st.sampled_from(["Always", "Never"])),
+        },
+    )
+)
 EXPR = st.fixed_dictionaries(
-    {"key": bad(st.sampled_from(["nvidia.com/gpu.product", "zone"])), "operator": bad(st.sampled_from(["In", "Exists", "NotIn"]))},
+    {
+        "key": bad(st.sampled_from(["nvidia.com/gpu.product", "zone"])),
+        "operator": bad(st.sampled_from(["In", "Exists", "NotIn"])),
+    },
     optional={"values": bad(st.lists(st.sampled_from(["A", "B"]), max_size=2))},
 )
 TERM = bad(st.fixed_dictionaries({}, optional={"matchExpressions": bad(st.lists(bad(EXPR), max_size=2))}))
 POD = st.fixed_dictionaries(
-    {"spec": st.fixed_dictionaries(
-        {"containers": bad(st.lists(CONTAINER, max_size=2))},
-        optional={
-            "initContainers": bad(st.lists(CONTAINER, max_size=2)),
-            "overhead": bad(RESOURCES),
-            "nodeSelector": bad(st.dictionaries(st.sampled_from(["nvidia.com/gpu.product", "zone"]), st.sampled_from(["A", "z"]), max_size=2)),
-            "tolerations": bad(st.lists(bad(st.fixed_dictionaries({}, optional={"key": LEAF, "operator": LEAF, "effect": LEAF})), max_size=2)),
-            "affinity": bad(st.fixed_dictionaries({"nodeAffinity": bad(st.fixed_dictionaries({"requiredDuringSchedulingIgnoredDuringExecution": bad(st.fixed_dictionaries({"nodeSelectorTerms": bad(st.lists(TERM, max_size=2))}))}))})),
-            "resourceClaims": bad(st.lists(bad(st.fixed_dictionaries({"name": st.just("g")}, optional={"resourceClaimName": bad(st.sampled_from(["claim", ""]))})), max_size=2)),
-            "resources": bad(st.fixed_dictionaries({}, optional={"requests": bad(RESOURCES)})),
-        },
-    )},
-    optional={"status": bad(st.fixed_dictionaries({}, optional={"phase": bad(st.sampled_from(["Running", "Succeeded"]))}))},
+    {
+        "spec": st.fixed_dictionaries(
+            {"containers": bad(st.lists(CONTAINER, max_size=2))},
+            optional={
+                "initContainers": bad(st.lists(CONTAINER, max_size=2)),
+                "overhead": bad(RESOURCES),
+                "nodeSelector": bad(
+                    st.dictionaries(
+                        st.sampled_from(["nvidia.com/gpu.product", "zone"]), st.sampled_from(["A", "z"]), max_size=2
+                    )
+                ),
+                "tolerations": bad(
+                    st.lists(
+                        bad(st.fixed_dictionaries({}, optional={"key": LEAF, "operator": LEAF, "effect": LEAF})),
+                        max_size=2,
+                    )
+                ),
+                "affinity": bad(
+                    st.fixed_dictionaries(
+                        {
+                            "nodeAffinity": bad(
+                                st.fixed_dictionaries(
+                                    {
+                                        "requiredDuringSchedulingIgnoredDuringExecution": bad(
+                                            st.fixed_dictionaries(
+                                                {"nodeSelectorTerms": bad(st.lists(TERM, max_size=2))}
+                                            )
+                                        )
+                                    }
+                                )
+                            )
+                        }
+                    )
+                ),
+                "resourceClaims": bad(
+                    st.lists(
+                        bad(
+                            st.fixed_dictionaries(
+                                {"name": st.just("g")},
+                                optional={"resourceClaimName": bad(st.sampled_from(["claim", ""]))},
+                            )
+                        ),
+                        max_size=2,
+                    )
+                ),
+                "resources": bad(st.fixed_dictionaries({}, optional={"requests": bad(RESOURCES)})),
+            },
+        )
+    },
+    optional={
+        "status": bad(st.fixed_dictionaries({}, optional={"phase": bad(st.sampled_from(["Running", "Succeeded"]))}))
+    },
 )
 
 

@@ -39,8 +39,25 @@ def test_parse_quantity(text: str | int, value: Fraction | int) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "abc", "1.5.5", "16 Gi", "16GB", "1KiB", "Gi", "--1", "1e", "e3", "0x10", " 1", "1e99999",
-            "16Gi\n", "1\n", "9" * 4299 + "Ei"]
+    "bad",
+    [
+        "",
+        "abc",
+        "1.5.5",
+        "16 Gi",
+        "16GB",
+        "1KiB",
+        "Gi",
+        "--1",
+        "1e",
+        "e3",
+        "0x10",
+        " 1",
+        "1e99999",
+        "16Gi\n",
+        "1\n",
+        "9" * 4299 + "Ei",
+    ],
 )
 def test_garbage_raises_quantity_error(bad: str) -> None:
     with pytest.raises(QuantityError):

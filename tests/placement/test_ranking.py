@@ -3,7 +3,6 @@
 from placement.model import JobRequest
 from placement.ranking import ClusterOption, rank_clusters
 from placement.reasons import Reason
-
 from tests.placement.builders import job, shape
 
 J = job(("w", 1, shape(1)))

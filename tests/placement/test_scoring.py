@@ -10,8 +10,18 @@ import pytest
 from placement.frag import TargetWorkload, TypicalPod
 from placement.gpuarrays import GpuArrays, PodDemand
 from placement.scoring import (
-    DEFAULT_POLICY, POLICY_NAMES, BestFitPolicy, ClusteringPolicy, DotProductPolicy, FgdPolicy,
-    PackingPolicy, RandomPolicy, TandemFragPolicy, choose_node, extender_scores, make_policy,
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    BestFitPolicy,
+    ClusteringPolicy,
+    DotProductPolicy,
+    FgdPolicy,
+    PackingPolicy,
+    RandomPolicy,
+    TandemFragPolicy,
+    choose_node,
+    extender_scores,
+    make_policy,
 )
 
 
@@ -20,8 +30,13 @@ def nodes(*specs: tuple[int, Sequence[int]], model: str = "X", mem: int = 1 << 2
     width = max(len(left) for _, left in specs)
     left = [list(gl) + [0] * (width - len(gl)) for _, gl in specs]
     return GpuArrays(
-        [f"n{i}" for i in range(len(specs))], [c for c, _ in specs], [mem] * len(specs),
-        left, [len(gl) for _, gl in specs], [0] * len(specs), [model],
+        [f"n{i}" for i in range(len(specs))],
+        [c for c, _ in specs],
+        [mem] * len(specs),
+        left,
+        [len(gl) for _, gl in specs],
+        [0] * len(specs),
+        [model],
     )
 
 
@@ -33,22 +48,28 @@ def whole(k: int, cpu: int = 1000) -> PodDemand:
     return PodDemand(cpu, 0, k, 1000)
 
 
-WORKLOAD = TargetWorkload((
-    TypicalPod(1000, 500, 1, frozenset(), 0.5), TypicalPod(1000, 1000, 1, frozenset(), 0.5),
-))
+WORKLOAD = TargetWorkload(
+    (
+        TypicalPod(1000, 500, 1, frozenset(), 0.5),
+        TypicalPod(1000, 1000, 1, frozenset(), 0.5),
+    )
+)
 
 
 def all_feasible(a: GpuArrays, d: PodDemand) -> np.ndarray:
     return a.feasible(d)
 
 
-@pytest.mark.parametrize(("left", "demand", "expected"), [
-    ([200, 1000, 1000, 500], whole(2), 48),
-    ([200, 1000, 1000, 500], PodDemand(1000, 0, 2, 200), 93),
-    ([200, 1000, 1000, 500], share(200), 98),
-    ([1000] * 4, share(500), 29),
-    ([1000] * 8, share(500), 25),
-])
+@pytest.mark.parametrize(
+    ("left", "demand", "expected"),
+    [
+        ([200, 1000, 1000, 500], whole(2), 48),
+        ([200, 1000, 1000, 500], PodDemand(1000, 0, 2, 200), 93),
+        ([200, 1000, 1000, 500], share(200), 98),
+        ([1000] * 4, share(500), 29),
+        ([1000] * 8, share(500), 25),
+    ],
+)
 def test_packing_vectors(left: list[int], demand: PodDemand, expected: int) -> None:
     a = nodes((64000, left))
     assert PackingPolicy().score(a, demand, all_feasible(a, demand))[0] == expected

@@ -23,14 +23,17 @@ def test_from_nodes_masks_absent_gpus() -> None:
     assert a.present[0].tolist() == [True, True] + [False] * 6
 
 
-@pytest.mark.parametrize(("demand", "expected"), [
-    (PodDemand(4000, 1024), [True, True, True]),
-    (PodDemand(4000, 1024, 1, 500), [True, True, False]),
-    (PodDemand(4000, 1024, 4, 1000), [False, True, False]),
-    (PodDemand(4000, 1024, 1, 500, frozenset({"T4"})), [True, False, False]),
-    (PodDemand(32000, 1024, 1, 500), [False, True, False]),
-    (PodDemand(1000, 8192), [True, True, False]),
-])
+@pytest.mark.parametrize(
+    ("demand", "expected"),
+    [
+        (PodDemand(4000, 1024), [True, True, True]),
+        (PodDemand(4000, 1024, 1, 500), [True, True, False]),
+        (PodDemand(4000, 1024, 4, 1000), [False, True, False]),
+        (PodDemand(4000, 1024, 1, 500, frozenset({"T4"})), [True, False, False]),
+        (PodDemand(32000, 1024, 1, 500), [False, True, False]),
+        (PodDemand(1000, 8192), [True, True, False]),
+    ],
+)
 def test_feasible(demand: PodDemand, expected: list[bool]) -> None:
     assert cluster().feasible(demand).tolist() == expected
 
@@ -72,8 +75,11 @@ def test_rejects_bad_input() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([100, 250, 500, 810, 1000]),
-                          st.integers(0, 8000)), max_size=40))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from([100, 250, 500, 810, 1000]), st.integers(0, 8000)), max_size=40
+    )
+)
 def test_best_choice_never_over_allocates(pods: list[tuple[int, int, int]]) -> None:
     a = cluster()
     for k, g, cpu in pods:

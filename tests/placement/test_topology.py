@@ -5,7 +5,6 @@ import pytest
 from placement.model import Node
 from placement.reasons import Reason
 from placement.topology import Assignment, GangPlacement, GangRefusal, domain_of, fit_gang, level_name, shrink_counts
-
 from tests.placement.builders import BLOCK, HOST, LEVELS, RACK, ZONE, job, node, shape
 
 

@@ -6,7 +6,6 @@ from placement.fit import allocate
 from placement.model import DraDevice, DraRequest
 from placement.topology import GangPlacement, fit_gang
 from placement.usage import allocation_usage, merge_usage, mig_fraction, mig_gpus
-
 from tests.placement.builders import LEVELS, h200_device, job, mig_inst, node, shape
 
 
@@ -54,7 +53,12 @@ def test_mig_detailed_and_mixed() -> None:
 
 
 def test_dra_devices_by_product_name() -> None:
-    mig_dev = DraDevice("gpu.nvidia.com", "p", "gpu-9-mig-3g40gb-9-0", {"type": "mig", "profile": "3g.40gb", "productName": "NVIDIA H100"})
+    mig_dev = DraDevice(
+        "gpu.nvidia.com",
+        "p",
+        "gpu-9-mig-3g40gb-9-0",
+        {"type": "mig", "profile": "3g.40gb", "productName": "NVIDIA H100"},
+    )
     n = node(gpus=0, dra=(h200_device(0), h200_device(1), mig_dev))
     _, a = allocate(n, shape(dra=(DraRequest("gpu.nvidia.com", (), 2), DraRequest("mig.nvidia.com", (), 1))))
     assert allocation_usage(n, a) == pytest.approx({"NVIDIA H200": 2.0, "NVIDIA H100": 3 / 7})

@@ -10,8 +10,14 @@ from placement.fit import allocate, capacity, vacate
 from placement.model import MigInstance, PodShape
 from tests.placement.builders import node
 
-SHAPES = [PodShape(gpus=1), PodShape(gpus=2), PodShape(gpus=4, cpu_milli=8000), PodShape(gpus=8),
-          PodShape(gpus=1, gpu_milli=500), PodShape(cpu_milli=2000, memory=1 << 30)]
+SHAPES = [
+    PodShape(gpus=1),
+    PodShape(gpus=2),
+    PodShape(gpus=4, cpu_milli=8000),
+    PodShape(gpus=8),
+    PodShape(gpus=1, gpu_milli=500),
+    PodShape(cpu_milli=2000, memory=1 << 30),
+]
 
 
 @settings(max_examples=200, deadline=None)
@@ -25,8 +31,11 @@ def test_vacating_what_was_allocated_gives_back_the_same_capacity(shape, probe, 
     taken, _ = allocate(base, shape, k)
     back = vacate(taken, shape, k)
     assert capacity(back, probe).count == capacity(base, probe).count
-    assert (back.cpu_milli_free, back.memory_free, back.pods_free) == (base.cpu_milli_free, base.memory_free,
-                                                                       base.pods_free)
+    assert (back.cpu_milli_free, back.memory_free, back.pods_free) == (
+        base.cpu_milli_free,
+        base.memory_free,
+        base.pods_free,
+    )
 
 
 def test_vacating_frees_busy_gpus_and_never_more_than_asked() -> None:

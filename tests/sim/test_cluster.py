@@ -112,8 +112,9 @@ async def test_watch_resumes_after_a_resource_version_and_410_when_compacted(ser
         for i in range(30):  # beyond the 20-event window
             await c.create(kr.CONFIG_MAPS, configmap(f"fill-{i}"))
         with pytest.raises(KubeApiError) as gone:
-            async for _ in c.watch(kr.CONFIG_MAPS, "default", resource_version=before.resource_version,
-                                   timeout_seconds=1):
+            async for _ in c.watch(
+                kr.CONFIG_MAPS, "default", resource_version=before.resource_version, timeout_seconds=1
+            ):
                 pass
         assert gone.value.gone
 
@@ -123,13 +124,22 @@ async def test_patch_media_types(server: KubeAPIServer) -> None:
         await c.create(kr.CONFIG_MAPS, configmap("p", a="1", b="2"))
         merged = await c.patch(kr.CONFIG_MAPS, "p", {"data": {"a": None}}, patch_type="merge", namespace="default")
         assert merged["data"] == {"b": "2"}
-        patched = await c.patch(kr.CONFIG_MAPS, "p", [{"op": "test", "path": "/data/b", "value": "2"},
-                                                      {"op": "replace", "path": "/data/b", "value": "3"}],
-                                patch_type="json", namespace="default")
+        patched = await c.patch(
+            kr.CONFIG_MAPS,
+            "p",
+            [{"op": "test", "path": "/data/b", "value": "2"}, {"op": "replace", "path": "/data/b", "value": "3"}],
+            patch_type="json",
+            namespace="default",
+        )
         assert patched["data"] == {"b": "3"}
         with pytest.raises(KubeApiError):
-            await c.patch(kr.CONFIG_MAPS, "p", [{"op": "test", "path": "/data/b", "value": "2"}],
-                          patch_type="json", namespace="default")
+            await c.patch(
+                kr.CONFIG_MAPS,
+                "p",
+                [{"op": "test", "path": "/data/b", "value": "2"}],
+                patch_type="json",
+                namespace="default",
+            )
 
 
 async def test_delete_honours_the_uid_precondition(server: KubeAPIServer) -> None:
@@ -170,11 +180,12 @@ async def test_informer_relists_after_410_and_reports_the_difference(server: Kub
         await c.create(kr.CONFIG_MAPS, configmap("drop"))
         inf = Informer(c, kr.CONFIG_MAPS, namespace="default", watch_timeout_s=1)
         seen: list[tuple[str | None, str | None]] = []
+
         def record(old: JSON | None, new: JSON | None) -> None:
             seen.append((old["metadata"]["name"] if old else None, new["metadata"]["name"] if new else None))
 
         inf.add_handler(record)
-        await inf._list()  # noqa: SLF001 - the first list, then a stale resume point
+        await inf._list()
         stale_rv = inf.resource_version
         await c.delete(kr.CONFIG_MAPS, "drop", "default")
         for i in range(30):
@@ -182,8 +193,10 @@ async def test_informer_relists_after_410_and_reports_the_difference(server: Kub
         inf.resource_version = stale_rv
         task = asyncio.create_task(inf.run())
         try:
+
             async def relisted() -> bool:
                 return "default/drop" not in inf.store and "default/new-29" in inf.store
+
             await eventually(relisted)
         finally:
             task.cancel()
@@ -210,8 +223,9 @@ async def test_bootstrap_creates_what_an_installer_would(cluster: SimCluster) ->
     for sa in ("job-controller", "pod-garbage-collector", "sim-kubelet"):
         await admin.get(kr.SERVICE_ACCOUNTS, sa, "kube-system")
     role = await admin.get(kr.CLUSTER_ROLES, "system:controller:job-controller")
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete", "patch"]} \
-        in role["rules"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete", "patch"]} in role[
+        "rules"
+    ]
 
 
 async def test_each_controller_has_only_its_own_permissions(cluster: SimCluster) -> None:
@@ -220,7 +234,7 @@ async def test_each_controller_has_only_its_own_permissions(cluster: SimCluster)
     job_controller = cluster.client(cluster.token_for(ids.JOB_CONTROLLER))
     with pytest.raises(KubeApiError) as denied:
         await job_controller.delete(kr.NODES, "any")
-    assert denied.value.code == 403 and "cannot delete resource \"nodes\"" in denied.value.message
+    assert denied.value.code == 403 and 'cannot delete resource "nodes"' in denied.value.message
     kubelet = cluster.client(cluster.token_for(ids.KUBELET))
     with pytest.raises(KubeApiError) as no_jobs:
         await kubelet.list(kr.JOBS, "default")
@@ -245,5 +259,5 @@ async def test_namespaces_and_kubeconfigs(cluster: SimCluster, tmp_path: Path) -
 async def test_the_extender_url_can_be_set_after_start(cluster: SimCluster) -> None:
     assert cluster.scheduler is not None
     cluster.set_extender_url("http://127.0.0.1:9")
-    (ext,) = cluster.scheduler._extenders  # noqa: SLF001
+    (ext,) = cluster.scheduler._extenders
     assert ext.settings.url(ext.base_url, "filter") == "http://127.0.0.1:9/tandem/filter"

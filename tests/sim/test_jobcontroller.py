@@ -24,20 +24,45 @@ NOW = 1_800_000_000.0
 UID = "0b5f3c1e-9d7a-4c55-8f1e-2a6b8c9d0e11"
 
 
-def job(name: str = "train-42-1-workers", *, completions: int = 3, parallelism: int | None = None,
-        backoff_limit: int = 0, replace_failed: bool = True, suspend: bool = False, deadline: int | None = None,
-        indexed: bool = True, status: JSON | None = None) -> JSON:
+def job(
+    name: str = "train-42-1-workers",
+    *,
+    completions: int = 3,
+    parallelism: int | None = None,
+    backoff_limit: int = 0,
+    replace_failed: bool = True,
+    suspend: bool = False,
+    deadline: int | None = None,
+    indexed: bool = True,
+    status: JSON | None = None,
+) -> JSON:
     spec: JSON = {
-        "completions": completions, "parallelism": completions if parallelism is None else parallelism,
-        "backoffLimit": backoff_limit, "suspend": suspend,
+        "completions": completions,
+        "parallelism": completions if parallelism is None else parallelism,
+        "backoffLimit": backoff_limit,
+        "suspend": suspend,
         "template": {
-            "metadata": {"labels": {"tandem.dev/job": "train-42", "batch.kubernetes.io/controller-uid": UID,
-                                    "batch.kubernetes.io/job-name": name, "controller-uid": UID, "job-name": name}},
+            "metadata": {
+                "labels": {
+                    "tandem.dev/job": "train-42",
+                    "batch.kubernetes.io/controller-uid": UID,
+                    "batch.kubernetes.io/job-name": name,
+                    "controller-uid": UID,
+                    "job-name": name,
+                }
+            },
             "spec": {
-                "restartPolicy": "Never", "subdomain": "train-42-1", "schedulerName": "tandem-scheduler",
+                "restartPolicy": "Never",
+                "subdomain": "train-42-1",
+                "schedulerName": "tandem-scheduler",
                 "schedulingGates": [{"name": "tandem.dev/placement"}],
-                "containers": [{"name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.10-py3",
-                                "env": [{"name": "WORLD_SIZE", "value": "3"}]}],
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": "nvcr.io/nvidia/pytorch:25.10-py3",
+                        "env": [{"name": "WORLD_SIZE", "value": "3"}],
+                    }
+                ],
                 "initContainers": [{"name": "fetch", "image": "busybox"}],
             },
         },
@@ -48,13 +73,25 @@ def job(name: str = "train-42-1-workers", *, completions: int = 3, parallelism: 
         spec["podReplacementPolicy"] = "Failed"
     if deadline is not None:
         spec["activeDeadlineSeconds"] = deadline
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": "team-a", "uid": UID, "resourceVersion": "10"},
-            "spec": spec, "status": status or {}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "team-a", "uid": UID, "resourceVersion": "10"},
+        "spec": spec,
+        "status": status or {},
+    }
 
 
-def pod_of(j: JSON, index: int, *, phase: str = "Pending", deleted: bool = False, finalizer: bool = True,
-           ready: bool = False, uid: str | None = None) -> JSON:
+def pod_of(
+    j: JSON,
+    index: int,
+    *,
+    phase: str = "Pending",
+    deleted: bool = False,
+    finalizer: bool = True,
+    ready: bool = False,
+    uid: str | None = None,
+) -> JSON:
     p = jp.render_pod(j, index)
     meta = p["metadata"]
     meta["name"] = meta.pop("generateName") + "abcde"
@@ -93,30 +130,55 @@ def test_indexed_pod_is_rendered_like_the_upstream_controller() -> None:
     assert meta["labels"]["tandem.dev/job"] == "train-42"
     assert {meta["labels"][k] for k in ("batch.kubernetes.io/controller-uid", "controller-uid")} == {UID}
     assert meta["finalizers"] == ["batch.kubernetes.io/job-tracking"]
-    assert meta["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job", "name": j["metadata"]["name"],
-                                        "uid": UID, "controller": True, "blockOwnerDeletion": True}]
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": j["metadata"]["name"],
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     assert spec["schedulingGates"] == [{"name": "tandem.dev/placement"}]
-    index_env = {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
-        "apiVersion": "v1", "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
+    index_env = {
+        "name": "JOB_COMPLETION_INDEX",
+        "valueFrom": {
+            "fieldRef": {
+                "apiVersion": "v1",
+                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+            }
+        },
+    }
     for c in spec["containers"] + spec["initContainers"]:
         assert index_env in c["env"]
     assert {"name": "WORLD_SIZE", "value": "3"} in spec["containers"][0]["env"]
     assert "JOB_COMPLETION_INDEX" not in str(j["spec"]["template"])  # the Job itself is untouched
 
 
-@pytest.mark.parametrize("name, index, want", [
-    ("short", 7, "short-7-"),
-    ("a" * 60, 12, "a" * 54 + "-12-"),  # cut so that the server's 5 random characters keep it within 63
-    ("j", None, "j-"),
-])
+@pytest.mark.parametrize(
+    "name, index, want",
+    [
+        ("short", 7, "short-7-"),
+        ("a" * 60, 12, "a" * 54 + "-12-"),  # cut so that the server's 5 random characters keep it within 63
+        ("j", None, "j-"),
+    ],
+)
 def test_generate_name(name: str, index: int | None, want: str) -> None:
     assert jp.generate_name(name, index) == want
     assert len(want) <= 58
 
 
-@pytest.mark.parametrize("indexes, text", [
-    ([], ""), ([0], "0"), ([0, 1], "0,1"), ([0, 1, 2], "0-2"), ([5, 0, 1, 2, 7, 8, 9], "0-2,5,7-9"),
-])
+@pytest.mark.parametrize(
+    "indexes, text",
+    [
+        ([], ""),
+        ([0], "0"),
+        ([0, 1], "0,1"),
+        ([0, 1, 2], "0-2"),
+        ([5, 0, 1, 2, 7, 8, 9], "0-2,5,7-9"),
+    ],
+)
 def test_completed_indexes_format_round_trips(indexes: list[int], text: str) -> None:
     assert jp.format_intervals(indexes) == text
     assert jp.parse_intervals(text) == set(indexes)
@@ -128,8 +190,13 @@ def test_completed_indexes_format_round_trips(indexes: list[int], text: str) -> 
 def test_a_new_indexed_job_creates_every_index_and_starts_its_clock() -> None:
     plan = plan_job(job(), [], NOW)
     assert plan.create == [0, 1, 2]
-    assert plan.status == {"startTime": jp.format_time(NOW), "active": 3, "ready": 0, "terminating": 0,
-                           "uncountedTerminatedPods": {}}
+    assert plan.status == {
+        "startTime": jp.format_time(NOW),
+        "active": 3,
+        "ready": 0,
+        "terminating": 0,
+        "uncountedTerminatedPods": {},
+    }
 
 
 def test_parallelism_limits_creation_and_missing_indexes_are_filled_first() -> None:
@@ -172,8 +239,10 @@ def test_backoff_limit_zero_the_first_failure_fails_the_job_in_three_steps() -> 
     # 1: FailureTarget, the other pods deleted, all counted failed through uncountedTerminatedPods
     first = plan_job(j, pods, NOW)
     ft = condition(first.status, "FailureTarget")
-    assert ft is not None and (ft["reason"], ft["message"]) == ("BackoffLimitExceeded",
-                                                                "Job has reached the specified backoff limit")
+    assert ft is not None and (ft["reason"], ft["message"]) == (
+        "BackoffLimitExceeded",
+        "Job has reached the specified backoff limit",
+    )
     assert [p["metadata"]["uid"] for p in first.delete] == ["pod-1", "pod-2"]
     assert {p["metadata"]["uid"] for p in first.remove_finalizers} == {"pod-0", "pod-1", "pod-2"}
     assert first.status["uncountedTerminatedPods"] == {"failed": ["pod-0", "pod-1", "pod-2"]}
@@ -181,14 +250,17 @@ def test_backoff_limit_zero_the_first_failure_fails_the_job_in_three_steps() -> 
     assert "Failed" not in types(first.status)
     # 2: the finalizers are gone, the counts move; pod-1 still terminates, so no Failed yet
     j2 = with_status(j, first.status)
-    pods2 = [pod_of(j, 0, phase="Failed", deleted=True, finalizer=False),
-             pod_of(j, 1, phase="Running", deleted=True, finalizer=False)]
+    pods2 = [
+        pod_of(j, 0, phase="Failed", deleted=True, finalizer=False),
+        pod_of(j, 1, phase="Running", deleted=True, finalizer=False),
+    ]
     second = plan_job(j2, pods2, NOW + 1)
     assert second.status["failed"] == 3 and second.status["uncountedTerminatedPods"] == {}
     assert second.status["terminating"] == 1 and types(second.status) == ["FailureTarget"]
     # 3: every pod has terminated: Failed, with the FailureTarget's reason
-    third = plan_job(with_status(j, second.status), [pod_of(j, 0, phase="Failed", deleted=True, finalizer=False)],
-                     NOW + 2)
+    third = plan_job(
+        with_status(j, second.status), [pod_of(j, 0, phase="Failed", deleted=True, finalizer=False)], NOW + 2
+    )
     assert types(third.status) == ["FailureTarget", "Failed"]
     failed = condition(third.status, "Failed")
     assert failed is not None and failed["reason"] == "BackoffLimitExceeded"
@@ -236,8 +308,10 @@ def test_active_deadline_counts_from_start_time() -> None:
     assert early.requeue_after_s == pytest.approx(30.0) and types(early.status) == []
     late = plan_job(j, running, NOW + 31)
     ft = condition(late.status, "FailureTarget")
-    assert ft is not None and (ft["reason"], ft["message"]) == ("DeadlineExceeded",
-                                                                "Job was active longer than specified deadline")
+    assert ft is not None and (ft["reason"], ft["message"]) == (
+        "DeadlineExceeded",
+        "Job was active longer than specified deadline",
+    )
     assert len(late.delete) == 3
 
 
@@ -273,21 +347,41 @@ GATE = "tandem.dev/placement"
 POD_NAME = re.compile(r"^(?P<job>.+)-(?P<index>\d+)-[a-z0-9]{5}$")
 
 
-def job_body(name: str, *, count: int = 2, gated: bool = False, suspend: bool = False,
-             deadline: int | None = None, grace: int = 30) -> JSON:
+def job_body(
+    name: str,
+    *,
+    count: int = 2,
+    gated: bool = False,
+    suspend: bool = False,
+    deadline: int | None = None,
+    grace: int = 30,
+) -> JSON:
     pod_spec: JSON = {
-        "restartPolicy": "Never", "schedulerName": "tandem-scheduler", "priorityClassName": "tandem-gang",
-        "subdomain": name, "terminationGracePeriodSeconds": grace,
+        "restartPolicy": "Never",
+        "schedulerName": "tandem-scheduler",
+        "priorityClassName": "tandem-gang",
+        "subdomain": name,
+        "terminationGracePeriodSeconds": grace,
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "containers": [{"name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.10-py3",
-                        "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"},
-                                      "limits": {"nvidia.com/gpu": "1"}}}],
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "nvcr.io/nvidia/pytorch:25.10-py3",
+                "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}},
+            }
+        ],
     }
     if gated:
         pod_spec["schedulingGates"] = [{"name": GATE}]
-    spec: JSON = {"completionMode": "Indexed", "completions": count, "parallelism": count, "backoffLimit": 0,
-                  "podReplacementPolicy": "Failed", "suspend": suspend,
-                  "template": {"metadata": {"labels": {"tandem.dev/job": name}}, "spec": pod_spec}}
+    spec: JSON = {
+        "completionMode": "Indexed",
+        "completions": count,
+        "parallelism": count,
+        "backoffLimit": 0,
+        "podReplacementPolicy": "Failed",
+        "suspend": suspend,
+        "template": {"metadata": {"labels": {"tandem.dev/job": name}}, "spec": pod_spec},
+    }
     if deadline is not None:
         spec["activeDeadlineSeconds"] = deadline
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "team-a"}, "spec": spec}
@@ -333,9 +427,14 @@ class Recorded:
         return self.jobs.store.get(f"team-a/{name}") or {}
 
     def pods_of(self, name: str) -> list[JSON]:
-        return sorted((p for p in self.pods.store.values()
-                       if p["metadata"].get("labels", {}).get("batch.kubernetes.io/job-name") == name),
-                      key=lambda p: p["metadata"]["name"])
+        return sorted(
+            (
+                p
+                for p in self.pods.store.values()
+                if p["metadata"].get("labels", {}).get("batch.kubernetes.io/job-name") == name
+            ),
+            key=lambda p: p["metadata"]["name"],
+        )
 
 
 @pytest.fixture
@@ -357,8 +456,11 @@ async def test_an_indexed_job_with_a_gate_creates_gated_pods_named_by_index(sim:
     made = await c.admin.create(kr.JOBS, job_body("train-42-1-workers", count=3, gated=True))
 
     async def three_active() -> bool:
-        return len(rec.pods_of("train-42-1-workers")) == 3 and rec.job("train-42-1-workers").get(
-            "status", {}).get("active") == 3
+        return (
+            len(rec.pods_of("train-42-1-workers")) == 3
+            and rec.job("train-42-1-workers").get("status", {}).get("active") == 3
+        )
+
     await eventually(three_active)
     uid = made["metadata"]["uid"]
     indexes = []
@@ -374,18 +476,27 @@ async def test_an_indexed_job_with_a_gate_creates_gated_pods_named_by_index(sim:
         assert meta["labels"]["batch.kubernetes.io/controller-uid"] == uid and meta["labels"]["controller-uid"] == uid
         assert meta["labels"]["job-name"] == meta["labels"]["tandem.dev/job"] == "train-42-1-workers"
         assert meta["finalizers"] == ["batch.kubernetes.io/job-tracking"]
-        assert meta["ownerReferences"][0] == {"apiVersion": "batch/v1", "kind": "Job", "name": "train-42-1-workers",
-                                              "uid": uid, "controller": True, "blockOwnerDeletion": True}
+        assert meta["ownerReferences"][0] == {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": "train-42-1-workers",
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
         env = {e["name"]: e for e in spec["containers"][0]["env"]}
-        assert env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-            "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        assert (
+            env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+            == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        )
         assert spec["schedulingGates"] == [{"name": GATE}] and "nodeName" not in spec
     assert sorted(indexes) == ["0", "1", "2"]
     assert rec.job("train-42-1-workers")["status"]["startTime"]
 
 
 async def test_pods_deleted_before_running_fail_the_job_with_failure_target_first(
-        sim: tuple[SimCluster, Recorded]) -> None:
+    sim: tuple[SimCluster, Recorded],
+) -> None:
     c, rec = sim
     assert c.admin is not None
     await c.admin.create(kr.JOBS, job_body("gang", count=2, gated=True))
@@ -393,11 +504,13 @@ async def test_pods_deleted_before_running_fail_the_job_with_failure_target_firs
     async def two_pods() -> list[JSON]:
         pods = rec.pods_of("gang")
         return pods if len(pods) == 2 else []
+
     first = (await eventually(two_pods))[0]
     await c.admin.delete(kr.PODS, first["metadata"]["name"], "team-a")
 
     async def failed() -> bool:
         return has(rec.job("gang").get("status") or {}, "Failed")
+
     await eventually(failed)
     statuses = rec.statuses("gang")
     target_first = [s for s in statuses if has(s, "FailureTarget") and not has(s, "Failed")]
@@ -409,6 +522,7 @@ async def test_pods_deleted_before_running_fail_the_job_with_failure_target_firs
 
     async def pods_gone() -> bool:
         return rec.pods_of("gang") == []
+
     await eventually(pods_gone)
     assert len(rec.pod_uids) == 2  # nothing was ever replaced
     deleted = rec.last_pod_version[first["metadata"]["name"]]
@@ -423,18 +537,21 @@ async def test_completion_is_success_criteria_met_then_complete(sim: tuple[SimCl
     async def running() -> list[JSON]:
         pods = rec.pods_of("done")
         return pods if len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods) else []
+
     for p in await eventually(running):
         await c.kubelet.complete("team-a", p["metadata"]["name"], exit_code=0)
 
     async def complete() -> bool:
         return has(rec.job("done").get("status") or {}, "Complete")
+
     await eventually(complete)
     final = rec.job("done")["status"]
     assert final["succeeded"] == 2 and final["completedIndexes"] == "0,1" and final["completionTime"]
     assert [s for s in rec.statuses("done") if has(s, "SuccessCriteriaMet") and not has(s, "Complete")]
     for p in rec.pods_of("done"):
         assert p["status"]["phase"] == "Succeeded" and "batch.kubernetes.io/job-tracking" not in (
-            p["metadata"].get("finalizers") or [])
+            p["metadata"].get("finalizers") or []
+        )
 
 
 async def test_a_failed_pod_fails_the_job_only_after_the_others_terminated(sim: tuple[SimCluster, Recorded]) -> None:
@@ -446,14 +563,19 @@ async def test_a_failed_pod_fails_the_job_only_after_the_others_terminated(sim: 
     async def running() -> list[JSON]:
         pods = rec.pods_of("crash")
         return pods if len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods) else []
+
     crashed, survivor = await eventually(running)
     await c.kubelet.complete("team-a", crashed["metadata"]["name"], exit_code=3)
 
     async def failed() -> bool:
         return has(rec.job("crash").get("status") or {}, "Failed")
+
     await eventually(failed)
-    waiting = [s for s in rec.statuses("crash") if has(s, "FailureTarget") and not has(s, "Failed")
-               and s.get("terminating") == 1]
+    waiting = [
+        s
+        for s in rec.statuses("crash")
+        if has(s, "FailureTarget") and not has(s, "Failed") and s.get("terminating") == 1
+    ]
     assert waiting, "the Job must wait in FailureTarget while a pod terminates"
     final = rec.job("crash")["status"]
     assert final["failed"] == 2 and final["terminating"] == 0
@@ -468,9 +590,12 @@ async def test_active_deadline_fails_the_job(sim: tuple[SimCluster, Recorded]) -
 
     async def failed() -> JSON | None:
         return condition(rec.job("slow").get("status") or {}, "Failed")
+
     reason = await eventually(failed)
     assert reason is not None and (reason["reason"], reason["message"]) == (
-        "DeadlineExceeded", "Job was active longer than specified deadline")
+        "DeadlineExceeded",
+        "Job was active longer than specified deadline",
+    )
     assert [s for s in rec.statuses("slow") if has(s, "FailureTarget") and not has(s, "Failed")]
 
 
@@ -481,6 +606,7 @@ async def test_a_suspended_job_creates_no_pods_until_resumed(sim: tuple[SimClust
 
     async def suspended() -> bool:
         return has(rec.job("later").get("status") or {}, "Suspended")
+
     await eventually(suspended)
     assert rec.pods_of("later") == [] and "startTime" not in rec.job("later")["status"]
     await c.admin.patch(kr.JOBS, "later", {"spec": {"suspend": False}}, patch_type="merge", namespace="team-a")
@@ -488,6 +614,7 @@ async def test_a_suspended_job_creates_no_pods_until_resumed(sim: tuple[SimClust
     async def resumed() -> bool:
         st = rec.job("later").get("status") or {}
         return len(rec.pods_of("later")) == 2 and bool(st.get("startTime")) and not has(st, "Suspended")
+
     await eventually(resumed)
     cond = next(x for x in rec.job("later")["status"]["conditions"] if x["type"] == "Suspended")
     assert (cond["status"], cond["reason"]) == ("False", "JobResumed")
@@ -502,11 +629,13 @@ async def test_deleting_a_running_job_takes_its_pods_with_it(sim: tuple[SimClust
     async def running() -> bool:
         pods = rec.pods_of("bye")
         return len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods)
+
     await eventually(running)
     await c.admin.delete(kr.JOBS, "bye", "team-a", propagation_policy=policy)
 
     async def all_gone() -> bool:  # the kubelet finishes each deletion, the controller releases each finalizer
         return rec.pods_of("bye") == [] and not rec.job("bye")
+
     await eventually(all_gone)
     assert len(rec.pod_uids) == 2
 
@@ -521,6 +650,7 @@ async def test_a_non_indexed_job_counts_successes_through_uncounted_pods(sim: tu
     async def running() -> list[JSON]:
         pods = rec.pods_of("plain")
         return pods if len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods) else []
+
     pods = await eventually(running)
     assert all(re.fullmatch(r"plain-[a-z0-9]{5}", p["metadata"]["name"]) for p in pods)
     assert all("hostname" not in p["spec"] for p in pods)
@@ -529,6 +659,7 @@ async def test_a_non_indexed_job_counts_successes_through_uncounted_pods(sim: tu
 
     async def complete() -> bool:
         return has(rec.job("plain").get("status") or {}, "Complete")
+
     await eventually(complete)
     assert rec.job("plain")["status"]["succeeded"] == 2
     assert [s for s in rec.statuses("plain") if s.get("uncountedTerminatedPods", {}).get("succeeded")]

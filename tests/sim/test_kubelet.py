@@ -33,12 +33,17 @@ def fixture_nodes() -> list[JSON]:
 
 
 def bound_pod(name: str = "w-0-abcde", node: str = "h100-r1-n1", restart: str = "Never", containers: int = 1) -> JSON:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "team-a", "uid": "u-1"},
-            "spec": {"nodeName": node, "restartPolicy": restart,
-                     "containers": [{"name": f"c{i}", "image": "nvcr.io/nvidia/pytorch:25.10-py3"}
-                                    for i in range(containers)]},
-            "status": {"phase": "Pending", "qosClass": "BestEffort"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a", "uid": "u-1"},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": restart,
+            "containers": [{"name": f"c{i}", "image": "nvcr.io/nvidia/pytorch:25.10-py3"} for i in range(containers)],
+        },
+        "status": {"phase": "Pending", "qosClass": "BestEffort"},
+    }
 
 
 def cond(status: JSON, ctype: str) -> JSON:
@@ -65,19 +70,25 @@ def test_container_creating_leaves_the_pod_pending_and_not_ready() -> None:
     assert cond(st, "Ready")["message"] == "containers with unready status: [c0]"
 
 
-@pytest.mark.parametrize("reason, message_start", [
-    ("ErrImagePull", 'failed to pull and unpack image "nvcr.io/nvidia/pytorch:25.10-py3"'),
-    ("ImagePullBackOff", 'Back-off pulling image "nvcr.io/nvidia/pytorch:25.10-py3"'),
-])
+@pytest.mark.parametrize(
+    "reason, message_start",
+    [
+        ("ErrImagePull", 'failed to pull and unpack image "nvcr.io/nvidia/pytorch:25.10-py3"'),
+        ("ImagePullBackOff", 'Back-off pulling image "nvcr.io/nvidia/pytorch:25.10-py3"'),
+    ],
+)
 def test_image_pull_errors(reason: str, message_start: str) -> None:
     waiting = ps.waiting_status(bound_pod(), "192.0.2.10", NOW, reason)["containerStatuses"][0]["state"]["waiting"]
     assert waiting["reason"] == reason and waiting["message"].startswith(message_start)
 
 
-@pytest.mark.parametrize("codes, phase, reason", [
-    ({"c0": 0, "c1": 0}, "Succeeded", "PodCompleted"),
-    ({"c0": 0, "c1": 3}, "Failed", "PodFailed"),
-])
+@pytest.mark.parametrize(
+    "codes, phase, reason",
+    [
+        ({"c0": 0, "c1": 0}, "Succeeded", "PodCompleted"),
+        ({"c0": 0, "c1": 3}, "Failed", "PodFailed"),
+    ],
+)
 def test_completion_with_exit_codes(codes: dict[str, int], phase: str, reason: str) -> None:
     p = bound_pod(containers=2)
     p["status"] = ps.running_status(p, "192.0.2.10", "10.244.0.5", NOW - 60)
@@ -132,10 +143,16 @@ def test_node_conditions_refresh_heartbeats_and_keep_transition_times() -> None:
 def test_lease_is_owned_by_its_node() -> None:
     n = fixture_nodes()[0]
     lease = nd.lease_body(n, NOW, 40)
-    assert lease["metadata"] == {"name": "h100-r1-n1", "namespace": "kube-node-lease", "ownerReferences": [
-        {"apiVersion": "v1", "kind": "Node", "name": "h100-r1-n1", "uid": n["metadata"]["uid"]}]}
-    assert lease["spec"] == {"holderIdentity": "h100-r1-n1", "leaseDurationSeconds": 40,
-                             "renewTime": "2027-01-15T08:00:00.000000Z"}
+    assert lease["metadata"] == {
+        "name": "h100-r1-n1",
+        "namespace": "kube-node-lease",
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "h100-r1-n1", "uid": n["metadata"]["uid"]}],
+    }
+    assert lease["spec"] == {
+        "holderIdentity": "h100-r1-n1",
+        "leaseDurationSeconds": 40,
+        "renewTime": "2027-01-15T08:00:00.000000Z",
+    }
 
 
 def test_pod_ips_come_from_the_node_pod_cidr() -> None:
@@ -162,24 +179,32 @@ def test_fixtures_load_from_json_lists_and_yaml_documents(tmp_path: Path) -> Non
 REPO = Path(__file__).resolve().parents[2]
 
 
-def pod_on(name: str, node: str, *, restart: str = "Never", annotations: dict[str, str] | None = None,
-           grace: int = 30) -> JSON:
+def pod_on(
+    name: str, node: str, *, restart: str = "Never", annotations: dict[str, str] | None = None, grace: int = 30
+) -> JSON:
     """A pod created already bound (``spec.nodeName``), as DaemonSet pods are."""
     meta: JSON = {"name": name, "namespace": "team-a"}
     if annotations:
         meta["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"nodeName": node, "restartPolicy": restart, "terminationGracePeriodSeconds": grace,
-                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                     "containers": [{"name": "main", "image": "busybox:1.36"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": grace,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": "busybox:1.36"}],
+        },
+    }
 
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[SimCluster]:
     nodes = [n for n in fixture_nodes() if n["metadata"]["name"] in ("h100-r1-n1", "cpu-1", "h200-dra-1")]
     slices = [o for o in fixture_json("cluster.json")["items"] if o["kind"] == "ResourceSlice"]
-    async with SimCluster(nodes, resource_slices=slices, manifests=REPO / "manifests",
-                          heartbeat_interval_s=0.2) as c:
+    async with SimCluster(nodes, resource_slices=slices, manifests=REPO / "manifests", heartbeat_interval_s=0.2) as c:
         await c.create_namespace("team-a")
         yield c
 
@@ -191,6 +216,7 @@ async def phase_of(c: SimCluster, name: str, phase: str) -> JSON:
     async def reached() -> JSON | None:
         p = await admin.get(kr.PODS, name, "team-a")
         return p if p["status"].get("phase") == phase else None
+
     return await eventually(reached)
 
 
@@ -218,6 +244,7 @@ async def test_leases_and_ready_conditions_are_renewed(cluster: SimCluster) -> N
     async def renewed() -> JSON | None:
         lease = await admin.get(kr.LEASES, "h100-r1-n1", "kube-node-lease")
         return lease if lease["spec"]["renewTime"] != first["spec"]["renewTime"] else None
+
     later = await eventually(renewed)
     assert later["metadata"]["resourceVersion"] != first["metadata"]["resourceVersion"]
     assert len(later["spec"]["renewTime"].split(".")[1]) == len("000000Z")
@@ -225,6 +252,7 @@ async def test_leases_and_ready_conditions_are_renewed(cluster: SimCluster) -> N
 
     async def beat_twice() -> bool:
         return cluster.kubelet is not None and cluster.kubelet.heartbeats >= before + 2
+
     await eventually(beat_twice)
     node = await admin.get(kr.NODES, "h100-r1-n1")
     ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
@@ -265,6 +293,7 @@ async def test_on_failure_pods_restart_in_place(cluster: SimCluster) -> None:
         assert cluster.admin is not None
         p = await cluster.admin.get(kr.PODS, "retry", "team-a")
         return bool(p["status"]["phase"] == "Running" and p["status"]["containerStatuses"][0]["restartCount"] == 1)
+
     await eventually(restarted)
 
 
@@ -283,6 +312,7 @@ async def test_graceful_deletion_is_finished_with_a_terminal_phase(cluster: SimC
 
         async def gone() -> bool:
             return bool(seen) and seen[-1] == {"deleted": True}
+
         await eventually(gone)
     finally:
         task.cancel()
@@ -301,12 +331,15 @@ async def test_pending_mode_and_image_pull_errors(cluster: SimCluster) -> None:
         assert cluster.admin is not None
         st = (await cluster.admin.get(kr.PODS, "slow", "team-a"))["status"]
         return bool(st.get("containerStatuses", [{}])[0].get("state") == {"waiting": {"reason": "ContainerCreating"}})
+
     await eventually(creating)
     await cluster.kubelet.image_pull_error("team-a", "slow", "ImagePullBackOff")
     st = (await cluster.admin.get(kr.PODS, "slow", "team-a"))["status"]
     assert st["phase"] == "Pending"
     assert st["containerStatuses"][0]["state"]["waiting"] == {
-        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "busybox:1.36"'}
+        "reason": "ImagePullBackOff",
+        "message": 'Back-off pulling image "busybox:1.36"',
+    }
     await cluster.kubelet.start("team-a", "slow")
     await phase_of(cluster, "slow", "Running")
 
@@ -323,6 +356,7 @@ async def test_annotations_drive_a_pod_without_a_harness(cluster: SimCluster) ->
         st = (await cluster.admin.get(kr.PODS, "pull", "team-a"))["status"]
         waiting = st.get("containerStatuses", [{}])[0].get("state", {}).get("waiting", {})
         return bool(waiting.get("reason") == "ErrImagePull")
+
     await eventually(pull_error)
 
 
@@ -336,6 +370,7 @@ async def test_a_node_can_be_made_not_ready(cluster: SimCluster) -> None:
 
     async def beat() -> bool:
         return cluster.kubelet is not None and cluster.kubelet.heartbeats > before
+
     await eventually(beat)  # heartbeats keep it NotReady
     node = await cluster.admin.get(kr.NODES, "cpu-1")
     assert next(c for c in node["status"]["conditions"] if c["type"] == "Ready")["status"] == "False"
@@ -350,17 +385,29 @@ async def test_the_command_line_kubelet_registers_nodes_on_a_cluster(tmp_path: P
     try:
         write_kubeconfig(tmp_path / "kc", server.url, server.admin_token)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sim.kubelet", "--kubeconfig", str(tmp_path / "kc"),
-            "--nodes", str(tmp_path / "nodes.yaml"), "--heartbeat-interval", "0.2",
-            cwd=REPO, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "sim.kubelet",
+            "--kubeconfig",
+            str(tmp_path / "kc"),
+            "--nodes",
+            str(tmp_path / "nodes.yaml"),
+            "--heartbeat-interval",
+            "0.2",
+            cwd=REPO,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             async with KubeClient(server.url, server.admin_token) as c:
+
                 async def lease() -> bool:
                     try:
                         await c.get(kr.LEASES, "cli-node", "kube-node-lease")
                     except KubeApiError:
                         return False
                     return True
+
                 await eventually(lease, timeout_s=30)
                 assert (await c.get(kr.NODES, "cli-node"))["status"]["allocatable"]["nvidia.com/gpu"] == "8"
         finally:
@@ -383,5 +430,6 @@ async def test_a_deleted_node_is_registered_again(cluster: SimCluster) -> None:
         except KubeApiError:
             return None
         return node if node["metadata"]["uid"] != old["metadata"]["uid"] else None
+
     again = await eventually(back)
     assert again["metadata"]["labels"] == old["metadata"]["labels"]

@@ -15,14 +15,19 @@ from sim.trace import EXPECTED_RESULTS, NODE_LIST, load_nodes, load_pods, trace_
 
 # 40 nodes, 150 GPUs: big enough that the last events reach the 130 % column.
 NODES_CSV = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
-    f"n{i:02d},32000,131072,{g},{m}\n"
-    for i, (g, m) in enumerate([(4, "A"), (2, "B"), (8, "A"), (1, "B")] * 10)
+    f"n{i:02d},32000,131072,{g},{m}\n" for i, (g, m) in enumerate([(4, "A"), (2, "B"), (8, "A"), (1, "B")] * 10)
 )
 
 
 def pods_csv(n: int = 40) -> str:
-    shapes = ["4000,8192,1,1000,", "2000,4096,1,500,", "3000,4096,1,810,B", "8000,8192,2,1000,",
-              "6000,4096,0,0,", "1000,1024,1,250,"]
+    shapes = [
+        "4000,8192,1,1000,",
+        "2000,4096,1,500,",
+        "3000,4096,1,810,B",
+        "8000,8192,2,1000,",
+        "6000,4096,0,0,",
+        "1000,1024,1,250,",
+    ]
     rows = [f"p{i:03d},{shapes[i % len(shapes)]}" for i in range(n)]
     return "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + "\n".join(rows) + "\n"
 
@@ -63,15 +68,35 @@ def test_replay_of_tiny_cluster_is_consistent(tiny: tuple[Path, Path]) -> None:
 def test_replay_many_matches_serial(tiny: tuple[Path, Path]) -> None:
     nodes, pods = load_nodes(tiny[0]), load_pods(tiny[1])
     runs = replay_many(nodes, pods, ["random", "tandem-frag"], (42, 43), processes=2)
-    assert [(r.policy, r.seed) for r in runs] == [("random", 42), ("random", 43),
-                                                 ("tandem-frag", 42), ("tandem-frag", 43)]
+    assert [(r.policy, r.seed) for r in runs] == [
+        ("random", 42),
+        ("random", 43),
+        ("tandem-frag", 42),
+        ("tandem-frag", 43),
+    ]
     assert runs[1].allocation == replay(nodes, pods, "random", 43).allocation
 
 
 def test_cli_writes_json(tiny: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.json"
-    code = main(["--nodes", str(tiny[0]), "--pods", str(tiny[1]), "--policy", "bestfit",
-                 "--policy", "fgd", "--seeds", "42-43", "--json", str(out), "--processes", "1"])
+    code = main(
+        [
+            "--nodes",
+            str(tiny[0]),
+            "--pods",
+            str(tiny[1]),
+            "--policy",
+            "bestfit",
+            "--policy",
+            "fgd",
+            "--seeds",
+            "42-43",
+            "--json",
+            str(out),
+            "--processes",
+            "1",
+        ]
+    )
     assert code == 0
     summary = json.loads(out.read_text())
     assert set(summary["tiny"]) == {"bestfit", "fgd"}
@@ -85,8 +110,10 @@ def test_cli_writes_json(tiny: tuple[Path, Path], tmp_path: Path, capsys: pytest
 
 def test_cli_defaults_to_the_default_policy(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     out = tmp_path / "o.json"
-    assert main(["--nodes", str(tiny[0]), "--pods", str(tiny[1]), "--seeds", "42",
-                 "--json", str(out), "--processes", "1"]) == 0
+    assert (
+        main(["--nodes", str(tiny[0]), "--pods", str(tiny[1]), "--seeds", "42", "--json", str(out), "--processes", "1"])
+        == 0
+    )
     assert list(json.loads(out.read_text())["tiny"]) == ["tandem-frag"]
 
 

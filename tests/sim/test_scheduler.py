@@ -18,7 +18,6 @@ from sim import kuberesources as kr
 from sim import schedplugins as sp
 from sim.cluster import SimCluster, eventually
 from sim.kubeclient import KubeClient
-from sim.scheduler import Scheduler
 from sim.schedconfig import (
     combine_scores,
     fit_error_message,
@@ -28,6 +27,7 @@ from sim.schedconfig import (
     select_host,
 )
 from sim.schedqueue import SchedulingQueue
+from sim.scheduler import Scheduler
 from tests.fixtures import fixture_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,8 +39,17 @@ JSON = dict[str, Any]
 # ---- builders -----------------------------------------------------------------------------------
 
 
-def node(name: str, *, labels: dict[str, str] | None = None, taints: list[JSON] | None = None, cpu: str = "64",
-         memory: str = "256Gi", pods: str = "110", gpus: int | None = None, unschedulable: bool = False) -> JSON:
+def node(
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    taints: list[JSON] | None = None,
+    cpu: str = "64",
+    memory: str = "256Gi",
+    pods: str = "110",
+    gpus: int | None = None,
+    unschedulable: bool = False,
+) -> JSON:
     alloc = {"cpu": cpu, "memory": memory, "pods": pods}
     if gpus is not None:
         alloc["nvidia.com/gpu"] = str(gpus)
@@ -49,14 +58,27 @@ def node(name: str, *, labels: dict[str, str] | None = None, taints: list[JSON] 
         spec["taints"] = taints
     if unschedulable:
         spec["unschedulable"] = True
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
-            "spec": spec, "status": {"capacity": dict(alloc), "allocatable": alloc}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+        "spec": spec,
+        "status": {"capacity": dict(alloc), "allocatable": alloc},
+    }
 
 
-def pod(name: str = "p", *, cpu: str | None = "1", memory: str | None = None, gpus: int | None = None,
-        tolerations: list[JSON] | None = None, node_selector: dict[str, str] | None = None,
-        affinity: JSON | None = None, init: list[JSON] | None = None, overhead: dict[str, str] | None = None) -> JSON:
+def pod(
+    name: str = "p",
+    *,
+    cpu: str | None = "1",
+    memory: str | None = None,
+    gpus: int | None = None,
+    tolerations: list[JSON] | None = None,
+    node_selector: dict[str, str] | None = None,
+    affinity: JSON | None = None,
+    init: list[JSON] | None = None,
+    overhead: dict[str, str] | None = None,
+) -> JSON:
     req: dict[str, str] = {}
     if cpu:
         req["cpu"] = cpu
@@ -96,13 +118,19 @@ def container(name: str, cpu: str, *, sidecar: bool = False) -> JSON:
 # ---- requests -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("the_pod, want_cpu", [
-    (pod(cpu="2"), 2000),
-    (pod(cpu="500m", init=[container("init", "4")]), 4000),  # max(init) beats the sum of containers
-    (pod(cpu="1", init=[container("side", "1", sidecar=True), container("init", "3")]), 4000),  # sidecar + later init
-    (pod(cpu="1", init=[container("side", "2", sidecar=True)]), 3000),  # sidecars add to the containers
-    (pod(cpu="1", overhead={"cpu": "250m"}), 1250),
-])
+@pytest.mark.parametrize(
+    "the_pod, want_cpu",
+    [
+        (pod(cpu="2"), 2000),
+        (pod(cpu="500m", init=[container("init", "4")]), 4000),  # max(init) beats the sum of containers
+        (
+            pod(cpu="1", init=[container("side", "1", sidecar=True), container("init", "3")]),
+            4000,
+        ),  # sidecar + later init
+        (pod(cpu="1", init=[container("side", "2", sidecar=True)]), 3000),  # sidecars add to the containers
+        (pod(cpu="1", overhead={"cpu": "250m"}), 1250),
+    ],
+)
 def test_pod_requests_as_kube_scheduler(the_pod: JSON, want_cpu: int) -> None:
     assert sp.pod_requests(the_pod)["cpu"] == want_cpu
 
@@ -124,27 +152,48 @@ def reasons(the_pod: JSON, the_node: JSON, bound: tuple[JSON, ...] = ()) -> list
     return rejected.get(info.name, [])
 
 
-@pytest.mark.parametrize("the_pod, the_node, want", [
-    (pod(), node("n", unschedulable=True), ["node(s) were unschedulable"]),
-    (pod(tolerations=[{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}]),
-     node("n", unschedulable=True), []),
-    (pod(), node("n", taints=[GPU_TAINT]), ["node(s) had untolerated taint {nvidia.com/gpu: present}"]),
-    (pod(tolerations=[GPU_TOLERATION]), node("n", taints=[GPU_TAINT]), []),
-    (pod(), node("n", taints=[{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]),
-     ["node(s) had untolerated taint {node.kubernetes.io/not-ready: }"]),
-    (pod(), node("n", taints=[{"key": "soft", "value": "x", "effect": "PreferNoSchedule"}]), []),
-    (pod(tolerations=[{"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}]),
-     node("n", taints=[GPU_TAINT]), ["node(s) had untolerated taint {nvidia.com/gpu: present}"]),
-    (pod(tolerations=[{"operator": "Exists"}]), node("n", taints=[GPU_TAINT]), []),
-    (pod(node_selector={"zone": "a"}), node("n", labels={"zone": "b"}),
-     ["node(s) didn't match Pod's node affinity/selector"]),
-    (pod(gpus=4), node("n", gpus=2), ["Insufficient nvidia.com/gpu"]),
-    (pod(gpus=1), node("n"), ["Insufficient nvidia.com/gpu"]),  # an extended resource the node lacks
-    (pod(cpu="65", memory="1Ti"), node("n"), ["Insufficient cpu", "Insufficient memory"]),
-    (pod(cpu=None), node("n", pods="0"), ["Too many pods"]),
-    # the first rejecting plugin wins: a tainted node is not also reported as too small
-    (pod(gpus=16), node("n", gpus=8, taints=[GPU_TAINT]), ["node(s) had untolerated taint {nvidia.com/gpu: present}"]),
-])
+@pytest.mark.parametrize(
+    "the_pod, the_node, want",
+    [
+        (pod(), node("n", unschedulable=True), ["node(s) were unschedulable"]),
+        (
+            pod(
+                tolerations=[{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}]
+            ),
+            node("n", unschedulable=True),
+            [],
+        ),
+        (pod(), node("n", taints=[GPU_TAINT]), ["node(s) had untolerated taint {nvidia.com/gpu: present}"]),
+        (pod(tolerations=[GPU_TOLERATION]), node("n", taints=[GPU_TAINT]), []),
+        (
+            pod(),
+            node("n", taints=[{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]),
+            ["node(s) had untolerated taint {node.kubernetes.io/not-ready: }"],
+        ),
+        (pod(), node("n", taints=[{"key": "soft", "value": "x", "effect": "PreferNoSchedule"}]), []),
+        (
+            pod(tolerations=[{"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}]),
+            node("n", taints=[GPU_TAINT]),
+            ["node(s) had untolerated taint {nvidia.com/gpu: present}"],
+        ),
+        (pod(tolerations=[{"operator": "Exists"}]), node("n", taints=[GPU_TAINT]), []),
+        (
+            pod(node_selector={"zone": "a"}),
+            node("n", labels={"zone": "b"}),
+            ["node(s) didn't match Pod's node affinity/selector"],
+        ),
+        (pod(gpus=4), node("n", gpus=2), ["Insufficient nvidia.com/gpu"]),
+        (pod(gpus=1), node("n"), ["Insufficient nvidia.com/gpu"]),  # an extended resource the node lacks
+        (pod(cpu="65", memory="1Ti"), node("n"), ["Insufficient cpu", "Insufficient memory"]),
+        (pod(cpu=None), node("n", pods="0"), ["Too many pods"]),
+        # the first rejecting plugin wins: a tainted node is not also reported as too small
+        (
+            pod(gpus=16),
+            node("n", gpus=8, taints=[GPU_TAINT]),
+            ["node(s) had untolerated taint {nvidia.com/gpu: present}"],
+        ),
+    ],
+)
 def test_filter_reasons(the_pod: JSON, the_node: JSON, want: list[str]) -> None:
     assert reasons(the_pod, the_node) == want
 
@@ -171,46 +220,81 @@ def test_resources_fit_counts_pods_already_on_the_node() -> None:
     assert reasons(pod(gpus=4), n, (pod(gpus=4), pod(gpus=1))) == ["Too many pods", "Insufficient nvidia.com/gpu"]
 
 
-@pytest.mark.parametrize("expr, labels, want", [
-    ({"key": "zone", "operator": "In", "values": ["a", "b"]}, {"zone": "b"}, True),
-    ({"key": "zone", "operator": "In", "values": ["a"]}, {}, False),
-    ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {}, True),
-    ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {"zone": "a"}, False),
-    ({"key": "gpu", "operator": "Exists"}, {"gpu": ""}, True),
-    ({"key": "gpu", "operator": "DoesNotExist"}, {"gpu": "1"}, False),
-    ({"key": "mem", "operator": "Gt", "values": ["40000"]}, {"mem": "81559"}, True),
-    ({"key": "mem", "operator": "Lt", "values": ["40000"]}, {"mem": "81559"}, False),
-    ({"key": "mem", "operator": "Gt", "values": ["1"]}, {"mem": "lots"}, False),
-])
+@pytest.mark.parametrize(
+    "expr, labels, want",
+    [
+        ({"key": "zone", "operator": "In", "values": ["a", "b"]}, {"zone": "b"}, True),
+        ({"key": "zone", "operator": "In", "values": ["a"]}, {}, False),
+        ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {}, True),
+        ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {"zone": "a"}, False),
+        ({"key": "gpu", "operator": "Exists"}, {"gpu": ""}, True),
+        ({"key": "gpu", "operator": "DoesNotExist"}, {"gpu": "1"}, False),
+        ({"key": "mem", "operator": "Gt", "values": ["40000"]}, {"mem": "81559"}, True),
+        ({"key": "mem", "operator": "Lt", "values": ["40000"]}, {"mem": "81559"}, False),
+        ({"key": "mem", "operator": "Gt", "values": ["1"]}, {"mem": "lots"}, False),
+    ],
+)
 def test_node_selector_requirements(expr: JSON, labels: dict[str, str], want: bool) -> None:
     assert sp.match_node_selector_term({"matchExpressions": [expr]}, node("n", labels=labels)) is want
 
 
 def test_affinity_terms_are_ored_and_an_empty_term_matches_nothing() -> None:
     n = node("n", labels={"zone": "a"})
-    assert sp.filter_node_affinity(pod(affinity=required({}, {"matchExpressions": [
-        {"key": "zone", "operator": "In", "values": ["a"]}]})), sp.NodeInfo(n)) == []
+    assert (
+        sp.filter_node_affinity(
+            pod(affinity=required({}, {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]})),
+            sp.NodeInfo(n),
+        )
+        == []
+    )
     assert sp.filter_node_affinity(pod(affinity=required({})), sp.NodeInfo(n)) == [sp.REASON_AFFINITY]
 
 
 def test_match_fields_pins_by_node_name_not_hostname_label() -> None:
     n = node("node-0007", labels={"kubernetes.io/hostname": "h100-r7-n1"})
     pin = required({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-0007"]}]})
-    by_label = required({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
-                                               "values": ["node-0007"]}]})
+    by_label = required(
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-0007"]}]}
+    )
     assert sp.filter_node_affinity(pod(affinity=pin), sp.NodeInfo(n)) == []
     assert sp.filter_node_affinity(pod(affinity=by_label), sp.NodeInfo(n)) == [sp.REASON_AFFINITY]
 
 
-@pytest.mark.parametrize("terms, want", [
-    ([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}], {"a", "b"}),
-    ([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a", "b"]},
-                       {"key": "metadata.name", "operator": "In", "values": ["b", "c"]}]}], {"b"}),
-    ([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]},
-      {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}], None),  # one term pins nothing
-    ([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]},
-                       {"key": "metadata.name", "operator": "In", "values": ["b"]}]}], set()),
-])
+@pytest.mark.parametrize(
+    "terms, want",
+    [
+        ([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}], {"a", "b"}),
+        (
+            [
+                {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": ["a", "b"]},
+                        {"key": "metadata.name", "operator": "In", "values": ["b", "c"]},
+                    ]
+                }
+            ],
+            {"b"},
+        ),
+        (
+            [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+            ],
+            None,
+        ),  # one term pins nothing
+        (
+            [
+                {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": ["a"]},
+                        {"key": "metadata.name", "operator": "In", "values": ["b"]},
+                    ]
+                }
+            ],
+            set(),
+        ),
+    ],
+)
 def test_prefilter_node_names(terms: list[JSON], want: set[str] | None) -> None:
     assert sp.prefilter_node_names(pod(affinity=required(*terms))) == want
 
@@ -256,8 +340,13 @@ def test_taint_toleration_score_prefers_fewer_prefer_no_schedule_taints() -> Non
 def test_node_affinity_score_is_skipped_without_preferences_and_normalised_with() -> None:
     nodes = [sp.NodeInfo(node("a", labels={"zone": "a"})), sp.NodeInfo(node("b", labels={"zone": "b"}))]
     assert sp.score_node_affinity(pod(), nodes) is None
-    prefer = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 30, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}}]}}
+    prefer = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 30, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}}
+            ]
+        }
+    }
     assert sp.score_node_affinity(pod(affinity=prefer), nodes) == {"a": 0, "b": 100}
 
 
@@ -283,8 +372,14 @@ def test_shipped_configuration_is_read_as_kube_scheduler_reads_it() -> None:
     profile = load_profile(SHIPPED_CONFIG, "tandem-scheduler")
     assert profile.fit_strategy == "MostAllocated"
     assert profile.fit_resources == (("cpu", 1), ("memory", 1), ("nvidia.com/gpu", 10))
-    assert dict(profile.score_weights) == {"TaintToleration": 3, "NodeAffinity": 2, "NodeResourcesFit": 1,
-                                           "VolumeBinding": 1, "PodTopologySpread": 2, "InterPodAffinity": 2}
+    assert dict(profile.score_weights) == {
+        "TaintToleration": 3,
+        "NodeAffinity": 2,
+        "NodeResourcesFit": 1,
+        "VolumeBinding": 1,
+        "PodTopologySpread": 2,
+        "InterPodAffinity": 2,
+    }
     assert profile.percentage_of_nodes_to_score == 100
     (ext,) = profile.extenders
     assert (ext.path_prefix, ext.filter_verb, ext.prioritize_verb) == ("/tandem", "filter", "prioritize")
@@ -391,13 +486,19 @@ GATE = "tandem.dev/placement"
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 
-def real_node(name: str, *, hostname: str | None = None, gpus: int = 8, product: str = H100,
-              taints: list[JSON] | None = None) -> JSON:
+def real_node(
+    name: str, *, hostname: str | None = None, gpus: int = 8, product: str = H100, taints: list[JSON] | None = None
+) -> JSON:
     """A fixture H100 node (real format) renamed, with its GPU count and taints changed."""
     n = copy.deepcopy(next(o for o in fixture_json("cluster.json")["items"] if o["metadata"]["name"] == "h100-r1-n1"))
     n["metadata"]["name"] = name
-    n["metadata"]["labels"].update({"kubernetes.io/hostname": hostname or name, "nvidia.com/gpu.product": product,
-                                    "nvidia.com/gpu.count": str(gpus)})
+    n["metadata"]["labels"].update(
+        {
+            "kubernetes.io/hostname": hostname or name,
+            "nvidia.com/gpu.product": product,
+            "nvidia.com/gpu.count": str(gpus),
+        }
+    )
     for key in ("capacity", "allocatable"):
         n["status"][key]["nvidia.com/gpu"] = str(gpus)
     n["status"]["addresses"] = [{"type": "InternalIP", "address": "192.0.2.50"}, {"type": "Hostname", "address": name}]
@@ -408,8 +509,14 @@ def real_node(name: str, *, hostname: str | None = None, gpus: int = 8, product:
     return out
 
 
-def gpu_pod(name: str, gpus: int = 4, *, gated: bool = False, affinity: JSON | None = None,
-            selector: dict[str, str] | None = None) -> JSON:
+def gpu_pod(
+    name: str,
+    gpus: int = 4,
+    *,
+    gated: bool = False,
+    affinity: JSON | None = None,
+    selector: dict[str, str] | None = None,
+) -> JSON:
     p = pod(name, cpu="1", gpus=gpus, tolerations=[GPU_TOLERATION], node_selector=selector, affinity=affinity)
     p["spec"]["schedulerName"] = "tandem-scheduler"
     p["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
@@ -447,12 +554,14 @@ class StubExtender:
             return web.json_response({"Error": self.error})
         names = body["NodeNames"]
         refused = set(self.failed) | set(self.unresolvable)
-        return web.json_response({
-            "NodeNames": [n for n in names if n not in refused],
-            "FailedNodes": {n: r for n, r in self.failed.items() if n in names},
-            "FailedAndUnresolvableNodes": {n: r for n, r in self.unresolvable.items() if n in names},
-            "Error": "",
-        })
+        return web.json_response(
+            {
+                "NodeNames": [n for n in names if n not in refused],
+                "FailedNodes": {n: r for n, r in self.failed.items() if n in names},
+                "FailedAndUnresolvableNodes": {n: r for n, r in self.unresolvable.items() if n in names},
+                "Error": "",
+            }
+        )
 
     async def _prioritize(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -467,7 +576,7 @@ class StubExtender:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
         return self
 
@@ -482,8 +591,9 @@ class StubExtender:
 @contextlib.asynccontextmanager
 async def running(nodes: list[JSON], **kw: Any) -> AsyncIterator[tuple[SimCluster, StubExtender, KubeClient]]:
     async with StubExtender() as stub:
-        async with SimCluster(nodes, manifests=REPO / "manifests", extender_url=stub.url, heartbeat_interval_s=60.0,
-                              **kw) as c:
+        async with SimCluster(
+            nodes, manifests=REPO / "manifests", extender_url=stub.url, heartbeat_interval_s=60.0, **kw
+        ) as c:
             await c.create_namespace("team-a")
             assert c.admin is not None
             yield c, stub, c.admin
@@ -496,6 +606,7 @@ async def fetch(client: KubeClient, name: str) -> JSON:
 async def bound_to(client: KubeClient, name: str) -> str:
     async def node() -> str:
         return str((await fetch(client, name))["spec"].get("nodeName") or "")
+
     return await eventually(node)
 
 
@@ -505,6 +616,7 @@ async def scheduled_condition(client: KubeClient, name: str, reason: str) -> JSO
             if c["type"] == "PodScheduled" and c.get("reason") == reason:
                 return dict(c)
         return None
+
     return await eventually(cond)
 
 
@@ -514,8 +626,9 @@ async def test_a_pod_pinned_by_match_fields_binds_to_exactly_that_node() -> None
     async with running(nodes) as (c, stub, admin):
         await admin.create(kr.PODS, gpu_pod("pinned", affinity=pin("node-0007")), "team-a")
         assert await bound_to(admin, "pinned") == "node-0007"
-        by_label = required({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
-                                                   "values": ["node-0007"]}]})
+        by_label = required(
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-0007"]}]}
+        )
         await admin.create(kr.PODS, gpu_pod("by-label", affinity=by_label), "team-a")
         assert await bound_to(admin, "by-label") == "node-0008"
         filters = [b for verb, b in stub.calls if verb == "filter" and b["Pod"]["metadata"]["name"] == "pinned"]
@@ -525,7 +638,8 @@ async def test_a_pod_pinned_by_match_fields_binds_to_exactly_that_node() -> None
 
 async def test_a_pod_that_fits_nowhere_gets_kube_schedulers_message_with_the_extenders_reasons() -> None:
     nodes = [
-        real_node("h100-a"), real_node("h100-b"),
+        real_node("h100-a"),
+        real_node("h100-b"),
         real_node("h100-small", gpus=2),
         real_node("t4", product="Tesla-T4"),
         real_node("infer", taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]),
@@ -556,8 +670,13 @@ async def test_gated_pods_are_never_bound_until_the_gate_is_lifted() -> None:
         gated = await fetch(admin, "gated")
         assert "nodeName" not in gated["spec"] and "gated" not in stub.pods_seen()
         assert any(x["reason"] == "SchedulingGated" for x in gated["status"]["conditions"])
-        await admin.patch(kr.PODS, "gated", {"spec": {"schedulingGates": [{"$patch": "delete", "name": GATE}]}},
-                          patch_type="strategic", namespace="team-a")
+        await admin.patch(
+            kr.PODS,
+            "gated",
+            {"spec": {"schedulingGates": [{"$patch": "delete", "name": GATE}]}},
+            patch_type="strategic",
+            namespace="team-a",
+        )
         assert await bound_to(admin, "gated") == "h100-a"
 
 
@@ -582,8 +701,10 @@ async def test_the_extender_timeout_is_its_http_timeout() -> None:
         stub.delay_s = 1.0
         await admin.create(kr.PODS, gpu_pod("slow"), "team-a")
         cond = await scheduled_condition(admin, "slow", "SchedulerError")
-        assert cond["message"] == (f'Post "{stub.url}/tandem/filter": context deadline exceeded '
-                                   "(Client.Timeout exceeded while awaiting headers)")
+        assert cond["message"] == (
+            f'Post "{stub.url}/tandem/filter": context deadline exceeded '
+            "(Client.Timeout exceeded while awaiting headers)"
+        )
 
 
 async def test_the_extenders_priorities_outweigh_packing() -> None:
@@ -605,16 +726,16 @@ async def test_the_cache_counts_assumed_pods_once_and_releases_finished_ones() -
     first, second = gpu_pod("first", gpus=4), gpu_pod("second", gpus=4)
     first["spec"]["nodeName"] = "h100-a"
     first["status"] = {"phase": "Running"}
-    sched._on_pod(None, first)  # noqa: SLF001 - the informer's handler
-    sched._assumed["team-a/second"] = ("h100-a", sp.pod_requests(second))  # noqa: SLF001 - bind in flight
+    sched._on_pod(None, first)
+    sched._assumed["team-a/second"] = ("h100-a", sp.pod_requests(second))
     (info,) = sched.snapshot()
     assert (info.requested["nvidia.com/gpu"], info.pods) == (8, 2)
     bound = copy.deepcopy(second) | {"status": {"phase": "Pending"}}
     bound["spec"]["nodeName"] = "h100-a"
-    sched._on_pod(second, bound)  # noqa: SLF001 - the binding is seen: assumed becomes bound, not counted twice
+    sched._on_pod(second, bound)
     (info,) = sched.snapshot()
     assert (info.requested["nvidia.com/gpu"], info.pods) == (8, 2)
-    sched._on_pod(first, first | {"status": {"phase": "Succeeded"}})  # noqa: SLF001 - finished pods hold nothing
+    sched._on_pod(first, first | {"status": {"phase": "Succeeded"}})
     (info,) = sched.snapshot()
     assert (info.requested["nvidia.com/gpu"], info.pods) == (4, 1)
 
@@ -625,11 +746,11 @@ def test_only_its_own_ungated_unbound_pods_are_queued() -> None:
     other["spec"]["schedulerName"] = "default-scheduler"
     gated = gpu_pod("gated", gated=True)
     for p in (other, gated, gpu_pod("mine")):
-        sched._on_pod(None, p)  # noqa: SLF001
+        sched._on_pod(None, p)
     assert sched.queue.pending() == {"team-a/mine": "active"}
     ungated = copy.deepcopy(gated)
     ungated["spec"]["schedulingGates"] = []
-    sched._on_pod(gated, ungated)  # noqa: SLF001
+    sched._on_pod(gated, ungated)
     assert sched.queue.pending() == {"team-a/mine": "active", "team-a/gated": "active"}
 
 
@@ -655,8 +776,12 @@ def as_created(obj: JSON, scheduler_name: str | None = None) -> JSON:
     spec.pop("priority", None)
     if scheduler_name:
         spec["schedulerName"] = scheduler_name
-    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": meta.get("labels") or {}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": spec,
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": meta.get("labels") or {}},
+    }
 
 
 @contextlib.asynccontextmanager
@@ -677,10 +802,12 @@ async def tandem_extender(c: SimCluster, tmp_path: Path) -> AsyncIterator[Any]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
+
         async def ready() -> bool:
             return inventory.ready
+
         await eventually(ready)
         c.set_extender_url(f"http://127.0.0.1:{port}")
         yield inventory
@@ -715,6 +842,7 @@ async def test_with_the_real_tandem_extender(tmp_path: Path) -> None:
             async def extender_sees_not_ready() -> bool:
                 facts = inventory.facts_for("h100-r1-n2")
                 return facts is not None and not facts.node.ready
+
             await eventually(extender_sees_not_ready)
             await admin.create(kr.PODS, as_created(pending["want-8"], "tandem-scheduler"))
             cond = await scheduled_condition(admin, "want-8", "Unschedulable")

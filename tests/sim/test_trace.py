@@ -45,7 +45,7 @@ def test_tune_up_appends_clones_until_the_next_would_cross() -> None:
     head = order[: len(base)]
     assert sorted(d.cpu_milli for d in head) == sorted(d.cpu_milli for d in base)
     running = sum(d.total_gpu_milli for d in head)
-    for clone in order[len(base):]:
+    for clone in order[len(base) :]:
         assert any(clone is d for d in base)
         assert running + clone.gpu_milli <= target  # FGD's test uses the per-GPU milli
         running += clone.total_gpu_milli
