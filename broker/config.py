@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from broker.domain.lifecycle import RetryPolicy
+from broker.domain.retry import RetryPolicy
 
 __all__ = [
     "TlsConfig",
@@ -197,7 +197,7 @@ class BrokerConfig(_Strict):
     dispatch_ack_timeout_s: float = Field(default=30.0, gt=0)
     """A dispatch without accept/reject by then is treated as rejected, in seconds."""
     retry: RetryPolicy = RetryPolicy()
-    """Retry budget and back-off of failed attempts (broker.domain.lifecycle.RetryPolicy; only
+    """Retry budget and back-off of failed attempts (broker.domain.retry.RetryPolicy; only
     infrastructure failures spend the budget)."""
     retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """Finished jobs are kept this long before they may be purged, in seconds."""

@@ -11,6 +11,22 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from broker.domain.job_events import (
+    AbandonLost,
+    AllRunning,
+    AttemptEnded,
+    CancelRequested,
+    ClusterSilent,
+    DispatchAccepted,
+    DispatchRejected,
+    DispatchSent,
+    Event,
+    PreemptRequested,
+    RequeueRequested,
+    ReservationExpired,
+    Reserve,
+    WorkloadReady,
+)
 from broker.domain.records import (
     AttemptClose,
     AttemptRecord,
@@ -20,8 +36,8 @@ from broker.domain.records import (
     OrderSpec,
     Transition,
 )
+from broker.domain.retry import RetryPolicy, backoff_s
 from broker.domain.states import PRE_START, AttemptOutcome, JobState, is_allowed, spends_retry
-from fleetplan.catalog import ReplicaPlacement
 
 __all__ = [
     "log_fields",
@@ -91,33 +107,6 @@ class IgnoreReason(enum.StrEnum):
     NOT_PREEMPTIBLE = "NOT_PREEMPTIBLE"
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Retry budget and back-off: the one definition, also the broker config's ``retry:`` section (its keys
-    are these fields). A job's own ``max_infra_retries`` overrides the policy's."""
-
-    max_infra_retries: int = 4
-    """Attempts ending INFRA_FAILED / GANG_TIMEOUT / LOST-after-start allowed before the job FAILS (count)."""
-    max_attempts: int = 20
-    """Hard cap on attempts of any outcome, so rejection loops end (count)."""
-    backoff_base_s: float = 5.0
-    """Back-off after the first spent retry (seconds)."""
-    backoff_factor: float = 2.0
-    """Multiplier of the back-off per further spent retry (dimensionless)."""
-    backoff_max_s: float = 300.0
-    """Back-off cap (seconds)."""
-    preempted_backoff_s: float = 1.0
-    """A preempted job waits this long before it is placed again (about one inventory report), so its next
-    attempt is decided over a report that no longer shows its old pods (FLEET-NOTES F-9)."""
-
-    def __post_init__(self) -> None:
-        # Raised as ValueError so the config loader reports the field (pydantic wraps it).
-        if self.max_infra_retries < 0 or self.max_attempts < 1:
-            raise ValueError("retry: max_infra_retries must be >= 0 and max_attempts >= 1")
-        if min(self.backoff_base_s, self.backoff_max_s, self.preempted_backoff_s) < 0 or self.backoff_factor < 1:
-            raise ValueError("retry: back-offs must be >= 0 seconds and backoff_factor >= 1")
-
-
 def log_fields(job: JobRecord, t: Transition) -> dict[str, object]:
     """A committed transition as log fields. ``job`` (the job id) is the correlation key every Tandem process
     logs under, from submission to the pods (their ``tandem.dev/job`` label); ``attempt`` names the try."""
@@ -134,151 +123,6 @@ def log_fields(job: JobRecord, t: Transition) -> dict[str, object]:
     if t.close_attempt is not None:
         fields["outcome"] = t.close_attempt.outcome.value
     return fields
-
-
-def backoff_s(policy: RetryPolicy, retries_spent: int) -> float:
-    """Exponential, capped back-off after the ``retries_spent``-th spent retry (1-based)."""
-    if retries_spent <= 0:
-        return 0.0
-    return min(policy.backoff_max_s, policy.backoff_base_s * policy.backoff_factor ** (retries_spent - 1))
-
-
-# ---- events -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Reserve:
-    """The placer chose a placement for a QUEUED job at ``attempt`` (its current number): persist it, order dispatch."""
-
-    job_id: str
-    attempt: int
-    cluster: str
-    domain: tuple[str, ...]
-    assignments: tuple[ReplicaPlacement, ...]
-    gpu_model: str
-    gpus: float
-    expires_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchSent:
-    job_id: str
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchAccepted:
-    job_id: str
-    attempt: int
-    namespace: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchRejected:
-    job_id: str
-    attempt: int
-    reason: str = ""
-    """DispatchRejectReason name."""
-    message: str = ""
-    nodes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadReady:
-    """Every replica's gated pod exists: order Start."""
-
-    job_id: str
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class AllRunning:
-    job_id: str
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptEnded:
-    """The cluster reports the attempt's workload finished or gone (also confirms cancel / preempt)."""
-
-    job_id: str
-    attempt: int
-    outcome: AttemptOutcome
-    exit_code: int | None = None
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class CancelRequested:
-    job_id: str
-    actor: str = "broker"
-    message: str = ""
-    grace_s: float = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptRequested:
-    job_id: str
-    attempt: int
-    grace_s: float = 30.0
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterSilent:
-    """The attempt's cluster missed heartbeats past the bound."""
-
-    job_id: str
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReservationExpired:
-    job_id: str
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class AbandonLost:
-    """Stop waiting for a silent cluster to confirm this attempt (bound or admin); the agent deletes it on reconnect.
-
-    LOST → re-queued (outcome LOST, retry spent); CANCELLING → CANCELLED and PREEMPTED → re-queued
-    (outcome LOST, no retry spent: the broker had already asked for the attempt to end).
-    """
-
-    job_id: str
-    attempt: int
-    actor: str = "broker"
-
-
-@dataclass(frozen=True, slots=True)
-class RequeueRequested:
-    """An operator (admin or the job's tenant) sends a job holding capacity back to the queue, no retry spent,
-    preemptible or not: ACCEPTED/STARTING/RUNNING → PREEMPTED with a PREEMPT order (QUEUED once the cluster
-    confirms); RESERVED/DISPATCHED → QUEUED now (outcome PREEMPTED) with a CANCEL order. Else not applicable."""
-
-    job_id: str
-    attempt: int
-    actor: str = "broker"
-    grace_s: float = 30.0
-    message: str = ""
-
-
-Event = (
-    Reserve
-    | DispatchSent
-    | DispatchAccepted
-    | DispatchRejected
-    | WorkloadReady
-    | AllRunning
-    | AttemptEnded
-    | CancelRequested
-    | PreemptRequested
-    | ClusterSilent
-    | ReservationExpired
-    | AbandonLost
-    | RequeueRequested
-)
 
 
 @dataclass(frozen=True, slots=True)
