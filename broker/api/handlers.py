@@ -307,14 +307,7 @@ async def watch_jobs(
             yield ev.revision, ev, job
 
 
-async def cancel_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[JobState, bool]:
-    before = await hub.store.get_job(job_id, tenant=_scope(caller))
-    if before.state.terminal:
-        return before.state, True
-    actor = f"{caller.kind.value}/{caller.name}"
-    job = await hub.store.cancel_job(
-        job_id, tenant=_scope(caller), actor=actor, message=reason or "cancelled", grace_s=hub.cfg.grace_period_s
-    )
+def _log_cancel(job: JobRecord, actor: str, **more: str) -> None:
     _log.info(
         "job cancel requested",
         extra={
@@ -323,8 +316,20 @@ async def cancel_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tupl
             "tenant": job.tenant,
             "state": job.state.value,
             "actor": actor,
+            **more,
         },
     )
+
+
+async def cancel_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[JobState, bool]:
+    before = await hub.store.get_job(job_id, tenant=_scope(caller))
+    if before.state.terminal:
+        return before.state, True
+    actor = f"{caller.kind.value}/{caller.name}"
+    job = await hub.store.cancel_job(
+        job_id, tenant=_scope(caller), actor=actor, message=reason or "cancelled", grace_s=hub.cfg.grace_period_s
+    )
+    _log_cancel(job, actor)
     hub.placer.observe(job)
     await hub.dispatcher.deliver_for(job)
     return job.state, False
@@ -341,17 +346,7 @@ async def cancel_job_set(hub: Hub, caller: Caller, tenant: str, job_set: str, re
         who, job_set, actor=actor, message=reason or "cancelled", grace_s=hub.cfg.grace_period_s
     )
     for job in changed:
-        _log.info(
-            "job cancel requested",
-            extra={
-                "job": job.job_id,
-                "attempt": job.attempt,
-                "tenant": job.tenant,
-                "state": job.state.value,
-                "actor": actor,
-                "job_set": job_set,
-            },
-        )
+        _log_cancel(job, actor, job_set=job_set)
         hub.placer.observe(job)
     for cluster in {c for c in hub.dispatcher.sessions}:
         await hub.dispatcher.deliver(cluster)

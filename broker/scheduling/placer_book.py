@@ -132,25 +132,7 @@ class PlacerBook:
         model, gpus = (
             (held.gpu_model, held.gpus) if held else (drain.gpu_model, float(drain.idle_gpus)) if drain else ("", 0.0)
         )
-        self.book.upsert(
-            q.QueueEntry(
-                job_id=job.job_id,
-                tenant=job.tenant,
-                queue=job.queue,
-                band=job.priority_band,
-                priority=job.priority,
-                seq=job.seq,
-                state=job.state,
-                gpus=job.gpus,
-                gpu_models=job.gpu_models,
-                preemptible=job.preemptible,
-                not_before=job.not_before,
-                charged_model=model,
-                charged_gpus=gpus,
-                drain_hold=drain is not None,
-                held=job.held,
-            )
-        )
+        self.book.upsert(q.QueueEntry.charging(job, model, gpus, drain_hold=drain is not None))
 
     def observe(self, job: JobRecord) -> None:
         """Every committed job change passes here: keeps the queue, holds and overlay in step with the store."""

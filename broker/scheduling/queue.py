@@ -127,7 +127,14 @@ class QueueEntry:
 
     @classmethod
     def of(cls, job: JobRecord, attempt: AttemptRecord | None) -> QueueEntry:
-        held = job.state in HOLDS_CAPACITY and attempt is not None and attempt.number == job.attempt
+        """The job's entry, charged what its current attempt holds (nothing unless it holds capacity)."""
+        if job.state in HOLDS_CAPACITY and attempt is not None and attempt.number == job.attempt:
+            return cls.charging(job, attempt.gpu_model, attempt.gpus)
+        return cls.charging(job, "", 0.0)
+
+    @classmethod
+    def charging(cls, job: JobRecord, model: str, gpus: float, *, drain_hold: bool = False) -> QueueEntry:
+        """The job's entry, charged ``gpus`` of ``model`` (its attempt's, or a draining domain's it holds)."""
         return cls(
             job_id=job.job_id,
             tenant=job.tenant,
@@ -140,8 +147,9 @@ class QueueEntry:
             gpu_models=job.gpu_models,
             preemptible=job.preemptible,
             not_before=job.not_before,
-            charged_model=attempt.gpu_model if held and attempt else "",
-            charged_gpus=attempt.gpus if held and attempt else 0.0,
+            charged_model=model,
+            charged_gpus=gpus,
+            drain_hold=drain_hold,
             held=job.held,
         )
 
