@@ -232,8 +232,8 @@ async def test_three_tenants_weighted_1_1_2_converge_to_their_shares(tmp_path: P
     """A steady stream of 8-GPU jobs from three tenants on 64 GPUs: the queue's weighted order gives 16/16/32.
 
     Bound: over the second half, the GPUs in use split 1:1:2 within 5 points of each tenant's fraction, and
-    all three within one job (8 GPUs) of their water-filled fair share in at least 80 % of samples (jobs end and start
-    one at a time, so a sample may fall between the two); the time it takes is printed."""
+    all three within one job (8 GPUs) of their weighted share of the GPUs in use in at least 80 % of samples (jobs end
+    and start one at a time, so a sample may fall between the two); the time it takes is printed."""
     doc = policy_doc(names=("alpha", "beta", "gamma"), gamma={"weight": 2.0})
     b = await start_broker(tmp_path, policy=doc, fairness=FAST)
     nodes = [f"n{i}" for i in range(8)]
@@ -256,7 +256,9 @@ async def test_three_tenants_weighted_1_1_2_converge_to_their_shares(tmp_path: P
         _, shares = b.hub.placer.shares()
         samples.append((loop.time() - t0, {t: shares.usage.get(t, 0.0) for t in clients}))
         await asyncio.sleep(0.05)
-    within = [all(abs(u[t] - fair[t]) <= 8.0 for t in fair) for _, u in samples]
+    # Within one job of the weighted share of the GPUs in use at that moment: a sample taken while finished
+    # jobs' GPUs wait for the next placement step (longer on a loaded machine) measures the order, not the lag.
+    within = [all(abs(u[t] - sum(u.values()) * fair[t] / 64.0) <= 8.0 for t in fair) for _, u in samples]
     late = samples[len(samples) // 2 :]
     mean = {t: sum(u[t] for _, u in late) / len(late) for t in fair}
     held = sum(mean.values())
