@@ -36,7 +36,7 @@ from placement.model import (
 from placement.podspec import GPU_RESOURCE
 from placement.scoring import Policy, choose_node
 from placement.topology import DomainId, domain_of
-from placement.usage import mig_gpus
+from placement.usage import shape_gpus
 
 __all__ = [
     "GPU_TAINT",
@@ -47,7 +47,6 @@ __all__ = [
     "ReplicaKey",
     "agent_levels",
     "demand_of",
-    "gpus_held",
     "merged_nodes",
     "mig_instances",
     "nodes_of",
@@ -222,18 +221,6 @@ def merged_nodes(fleet: FleetSpec) -> tuple[tuple[CatalogLevel, ...], list[Node]
     return levels, nodes, owner
 
 
-def gpus_held(shape: PodShape) -> float:
-    """GPUs one replica of `shape` holds: whole GPUs, shares as fractions, MIG instances as the core counts them
-    (`placement.usage.mig_gpus`, as `WorkItem.gpu_cost` and wire mode)."""
-    models = shape.gpu_models
-    mig_part = (
-        mig_gpus(shape.mig_profile, next(iter(models)) if len(models) == 1 else None, shape.mig_count)
-        if shape.mig_profile
-        else 0.0
-    )
-    return shape.gpus * shape.gpu_milli / 1000.0 + mig_part
-
-
 # --------------------------------------------------------------------------- one cluster's true state
 
 
@@ -321,7 +308,7 @@ class Cell:
     def bind(self, key: PodKey, row: int, shape: PodShape) -> None:
         """Take one replica's resources on the node (raises CapacityError when it does not fit)."""
         node, alloc = allocate(self.nodes[row], shape, 1)
-        cost = gpus_held(shape)
+        cost = shape_gpus(shape)
         self.nodes[row] = node
         self.pods[key] = (row, alloc, cost)
         self.used[self.owner[row]] += cost

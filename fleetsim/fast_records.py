@@ -8,10 +8,11 @@ from broker.scheduling.queue import QueueEntry
 from fleetplan.catalog import Reservation
 from fleetplan.decide import Choice, ClusterPredicate
 from fleetplan.view import ClusterState
-from fleetsim.fast_cluster import GPU_TOLERATION, AttemptKey, Cell, PodKey, gpus_held
+from fleetsim.fast_cluster import GPU_TOLERATION, AttemptKey, Cell, PodKey
 from fleetsim.model import Outcome, WorkItem
 from placement.model import JobRequest, PodSet, PodShape
 from placement.topology import DomainId
+from placement.usage import shape_gpus
 
 __all__ = [
     "BACKGROUND_CPU_MILLI_PER_GPU",
@@ -172,7 +173,7 @@ class _Copy:
         return len(self.keys) == self.count
 
     def held_gpu_s(self, now: float) -> float:
-        per = gpus_held(self.job.shape)
+        per = shape_gpus(self.job.shape)
         return sum(now - t for t in self.since) * per
 
 

@@ -6,10 +6,10 @@ from collections.abc import Iterable, Mapping
 
 from placement import mig
 from placement.fit import Allocation
-from placement.model import WHOLE_GPU_MILLI, DraDevice, Node
+from placement.model import WHOLE_GPU_MILLI, DraDevice, Node, PodShape
 from placement.podspec import mig_profile_of
 
-__all__ = ["UNKNOWN_MODEL", "mig_fraction", "mig_gpus", "allocation_usage", "merge_usage"]
+__all__ = ["UNKNOWN_MODEL", "mig_fraction", "mig_gpus", "shape_gpus", "allocation_usage", "merge_usage"]
 
 UNKNOWN_MODEL = "unknown"
 """Model name charged when the inventory does not say which GPU it is."""
@@ -35,6 +35,16 @@ def mig_gpus(profile: str, model: str | None, count: float) -> float:
         return count * cls.compute / (4 if cls.total_slices == 4 else 7)
     head = profile.split("g.", 1)[0]
     return count * int(head) / 7 if head.isascii() and head.isdigit() else float(count)
+
+
+def shape_gpus(shape: PodShape) -> float:
+    """GPUs one replica of `shape` holds: whole GPUs, shares as fractions, MIG instances as `mig_gpus` counts them
+    (on the shape's GPU model when it names exactly one); DRA devices are not included."""
+    mig_part = 0.0
+    if shape.mig_profile and shape.mig_count:
+        model = next(iter(shape.gpu_models)) if len(shape.gpu_models) == 1 else None
+        mig_part = mig_gpus(shape.mig_profile, model, shape.mig_count)
+    return shape.gpu_cost + mig_part
 
 
 def _dra_cost(device: DraDevice) -> tuple[str, float]:

@@ -16,7 +16,7 @@ from broker.domain.states import JobState
 from placement.errors import PodSpecError
 from placement.model import GPU_PRODUCT_LABEL, WHOLE_GPU_MILLI, DraRequest, JobRequest, PodSet, PodShape
 from placement.podspec import GPU_MILLI_RESOURCE, GPU_RESOURCE, MIG_RESOURCE_PREFIX, shape_from_pod
-from placement.usage import mig_gpus
+from placement.usage import shape_gpus
 from tandem.v1 import common_pb2, job_pb2, job_service_pb2
 
 __all__ = [
@@ -222,15 +222,7 @@ SPECS = ProtoSpecs()
 def _gpu_demand(req: JobRequest) -> float:
     """Whole-GPU equivalents the job asks for: MIG instances as the core counts them (compute slices over the
     GPU's slices, on the pod set's model when it names exactly one), so demand and quota charge agree."""
-    total = 0.0
-    for ps in req.pod_sets:
-        s = ps.shape
-        if s.gpus:
-            total += s.gpu_cost * ps.count
-        elif s.mig_count and s.mig_profile:
-            model = next(iter(s.gpu_models)) if len(s.gpu_models) == 1 else None
-            total += mig_gpus(s.mig_profile, model, s.mig_count * ps.count)
-    return total
+    return sum(shape_gpus(ps.shape) * ps.count for ps in req.pod_sets)
 
 
 def parse_items(

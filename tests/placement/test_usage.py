@@ -3,9 +3,9 @@
 import pytest
 
 from placement.fit import allocate
-from placement.model import DraDevice, DraRequest
+from placement.model import DraDevice, DraRequest, PodShape
 from placement.topology import GangPlacement, fit_gang
-from placement.usage import allocation_usage, merge_usage, mig_fraction, mig_gpus
+from placement.usage import allocation_usage, merge_usage, mig_fraction, mig_gpus, shape_gpus
 from tests.placement.builders import LEVELS, h200_device, job, mig_inst, node, shape
 
 
@@ -70,3 +70,10 @@ def test_gang_placement_reports_usage() -> None:
     assert isinstance(p, GangPlacement)
     assert p.usage == pytest.approx({"H100": 12.5})
     assert merge_usage([{"a": 1.0}, {"a": 0.5, "b": 2.0}]) == {"a": 1.5, "b": 2.0}
+
+
+def test_shape_gpus_counts_whole_shared_and_mig_replicas_as_the_quota_does() -> None:
+    assert shape_gpus(PodShape(gpus=8)) == 8.0
+    assert shape_gpus(PodShape(gpus=1, gpu_milli=250)) == pytest.approx(0.25)
+    assert shape_gpus(PodShape(mig_profile="3g.40gb", mig_count=2)) == pytest.approx(mig_gpus("3g.40gb", None, 2))
+    assert shape_gpus(PodShape(cpu_milli=1000)) == 0.0
