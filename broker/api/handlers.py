@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from broker.api import serde, validation
 from broker.api.serde import ParsedItem
-from broker.domain import errors, lifecycle
+from broker.domain import errors, job_events, lifecycle
 from broker.domain.errors import ErrorDetails, PolicyViolation, QuotaViolation
 from broker.domain.jobstatus import QueueView
 from broker.domain.records import AttemptRecord, GpuHours, JobFilter, JobPage, JobRecord, WatchEvent
@@ -430,7 +430,7 @@ REQUEUEABLE = frozenset(
 
 
 async def requeue_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> JobRecord:
-    """End the current attempt and queue the job again, no retry spent (lifecycle.RequeueRequested)."""
+    """End the current attempt and queue the job again, no retry spent (job_events.RequeueRequested)."""
     job = await hub.store.get_job(job_id, tenant=_scope(caller))
     if job.terminal:
         raise errors.JobFinished(f"job {job_id} already {job.state.value}", job_id=job_id, state=job.state.value)
@@ -443,7 +443,7 @@ async def requeue_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> Job
             state=job.state.value,
         )
     actor = _actor(caller)
-    event = lifecycle.RequeueRequested(
+    event = job_events.RequeueRequested(
         job_id, job.attempt, actor=actor, grace_s=hub.cfg.grace_period_s, message=reason or f"requeued by {actor}"
     )
     after, reaction = await hub.store.apply_event(event)

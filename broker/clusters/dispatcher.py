@@ -18,7 +18,7 @@ from broker.clusters.dispatcher_inbound import DispatcherInbound
 from broker.clusters.dispatcher_sweeps import DispatcherSweeps
 from broker.clusters.session import Session
 from broker.config import BrokerConfig
-from broker.domain import errors, lifecycle
+from broker.domain import errors, job_events
 from broker.domain.events import ToPlacer
 from broker.domain.records import AttemptRecord, JobRecord
 from broker.domain.specs import SpecReader
@@ -139,7 +139,7 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
                 session.send(self._dispatch_out(session, job, a, prev[0] if prev else None))
             elif job.state not in (S.RESERVED, S.QUEUED):  # RESERVED: its Dispatch is still in the outbox
                 await self.apply(
-                    lifecycle.AttemptEnded(
+                    job_events.AttemptEnded(
                         job.job_id, a.number, AttemptOutcome.INFRA_FAILED, None, "workload vanished from cluster"
                     )
                 )

@@ -11,7 +11,7 @@ import cachetools
 from broker.clusters import link
 from broker.clusters.dispatcher_outbox import DispatcherOutbox
 from broker.clusters.session import Session
-from broker.domain import errors, lifecycle
+from broker.domain import errors, job_events
 from broker.domain.events import CapacityChanged
 from broker.domain.states import AttemptOutcome, JobState
 from fleetplan import catalog as cat
@@ -89,7 +89,7 @@ class DispatcherInbound(DispatcherOutbox):
                 await self._workload(session, msg)
             elif msg.gone:
                 await self.apply(
-                    lifecycle.AttemptEnded(
+                    job_events.AttemptEnded(
                         msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None, msg.message or "deleted"
                     )
                 )
@@ -135,12 +135,12 @@ class DispatcherInbound(DispatcherOutbox):
 
     async def _dispatch_ack(self, session: Session, ack: link.DispatchReply) -> None:
         if ack.accepted:
-            await self.apply(lifecycle.DispatchAccepted(ack.job_id, ack.attempt, ack.namespace))
+            await self.apply(job_events.DispatchAccepted(ack.job_id, ack.attempt, ack.namespace))
             return
         self.catalog.exclude_nodes(session.cluster, ack.nodes)
         if self.metrics is not None:
             self.metrics.rejected(session.cluster)
-        job = await self.apply(lifecycle.DispatchRejected(ack.job_id, ack.attempt, ack.reason, ack.message, ack.nodes))
+        job = await self.apply(job_events.DispatchRejected(ack.job_id, ack.attempt, ack.reason, ack.message, ack.nodes))
         if job is not None:
             self.send(CapacityChanged(session.cluster, "dispatch rejected"))  # re-plan at once, without those nodes
 
@@ -157,18 +157,18 @@ class DispatcherInbound(DispatcherOutbox):
             self._all_bound[(w.job_id, w.attempt)] = all(r.phase in _BOUND for r in w.replicas)
         phase = w.phase
         if phase == "GATED":
-            await self.apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
+            await self.apply(job_events.WorkloadReady(w.job_id, w.attempt))
         elif phase == "RUNNING":
             # min-available is a dispatch-time property: after start any replica failure fails the attempt
             # (one Indexed Job per pod set, backoffLimit 0), which the agent reports as FAILED.
             if job.state is S.ACCEPTED:
-                await self.apply(lifecycle.WorkloadReady(w.job_id, w.attempt))
-            await self.apply(lifecycle.AllRunning(w.job_id, w.attempt))
+                await self.apply(job_events.WorkloadReady(w.job_id, w.attempt))
+            await self.apply(job_events.AllRunning(w.job_id, w.attempt))
         elif phase in ("SUCCEEDED", "FAILED"):
             outcome = w.outcome or (AttemptOutcome.SUCCEEDED if phase == "SUCCEEDED" else AttemptOutcome.INFRA_FAILED)
-            await self.apply(lifecycle.AttemptEnded(w.job_id, w.attempt, outcome, w.exit_code, w.message))
+            await self.apply(job_events.AttemptEnded(w.job_id, w.attempt, outcome, w.exit_code, w.message))
         elif phase == "DELETED":
-            await self.apply(lifecycle.AttemptEnded(w.job_id, w.attempt, AttemptOutcome.CANCELLED, None, w.message))
+            await self.apply(job_events.AttemptEnded(w.job_id, w.attempt, AttemptOutcome.CANCELLED, None, w.message))
 
     async def _feedback(self, session: Session, f: link.Feedback) -> None:
         """Keep the extender's latest verdict per attempt (the newest pod's line wins), for GetJob."""

@@ -10,7 +10,7 @@ from typing import Any
 from broker.clusters import link
 from broker.clusters.session import Session
 from broker.config import BrokerConfig
-from broker.domain import errors, lifecycle
+from broker.domain import errors, job_events, lifecycle
 from broker.domain.events import HoldReleased, JobChanged, NodesHeld, ToDispatcher, ToPlacer
 from broker.domain.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
 from broker.domain.specs import SpecReader
@@ -43,7 +43,7 @@ class DispatcherOutbox:
 
     # ------------------------------------------------------------------ lifecycle events (both ways end here)
 
-    async def apply(self, event: lifecycle.Event) -> JobRecord | None:
+    async def apply(self, event: job_events.Event) -> JobRecord | None:
         """Apply one lifecycle event, tell the placer, and deliver any orders it wrote."""
         try:
             job, reaction = await self.store.apply_event(event)
@@ -135,7 +135,7 @@ class DispatcherOutbox:
                     if d.order.kind is OrderKind.DISPATCH:
                         sent.append(d.order)
                 done.append(d.order.order_id)
-            await asyncio.gather(*(self.apply(lifecycle.DispatchSent(o.job_id, o.attempt)) for o in sent))
+            await asyncio.gather(*(self.apply(job_events.DispatchSent(o.job_id, o.attempt)) for o in sent))
             if done:
                 await self.store.ack_orders(cluster, done)
 

@@ -7,7 +7,7 @@ import logging
 
 from broker.clusters import link
 from broker.clusters.dispatcher_outbox import DispatcherOutbox
-from broker.domain import lifecycle
+from broker.domain import job_events
 from broker.domain.records import AttemptRecord, JobRecord
 from broker.domain.states import PRE_START, AttemptOutcome, JobState
 
@@ -43,20 +43,20 @@ class DispatcherSweeps(DispatcherOutbox):
                 continue
             if silent is not None:
                 if job.state in PRE_START and silent > self.cfg.cluster_stale_after_s:
-                    await self.apply(lifecycle.ClusterSilent(job.job_id, a.number))
+                    await self.apply(job_events.ClusterSilent(job.job_id, a.number))
                     continue
                 if (
                     job.state in (S.STARTING, S.RUNNING)
                     and silent > self.cfg.cluster_stale_after_s + self.cfg.lost_after_s
                 ):
-                    await self.apply(lifecycle.ClusterSilent(job.job_id, a.number))
+                    await self.apply(job_events.ClusterSilent(job.job_id, a.number))
                     continue
             if (
                 job.state is S.DISPATCHED
                 and a.dispatch_time
                 and now - a.dispatch_time > self.cfg.dispatch_ack_timeout_s
             ):
-                await self.apply(lifecycle.ReservationExpired(job.job_id, a.number))
+                await self.apply(job_events.ReservationExpired(job.job_id, a.number))
             else:
                 late = self._late(job, a, now)
                 if late:
@@ -93,7 +93,7 @@ class DispatcherSweeps(DispatcherOutbox):
     async def _teardown(self, job: JobRecord, cluster: str, outcome: AttemptOutcome, message: str, why: str) -> None:
         """End the attempt (the lifecycle re-queues it as the next attempt) and order its workload deleted."""
         attempt = job.attempt
-        await self.apply(lifecycle.AttemptEnded(job.job_id, attempt, outcome, None, message))
+        await self.apply(job_events.AttemptEnded(job.job_id, attempt, outcome, None, message))
         session = self.sessions.get(cluster)
         if session is not None:
             session.send(link.CancelOut(job.job_id, attempt, why, self.cfg.grace_period_s, message))

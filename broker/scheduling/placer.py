@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from broker.domain import errors, lifecycle
+from broker.domain import errors, job_events, lifecycle
 from broker.domain.events import ReservationMade, ToDispatcher
 from broker.domain.records import JobRecord
 from broker.domain.specs import SpecReader
@@ -142,7 +142,7 @@ class Placer(PlacerHolds):
                 self.batch,
             )
         )
-        pending: list[tuple[JobRecord, lifecycle.Reserve]] = []
+        pending: list[tuple[JobRecord, job_events.Reserve]] = []
         commits: list[asyncio.Task[int]] = []
         loop = asyncio.get_running_loop()
         for i, job in enumerate(order):
@@ -206,7 +206,7 @@ class Placer(PlacerHolds):
             view.hold((self._reservation(job, c.cluster, job.attempt + 1, c.assignments, c.gpu_model),))
             self.held[job.job_id] = Held(job.tenant, c.gpu_model, c.gpus)
             self.queued.pop(job.job_id, None)
-            ev = lifecycle.Reserve(
+            ev = job_events.Reserve(
                 job.job_id,
                 job.attempt,
                 c.cluster,
@@ -225,7 +225,7 @@ class Placer(PlacerHolds):
             placed += n
         return placed
 
-    async def _commit(self, pending: list[tuple[JobRecord, lifecycle.Reserve]], now: float | None = None) -> int:
+    async def _commit(self, pending: list[tuple[JobRecord, job_events.Reserve]], now: float | None = None) -> int:
         """Persist reservations (one group commit); only committed ones are dispatched, the rest are given back."""
         now = self.clock() if now is None else now
         placed = 0

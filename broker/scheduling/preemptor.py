@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from broker.config import FairnessConfig
-from broker.domain import lifecycle
+from broker.domain import job_events
 from broker.domain.records import AttemptRecord, JobRecord
 from broker.scheduling import fairness
 from broker.scheduling import queue as q
@@ -41,7 +41,7 @@ _log = logging.getLogger("tandem.broker.preemptor")
 
 _BLOCKED = frozenset({WaitReason.INSUFFICIENT_CAPACITY, WaitReason.TOPOLOGY_FRAGMENTED})
 
-Apply = Callable[[lifecycle.Event], Awaitable[JobRecord | None]]
+Apply = Callable[[job_events.Event], Awaitable[JobRecord | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +231,7 @@ class Preemptor:
             # Another tenant's victim learns why, never which job took its place.
             who = f" for {job.job_id}" if r.entry.tenant == job.tenant else ""
             await self.apply(
-                lifecycle.PreemptRequested(
+                job_events.PreemptRequested(
                     r.entry.job_id, r.attempt, grace_s=self.grace_s, message=f"preempted{who}: {_WHY[why]}"
                 )
             )

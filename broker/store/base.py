@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from broker.domain.errors import JobNotFound
-from broker.domain.lifecycle import Event, Reaction, RetryPolicy
+from broker.domain.job_events import Event
+from broker.domain.lifecycle import Reaction
 from broker.domain.records import (
     AttemptRecord,
     CompactionResult,
@@ -56,6 +57,7 @@ from broker.domain.records import (
     WatchEvent,
     WatchPage,
 )
+from broker.domain.retry import RetryPolicy
 from broker.store.updates import Respec
 
 __all__ = ["Store", "StoreOptions", "Clock", "IdGen", "Delivery"]

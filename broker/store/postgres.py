@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from broker.domain import lifecycle
+from broker.domain import job_events, lifecycle
 from broker.domain.errors import JobFinished, RevisionCompacted, StoreUnavailable
 from broker.domain.records import (
     AttemptRecord,
@@ -143,7 +143,7 @@ class PostgresStore(PgLeader):
         result: JobRecord = await self._write(op)
         return result
 
-    async def apply_event(self, event: lifecycle.Event) -> tuple[JobRecord, lifecycle.Reaction]:
+    async def apply_event(self, event: job_events.Event) -> tuple[JobRecord, lifecycle.Reaction]:
         async def op(c: Conn) -> tuple[JobRecord, lifecycle.Reaction]:
             job = await pg_sql.load_job(c, event.job_id)
             refused = updates.refuse_held_reserve(job, event)
@@ -159,7 +159,7 @@ class PostgresStore(PgLeader):
         return result
 
     async def _cancel(self, c: Conn, job: JobRecord, actor: str, message: str, grace_s: float) -> JobRecord | None:
-        ev = lifecycle.CancelRequested(job.job_id, actor=actor, message=message, grace_s=grace_s)
+        ev = job_events.CancelRequested(job.job_id, actor=actor, message=message, grace_s=grace_s)
         now = self._clock()
         reaction = lifecycle.react(job, await pg_sql.current_attempt(c, job), ev, self._opts.retry, now)
         if reaction.transition is None:

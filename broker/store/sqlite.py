@@ -11,7 +11,7 @@ import asyncio
 import sqlite3
 from collections.abc import Sequence
 
-from broker.domain import lifecycle
+from broker.domain import job_events, lifecycle
 from broker.domain.errors import JobFinished, RevisionCompacted, StoreUnavailable
 from broker.domain.records import (
     AttemptRecord,
@@ -156,7 +156,7 @@ class SqliteStore(SqliteThreads):
     async def transition(self, t: Transition) -> JobRecord:
         return await self._write(lambda c: self._apply(c, sql.load_job(c, t.job_id), t))
 
-    async def apply_event(self, event: lifecycle.Event) -> tuple[JobRecord, lifecycle.Reaction]:
+    async def apply_event(self, event: job_events.Event) -> tuple[JobRecord, lifecycle.Reaction]:
         def op(c: sqlite3.Connection) -> tuple[JobRecord, lifecycle.Reaction]:
             job = sql.load_job(c, event.job_id)
             refused = updates.refuse_held_reserve(job, event)
@@ -172,7 +172,7 @@ class SqliteStore(SqliteThreads):
     def _cancel(
         self, c: sqlite3.Connection, job: JobRecord, actor: str, message: str, grace_s: float
     ) -> JobRecord | None:
-        ev = lifecycle.CancelRequested(job.job_id, actor=actor, message=message, grace_s=grace_s)
+        ev = job_events.CancelRequested(job.job_id, actor=actor, message=message, grace_s=grace_s)
         reaction = lifecycle.react(job, sql.current_attempt(c, job), ev, self._opts.retry, self._clock())
         return None if reaction.transition is None else self._apply(c, job, reaction.transition)
 

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.domain import lifecycle
+from broker.domain import job_events, lifecycle
 from broker.domain.errors import ErrorDetails, JobFinished, PermissionDenied
 from broker.domain.records import JobRecord, UpdateReason
 
@@ -77,8 +77,8 @@ def decide_hold(job: JobRecord, held: bool, *, tenant: str | None, actor: str, m
     return Update(dataclasses.replace(job, held=False, held_by=""), UpdateReason.RELEASED, text)
 
 
-def refuse_held_reserve(job: JobRecord, event: lifecycle.Event) -> lifecycle.Reaction | None:
+def refuse_held_reserve(job: JobRecord, event: job_events.Event) -> lifecycle.Reaction | None:
     """A held job gets no new attempt, whatever the placer decided before the hold committed."""
-    if job.held and isinstance(event, lifecycle.Reserve):
+    if job.held and isinstance(event, job_events.Reserve):
         return lifecycle.Reaction(ignored=lifecycle.IgnoreReason.NOT_APPLICABLE)
     return None

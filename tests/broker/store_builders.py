@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.domain.lifecycle import RetryPolicy
 from broker.domain.records import AttemptRecord, JobRecord, NewJob
+from broker.domain.retry import RetryPolicy
 from broker.domain.states import JobState
 from broker.store.base import StoreOptions
 from broker.store.sqlite import SqliteStore

@@ -14,7 +14,7 @@ import asyncio
 import sys
 import time
 
-from broker.domain import lifecycle
+from broker.domain import job_events
 from broker.domain.records import NewJob
 from broker.store.base import StoreOptions
 from broker.store.sqlite import SqliteStore
@@ -43,9 +43,9 @@ def job_for_key(key: str, tenant: str = "hammer") -> NewJob:
     )
 
 
-def reserve_for(job_id: str, key: str) -> lifecycle.Reserve:
+def reserve_for(job_id: str, key: str) -> job_events.Reserve:
     w = int(key[1:4])
-    return lifecycle.Reserve(
+    return job_events.Reserve(
         job_id, 0, f"c{w % 4}", ("z1", f"r{w % 3}"), (ReplicaPlacement("w", 0, f"n{w}"),), "H100", float(1 + w % 8)
     )
 

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from broker.config import BrokerConfig, load_config
-from broker.domain.lifecycle import RetryPolicy, backoff_s
+from broker.domain.retry import RetryPolicy, backoff_s
 from broker.hub import Hub
 
 

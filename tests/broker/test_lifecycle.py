@@ -8,15 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.domain import job_events
 from broker.domain import lifecycle as lc
 from broker.domain.records import AttemptRecord, JobRecord, OrderKind, Transition
+from broker.domain.retry import RetryPolicy, backoff_s
 from broker.domain.states import TRANSITIONS, AttemptOutcome, JobState, is_allowed
 from tests.broker.store_builders import T0, attempt_record, job_record
 
 S = JobState
 O = AttemptOutcome
 NOW = T0 + 1000
-POLICY = lc.RetryPolicy(max_infra_retries=2, max_attempts=5, backoff_base_s=10, backoff_factor=2, backoff_max_s=35)
+POLICY = RetryPolicy(max_infra_retries=2, max_attempts=5, backoff_base_s=10, backoff_factor=2, backoff_max_s=35)
 
 
 def at(
@@ -30,13 +32,13 @@ def at(
     return job, attempt_record(number=attempt, started=started)
 
 
-def react(state: JobState, event: lc.Event, **kw: object) -> lc.Reaction:
+def react(state: JobState, event: job_events.Event, **kw: object) -> lc.Reaction:
     job, a = at(state, **kw)
     return lc.react(job, a, event, POLICY, NOW)
 
 
-def ended(outcome: AttemptOutcome, attempt: int = 1, **kw: object) -> lc.AttemptEnded:
-    return lc.AttemptEnded("job-1", attempt, outcome, **kw)  # type: ignore[arg-type]
+def ended(outcome: AttemptOutcome, attempt: int = 1, **kw: object) -> job_events.AttemptEnded:
+    return job_events.AttemptEnded("job-1", attempt, outcome, **kw)  # type: ignore[arg-type]
 
 
 def _t(r: lc.Reaction) -> Transition:
@@ -47,19 +49,19 @@ def _t(r: lc.Reaction) -> Transition:
 @pytest.mark.parametrize(
     "state,event,new_state,outcome,spent,orders",
     [
-        (S.RESERVED, lc.DispatchSent("job-1", 1), S.DISPATCHED, None, False, ()),
-        (S.DISPATCHED, lc.DispatchAccepted("job-1", 1, "ns"), S.ACCEPTED, None, False, ()),
-        (S.RESERVED, lc.DispatchAccepted("job-1", 1), S.ACCEPTED, None, False, ()),
-        (S.ACCEPTED, lc.WorkloadReady("job-1", 1), S.STARTING, None, False, (OrderKind.START,)),
-        (S.STARTING, lc.AllRunning("job-1", 1), S.RUNNING, None, False, ()),
-        (S.LOST, lc.AllRunning("job-1", 1), S.RUNNING, None, False, ()),
+        (S.RESERVED, job_events.DispatchSent("job-1", 1), S.DISPATCHED, None, False, ()),
+        (S.DISPATCHED, job_events.DispatchAccepted("job-1", 1, "ns"), S.ACCEPTED, None, False, ()),
+        (S.RESERVED, job_events.DispatchAccepted("job-1", 1), S.ACCEPTED, None, False, ()),
+        (S.ACCEPTED, job_events.WorkloadReady("job-1", 1), S.STARTING, None, False, (OrderKind.START,)),
+        (S.STARTING, job_events.AllRunning("job-1", 1), S.RUNNING, None, False, ()),
+        (S.LOST, job_events.AllRunning("job-1", 1), S.RUNNING, None, False, ()),
         (S.RUNNING, ended(O.SUCCEEDED), S.SUCCEEDED, O.SUCCEEDED, False, ()),
         (S.RUNNING, ended(O.APP_FAILED, exit_code=137), S.FAILED, O.APP_FAILED, False, ()),
         (S.RUNNING, ended(O.INFRA_FAILED), S.QUEUED, O.INFRA_FAILED, True, ()),
         (S.STARTING, ended(O.GANG_TIMEOUT), S.QUEUED, O.GANG_TIMEOUT, True, ()),
         (
             S.DISPATCHED,
-            lc.DispatchRejected("job-1", 1, "DOES_NOT_FIT", "full", ("n1",)),
+            job_events.DispatchRejected("job-1", 1, "DOES_NOT_FIT", "full", ("n1",)),
             S.QUEUED,
             O.REJECTED,
             False,
@@ -71,25 +73,25 @@ def _t(r: lc.Reaction) -> Transition:
         (S.CANCELLING, ended(O.SUCCEEDED), S.SUCCEEDED, O.SUCCEEDED, False, ()),
         (S.PREEMPTED, ended(O.APP_FAILED, exit_code=143), S.QUEUED, O.PREEMPTED, False, ()),
         (S.PREEMPTED, ended(O.PREEMPTED), S.QUEUED, O.PREEMPTED, False, ()),
-        (S.RUNNING, lc.ClusterSilent("job-1", 1), S.LOST, None, False, ()),
-        (S.STARTING, lc.ClusterSilent("job-1", 1), S.LOST, None, False, ()),
-        (S.ACCEPTED, lc.ClusterSilent("job-1", 1), S.QUEUED, O.LOST, False, (OrderKind.CANCEL,)),
-        (S.RESERVED, lc.ReservationExpired("job-1", 1), S.QUEUED, O.LOST, False, (OrderKind.CANCEL,)),
-        (S.LOST, lc.AbandonLost("job-1", 1), S.QUEUED, O.LOST, True, (OrderKind.CANCEL,)),
-        (S.CANCELLING, lc.AbandonLost("job-1", 1), S.CANCELLED, O.LOST, False, (OrderKind.CANCEL,)),
-        (S.PREEMPTED, lc.AbandonLost("job-1", 1), S.QUEUED, O.LOST, False, (OrderKind.CANCEL,)),
+        (S.RUNNING, job_events.ClusterSilent("job-1", 1), S.LOST, None, False, ()),
+        (S.STARTING, job_events.ClusterSilent("job-1", 1), S.LOST, None, False, ()),
+        (S.ACCEPTED, job_events.ClusterSilent("job-1", 1), S.QUEUED, O.LOST, False, (OrderKind.CANCEL,)),
+        (S.RESERVED, job_events.ReservationExpired("job-1", 1), S.QUEUED, O.LOST, False, (OrderKind.CANCEL,)),
+        (S.LOST, job_events.AbandonLost("job-1", 1), S.QUEUED, O.LOST, True, (OrderKind.CANCEL,)),
+        (S.CANCELLING, job_events.AbandonLost("job-1", 1), S.CANCELLED, O.LOST, False, (OrderKind.CANCEL,)),
+        (S.PREEMPTED, job_events.AbandonLost("job-1", 1), S.QUEUED, O.LOST, False, (OrderKind.CANCEL,)),
         (S.LOST, ended(O.INFRA_FAILED), S.QUEUED, O.INFRA_FAILED, True, ()),
-        (S.QUEUED, lc.CancelRequested("job-1"), S.CANCELLED, None, False, ()),
-        (S.RESERVED, lc.CancelRequested("job-1"), S.CANCELLED, O.CANCELLED, False, (OrderKind.CANCEL,)),
-        (S.DISPATCHED, lc.CancelRequested("job-1"), S.CANCELLING, None, False, (OrderKind.CANCEL,)),
-        (S.RUNNING, lc.CancelRequested("job-1"), S.CANCELLING, None, False, (OrderKind.CANCEL,)),
-        (S.LOST, lc.CancelRequested("job-1"), S.CANCELLING, None, False, (OrderKind.CANCEL,)),
-        (S.PREEMPTED, lc.CancelRequested("job-1"), S.CANCELLING, None, False, (OrderKind.CANCEL,)),
+        (S.QUEUED, job_events.CancelRequested("job-1"), S.CANCELLED, None, False, ()),
+        (S.RESERVED, job_events.CancelRequested("job-1"), S.CANCELLED, O.CANCELLED, False, (OrderKind.CANCEL,)),
+        (S.DISPATCHED, job_events.CancelRequested("job-1"), S.CANCELLING, None, False, (OrderKind.CANCEL,)),
+        (S.RUNNING, job_events.CancelRequested("job-1"), S.CANCELLING, None, False, (OrderKind.CANCEL,)),
+        (S.LOST, job_events.CancelRequested("job-1"), S.CANCELLING, None, False, (OrderKind.CANCEL,)),
+        (S.PREEMPTED, job_events.CancelRequested("job-1"), S.CANCELLING, None, False, (OrderKind.CANCEL,)),
     ],
 )
 def test_reactions(
     state: JobState,
-    event: lc.Event,
+    event: job_events.Event,
     new_state: JobState,
     outcome: AttemptOutcome | None,
     spent: bool,
@@ -110,7 +112,7 @@ def test_reserve_opens_the_next_attempt_and_orders_dispatch() -> None:
         lc.react(
             job,
             attempt_record(number=2, outcome=O.REJECTED),
-            lc.Reserve("job-1", 2, "c3", ("z",), (), "A100", 4.0, expires_at=NOW + 60),
+            job_events.Reserve("job-1", 2, "c3", ("z",), (), "A100", 4.0, expires_at=NOW + 60),
             POLICY,
             NOW,
         )
@@ -124,24 +126,24 @@ def test_reserve_opens_the_next_attempt_and_orders_dispatch() -> None:
     "state,event,why",
     [
         (S.RUNNING, ended(O.SUCCEEDED, attempt=1), lc.IgnoreReason.STALE_ATTEMPT),  # job is at attempt 2
-        (S.RUNNING, lc.AllRunning("job-1", 2), lc.IgnoreReason.NO_EFFECT),
-        (S.STARTING, lc.WorkloadReady("job-1", 2), lc.IgnoreReason.NO_EFFECT),
-        (S.RUNNING, lc.DispatchRejected("job-1", 2), lc.IgnoreReason.NOT_APPLICABLE),
-        (S.RUNNING, lc.Reserve("job-1", 2, "c", (), (), "", 0), lc.IgnoreReason.NOT_APPLICABLE),
+        (S.RUNNING, job_events.AllRunning("job-1", 2), lc.IgnoreReason.NO_EFFECT),
+        (S.STARTING, job_events.WorkloadReady("job-1", 2), lc.IgnoreReason.NO_EFFECT),
+        (S.RUNNING, job_events.DispatchRejected("job-1", 2), lc.IgnoreReason.NOT_APPLICABLE),
+        (S.RUNNING, job_events.Reserve("job-1", 2, "c", (), (), "", 0), lc.IgnoreReason.NOT_APPLICABLE),
         (S.SUCCEEDED, ended(O.INFRA_FAILED, attempt=2), lc.IgnoreReason.FINISHED),
-        (S.CANCELLED, lc.CancelRequested("job-1"), lc.IgnoreReason.FINISHED),
-        (S.CANCELLING, lc.CancelRequested("job-1"), lc.IgnoreReason.NO_EFFECT),
-        (S.CANCELLING, lc.ClusterSilent("job-1", 2), lc.IgnoreReason.NO_EFFECT),
-        (S.RUNNING, lc.PreemptRequested("job-1", 2), lc.IgnoreReason.NOT_PREEMPTIBLE),
-        (S.RUNNING, lc.AbandonLost("job-1", 2), lc.IgnoreReason.NOT_APPLICABLE),
+        (S.CANCELLED, job_events.CancelRequested("job-1"), lc.IgnoreReason.FINISHED),
+        (S.CANCELLING, job_events.CancelRequested("job-1"), lc.IgnoreReason.NO_EFFECT),
+        (S.CANCELLING, job_events.ClusterSilent("job-1", 2), lc.IgnoreReason.NO_EFFECT),
+        (S.RUNNING, job_events.PreemptRequested("job-1", 2), lc.IgnoreReason.NOT_PREEMPTIBLE),
+        (S.RUNNING, job_events.AbandonLost("job-1", 2), lc.IgnoreReason.NOT_APPLICABLE),
     ],
 )
-def test_ignored_events(state: JobState, event: lc.Event, why: lc.IgnoreReason) -> None:
+def test_ignored_events(state: JobState, event: job_events.Event, why: lc.IgnoreReason) -> None:
     assert react(state, event, attempt=2).ignored is why
 
 
 def test_preempt_orders_grace_and_requeues_without_spending() -> None:
-    t = _t(react(S.RUNNING, lc.PreemptRequested("job-1", 1, grace_s=120), preemptible=True))
+    t = _t(react(S.RUNNING, job_events.PreemptRequested("job-1", 1, grace_s=120), preemptible=True))
     assert t.new_state is S.PREEMPTED
     assert [(o.kind, o.grace_s) for o in t.orders] == [(OrderKind.PREEMPT, 120)]
 
@@ -166,10 +168,10 @@ def test_retry_budget_and_backoff(
 
 
 def test_attempt_cap_ends_rejection_loops() -> None:
-    r = react(S.DISPATCHED, lc.DispatchRejected("job-1", 5, "DOES_NOT_FIT"), attempt=5)
+    r = react(S.DISPATCHED, job_events.DispatchRejected("job-1", 5, "DOES_NOT_FIT"), attempt=5)
     t = _t(r)
     assert (t.new_state, t.reason, t.spend_retry) == (S.FAILED, "MaxAttemptsReached", False)
-    t4 = _t(react(S.DISPATCHED, lc.DispatchRejected("job-1", 4, "DOES_NOT_FIT"), attempt=4))
+    t4 = _t(react(S.DISPATCHED, job_events.DispatchRejected("job-1", 4, "DOES_NOT_FIT"), attempt=4))
     assert (t4.new_state, t4.not_before) == (S.QUEUED, NOW)  # rejections re-plan at once
 
 
@@ -178,7 +180,7 @@ def test_attempt_cap_ends_rejection_loops() -> None:
     [(0, 0.0), (1, 10.0), (2, 20.0), (3, 35.0), (10, 35.0)],
 )
 def test_backoff(n: int, expected: float) -> None:
-    assert lc.backoff_s(POLICY, n) == expected
+    assert backoff_s(POLICY, n) == expected
 
 
 def test_app_failure_keeps_exit_code() -> None:
@@ -207,21 +209,21 @@ _KINDS = (
 _DRAW = st.tuples(st.sampled_from(_KINDS), st.integers(min_value=-1, max_value=1), st.sampled_from(list(O)))
 
 
-def _event(kind: str, n: int, outcome: AttemptOutcome) -> lc.Event:
+def _event(kind: str, n: int, outcome: AttemptOutcome) -> job_events.Event:
     j = "job-1"
     return {
-        "reserve": lambda: lc.Reserve(j, n, "c1", ("z",), (), "H100", 8.0),
-        "sent": lambda: lc.DispatchSent(j, n),
-        "accepted": lambda: lc.DispatchAccepted(j, n),
-        "rejected": lambda: lc.DispatchRejected(j, n, "DOES_NOT_FIT"),
-        "ready": lambda: lc.WorkloadReady(j, n),
-        "running": lambda: lc.AllRunning(j, n),
-        "ended": lambda: lc.AttemptEnded(j, n, outcome),
-        "cancel": lambda: lc.CancelRequested(j),
-        "preempt": lambda: lc.PreemptRequested(j, n),
-        "silent": lambda: lc.ClusterSilent(j, n),
-        "expired": lambda: lc.ReservationExpired(j, n),
-        "abandon": lambda: lc.AbandonLost(j, n),
+        "reserve": lambda: job_events.Reserve(j, n, "c1", ("z",), (), "H100", 8.0),
+        "sent": lambda: job_events.DispatchSent(j, n),
+        "accepted": lambda: job_events.DispatchAccepted(j, n),
+        "rejected": lambda: job_events.DispatchRejected(j, n, "DOES_NOT_FIT"),
+        "ready": lambda: job_events.WorkloadReady(j, n),
+        "running": lambda: job_events.AllRunning(j, n),
+        "ended": lambda: job_events.AttemptEnded(j, n, outcome),
+        "cancel": lambda: job_events.CancelRequested(j),
+        "preempt": lambda: job_events.PreemptRequested(j, n),
+        "silent": lambda: job_events.ClusterSilent(j, n),
+        "expired": lambda: job_events.ReservationExpired(j, n),
+        "abandon": lambda: job_events.AbandonLost(j, n),
     }[kind]()
 
 

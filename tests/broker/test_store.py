@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from broker.domain import errors, lifecycle
+from broker.domain import errors, job_events, lifecycle
 from broker.domain.errors import Code
 from broker.domain.records import (
     AttemptRecord,
@@ -40,7 +40,7 @@ S = JobState
 
 async def _reserve(s: SqliteStore, job_id: str, attempt: int = 0, cluster: str = "c1", model: str = "H100") -> None:
     _, r = await s.apply_event(
-        lifecycle.Reserve(
+        job_events.Reserve(
             job_id,
             attempt,
             cluster,
@@ -56,10 +56,10 @@ async def _reserve(s: SqliteStore, job_id: str, attempt: int = 0, cluster: str =
 
 async def _run(s: SqliteStore, job_id: str, attempt: int = 1) -> None:
     for ev in (
-        lifecycle.DispatchSent(job_id, attempt),
-        lifecycle.DispatchAccepted(job_id, attempt, "ns1"),
-        lifecycle.WorkloadReady(job_id, attempt),
-        lifecycle.AllRunning(job_id, attempt),
+        job_events.DispatchSent(job_id, attempt),
+        job_events.DispatchAccepted(job_id, attempt, "ns1"),
+        job_events.WorkloadReady(job_id, attempt),
+        job_events.AllRunning(job_id, attempt),
     ):
         _, r = await s.apply_event(ev)
         assert r.transition is not None, ev
@@ -324,7 +324,7 @@ async def test_full_lifecycle_records_attempt_times(store: SqliteStore, clock: F
     clock.advance(5)
     await _run(store, j.job_id)
     clock.advance(100)
-    job, r = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.SUCCEEDED))
+    job, r = await store.apply_event(job_events.AttemptEnded(j.job_id, 1, AttemptOutcome.SUCCEEDED))
     assert job.state is S.SUCCEEDED and job.end_time == clock()
     [a] = await store.list_attempts(j.job_id)
     assert a.outcome is AttemptOutcome.SUCCEEDED and a.namespace == "ns1"
@@ -346,9 +346,9 @@ async def test_full_lifecycle_records_attempt_times(store: SqliteStore, clock: F
 async def test_stale_attempt_messages_are_ignored(store: SqliteStore) -> None:
     j = (await store.submit(new_job())).job
     await _reserve(store, j.job_id)
-    await store.apply_event(lifecycle.DispatchRejected(j.job_id, 1, "DOES_NOT_FIT", "no room", ("n1",)))
+    await store.apply_event(job_events.DispatchRejected(j.job_id, 1, "DOES_NOT_FIT", "no room", ("n1",)))
     await _reserve(store, j.job_id, attempt=1, cluster="c2")
-    job, r = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.APP_FAILED, exit_code=3))
+    job, r = await store.apply_event(job_events.AttemptEnded(j.job_id, 1, AttemptOutcome.APP_FAILED, exit_code=3))
     assert r.ignored is lifecycle.IgnoreReason.STALE_ATTEMPT
     assert (job.state, job.attempt) == (S.RESERVED, 2)
     a1, a2 = await store.list_attempts(j.job_id)
@@ -361,12 +361,12 @@ async def test_infra_failure_backs_off_and_spends_budget(store: SqliteStore, clo
     await _reserve(store, j.job_id)
     await _run(store, j.job_id)
     job, _ = await store.apply_event(
-        lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED, message="node down")
+        job_events.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED, message="node down")
     )
     assert (job.state, job.infra_retries, job.not_before) == (S.QUEUED, 1, clock() + 10.0)
     await _reserve(store, j.job_id, attempt=1)
     await _run(store, j.job_id, attempt=2)
-    job, _ = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 2, AttemptOutcome.GANG_TIMEOUT))
+    job, _ = await store.apply_event(job_events.AttemptEnded(j.job_id, 2, AttemptOutcome.GANG_TIMEOUT))
     assert (job.state, job.infra_retries, job.reason) == (S.FAILED, 2, "RetryBudgetSpent")
 
 
@@ -391,9 +391,9 @@ async def test_cancel_running_waits_for_cluster_confirmation(store: SqliteStore)
     assert out.state is S.CANCELLING
     cancel = (await store.pending_orders("c1"))[-1]
     assert (cancel.kind, cancel.attempt, cancel.grace_s) == (OrderKind.CANCEL, 1, 45)
-    job, _ = await store.apply_event(lifecycle.ClusterSilent(j.job_id, 1))
+    job, _ = await store.apply_event(job_events.ClusterSilent(j.job_id, 1))
     assert job.state is S.CANCELLING  # kept across a disconnect
-    job, _ = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED))
+    job, _ = await store.apply_event(job_events.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED))
     assert job.state is S.CANCELLED
     [a] = await store.list_attempts(j.job_id)
     assert a.outcome is AttemptOutcome.CANCELLED
@@ -403,7 +403,7 @@ async def test_cancel_finished_job_fails_precondition(store: SqliteStore) -> Non
     j = (await store.submit(new_job())).job
     await _reserve(store, j.job_id)
     await _run(store, j.job_id)
-    await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.SUCCEEDED))
+    await store.apply_event(job_events.AttemptEnded(j.job_id, 1, AttemptOutcome.SUCCEEDED))
     with pytest.raises(errors.JobFinished) as ei:
         await store.cancel_job(j.job_id, tenant=None, actor="admin/root")
     assert ei.value.code is Code.FAILED_PRECONDITION
@@ -648,7 +648,7 @@ async def test_list_pages_with_filters(store: SqliteStore) -> None:
 async def test_list_filters_by_current_attempt_cluster_and_gpu_model(store: SqliteStore) -> None:
     moved = (await store.submit(new_job())).job  # attempt 1 on c1 (H100), rejected; current attempt 2 on c2 (A100)
     await _reserve(store, moved.job_id, cluster="c1", model="H100")
-    await store.apply_event(lifecycle.DispatchRejected(moved.job_id, 1, "DOES_NOT_FIT", "no room", ("n1",)))
+    await store.apply_event(job_events.DispatchRejected(moved.job_id, 1, "DOES_NOT_FIT", "no room", ("n1",)))
     await _reserve(store, moved.job_id, attempt=1, cluster="c2", model="A100")
     on_c1 = (await store.submit(new_job())).job  # current attempt 1 on c1 (H100), accepts any model
     await _reserve(store, on_c1.job_id, cluster="c1", model="H100")
@@ -851,10 +851,10 @@ async def test_requeue_of_a_running_job_preempts_it_even_if_not_preemptible(
     j = (await store.submit(new_job(preemptible=False))).job
     await _reserve(store, j.job_id)
     await _run(store, j.job_id)
-    _, refused = await store.apply_event(lifecycle.PreemptRequested(j.job_id, 1))
+    _, refused = await store.apply_event(job_events.PreemptRequested(j.job_id, 1))
     assert refused.ignored is lifecycle.IgnoreReason.NOT_PREEMPTIBLE  # what the new event does differently
     job, r = await store.apply_event(
-        lifecycle.RequeueRequested(j.job_id, 1, actor="admin/ops", grace_s=20, message="maintenance")
+        job_events.RequeueRequested(j.job_id, 1, actor="admin/ops", grace_s=20, message="maintenance")
     )
     assert r.transition is not None and job.state is S.PREEMPTED
     order = (await store.pending_orders("c1"))[-1]
@@ -862,7 +862,7 @@ async def test_requeue_of_a_running_job_preempts_it_even_if_not_preemptible(
     ev = (await store.job_history(j.job_id))[-1]
     assert (ev.actor, ev.message) == ("admin/ops", "maintenance")
     clock.advance(3)
-    job, _ = await store.apply_event(lifecycle.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED))
+    job, _ = await store.apply_event(job_events.AttemptEnded(j.job_id, 1, AttemptOutcome.INFRA_FAILED))
     assert (job.state, job.infra_retries, job.attempt) == (S.QUEUED, 0, 1)
     [a] = await store.list_attempts(j.job_id)
     assert (a.outcome, a.spent_retry) == (AttemptOutcome.PREEMPTED, False)
@@ -871,13 +871,13 @@ async def test_requeue_of_a_running_job_preempts_it_even_if_not_preemptible(
 async def test_requeue_of_a_reserved_job_queues_it_at_once_and_cancels_the_dispatch(store: SqliteStore) -> None:
     j = (await store.submit(new_job())).job
     await _reserve(store, j.job_id)
-    job, r = await store.apply_event(lifecycle.RequeueRequested(j.job_id, 1, actor="tenant/t1"))
+    job, r = await store.apply_event(job_events.RequeueRequested(j.job_id, 1, actor="tenant/t1"))
     assert r.transition is not None and (job.state, job.infra_retries) == (S.QUEUED, 0)
     assert [o.kind for o in await store.pending_orders("c1")] == [OrderKind.DISPATCH, OrderKind.CANCEL]
     [a] = await store.list_attempts(j.job_id)
     assert (a.outcome, a.spent_retry, a.message) == (AttemptOutcome.PREEMPTED, False, "requeued by tenant/t1")
     assert await store.active_attempts() == []
-    _, again = await store.apply_event(lifecycle.RequeueRequested(j.job_id, 1))
+    _, again = await store.apply_event(job_events.RequeueRequested(j.job_id, 1))
     assert again.ignored is lifecycle.IgnoreReason.NOT_APPLICABLE  # QUEUED: nothing to requeue
 
 
@@ -927,7 +927,7 @@ async def test_a_held_job_gets_no_reservation_until_released(store: SqliteStore)
     again, changed = await store.set_hold(j.job_id, held=True, tenant="t1", actor="tenant/t1")
     assert not changed and again == held  # idempotent: the first holder stays
     _, r = await store.apply_event(
-        lifecycle.Reserve(j.job_id, 0, "c1", ("z1",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8.0)
+        job_events.Reserve(j.job_id, 0, "c1", ("z1",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8.0)
     )
     assert r.ignored is lifecycle.IgnoreReason.NOT_APPLICABLE and await store.pending_orders("c1") == []
     with pytest.raises(errors.PermissionDenied) as ei:
@@ -957,26 +957,26 @@ async def test_gpu_hours_sum_each_attempts_overlap_with_the_window(store: Sqlite
     t0 = clock()
     ran = (await store.submit(new_job())).job  # t1, c1: 16 GPUs running t0+120 .. t0+3720
     await _reserve(store, ran.job_id)
-    for ev in (lifecycle.DispatchSent(ran.job_id, 1), lifecycle.DispatchAccepted(ran.job_id, 1)):
+    for ev in (job_events.DispatchSent(ran.job_id, 1), job_events.DispatchAccepted(ran.job_id, 1)):
         await store.apply_event(ev)
     clock.advance(60)
-    await store.apply_event(lifecycle.WorkloadReady(ran.job_id, 1))  # start t0+60
+    await store.apply_event(job_events.WorkloadReady(ran.job_id, 1))  # start t0+60
     clock.advance(60)
-    await store.apply_event(lifecycle.AllRunning(ran.job_id, 1))  # running t0+120
+    await store.apply_event(job_events.AllRunning(ran.job_id, 1))  # running t0+120
     never_ran = (await store.submit(new_job("t2"))).job  # t2, c2: started at t0+120, never all running
     await _reserve(store, never_ran.job_id, cluster="c2")
     for ev in (
-        lifecycle.DispatchSent(never_ran.job_id, 1),
-        lifecycle.DispatchAccepted(never_ran.job_id, 1),
-        lifecycle.WorkloadReady(never_ran.job_id, 1),
+        job_events.DispatchSent(never_ran.job_id, 1),
+        job_events.DispatchAccepted(never_ran.job_id, 1),
+        job_events.WorkloadReady(never_ran.job_id, 1),
     ):
         await store.apply_event(ev)
     placed_only = (await store.submit(new_job())).job  # reserved, never started: no GPU-hours
     await _reserve(store, placed_only.job_id)
     clock.advance(1800)
-    await store.apply_event(lifecycle.AttemptEnded(never_ran.job_id, 1, AttemptOutcome.GANG_TIMEOUT))  # t0+1920
+    await store.apply_event(job_events.AttemptEnded(never_ran.job_id, 1, AttemptOutcome.GANG_TIMEOUT))  # t0+1920
     clock.advance(1800)
-    await store.apply_event(lifecycle.AttemptEnded(ran.job_id, 1, AttemptOutcome.SUCCEEDED))  # t0+3720
+    await store.apply_event(job_events.AttemptEnded(ran.job_id, 1, AttemptOutcome.SUCCEEDED))  # t0+3720
     still = (await store.submit(new_job(gpus=8))).job  # t1, c1: running from t0+3720, open
     await _reserve(store, still.job_id)
     await _run(store, still.job_id)

@@ -7,7 +7,8 @@ import asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.domain import lifecycle as lc
+from broker.domain import job_events
+from broker.domain.retry import RetryPolicy
 from broker.domain.states import HOLDS_CAPACITY, AttemptOutcome, JobState
 from broker.store.base import Store, StoreOptions
 from broker.store.sqlite import SqliteStore
@@ -34,26 +35,28 @@ WEIGHTED = KINDS[:6] * 4 + ("ended",) * 3 + KINDS[7:]
 STEP = st.tuples(st.integers(0, 2), st.sampled_from(WEIGHTED), st.sampled_from((0, 0, 0, -1)), st.sampled_from(list(O)))
 
 
-def _event(kind: str, job_id: str, n: int, outcome: AttemptOutcome) -> lc.Event:
+def _event(kind: str, job_id: str, n: int, outcome: AttemptOutcome) -> job_events.Event:
     return {
-        "reserve": lambda: lc.Reserve(job_id, n, f"c{n % 2}", ("z",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8),
-        "sent": lambda: lc.DispatchSent(job_id, n),
-        "accepted": lambda: lc.DispatchAccepted(job_id, n),
-        "rejected": lambda: lc.DispatchRejected(job_id, n, "DOES_NOT_FIT"),
-        "ready": lambda: lc.WorkloadReady(job_id, n),
-        "running": lambda: lc.AllRunning(job_id, n),
-        "ended": lambda: lc.AttemptEnded(job_id, n, outcome),
-        "cancel": lambda: lc.CancelRequested(job_id),
-        "preempt": lambda: lc.PreemptRequested(job_id, n),
-        "silent": lambda: lc.ClusterSilent(job_id, n),
-        "expired": lambda: lc.ReservationExpired(job_id, n),
-        "abandon": lambda: lc.AbandonLost(job_id, n),
+        "reserve": lambda: job_events.Reserve(
+            job_id, n, f"c{n % 2}", ("z",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8
+        ),
+        "sent": lambda: job_events.DispatchSent(job_id, n),
+        "accepted": lambda: job_events.DispatchAccepted(job_id, n),
+        "rejected": lambda: job_events.DispatchRejected(job_id, n, "DOES_NOT_FIT"),
+        "ready": lambda: job_events.WorkloadReady(job_id, n),
+        "running": lambda: job_events.AllRunning(job_id, n),
+        "ended": lambda: job_events.AttemptEnded(job_id, n, outcome),
+        "cancel": lambda: job_events.CancelRequested(job_id),
+        "preempt": lambda: job_events.PreemptRequested(job_id, n),
+        "silent": lambda: job_events.ClusterSilent(job_id, n),
+        "expired": lambda: job_events.ReservationExpired(job_id, n),
+        "abandon": lambda: job_events.AbandonLost(job_id, n),
     }[kind]()
 
 
 async def _scenario(steps: list[tuple[int, str, int, AttemptOutcome]], pg_server: str | None = None) -> None:
     clock = FakeClock()
-    opts = StoreOptions(retry=lc.RetryPolicy(max_infra_retries=2, max_attempts=6))
+    opts = StoreOptions(retry=RetryPolicy(max_infra_retries=2, max_attempts=6))
     store: Store = SqliteStore(clock=clock, id_gen=id_gen(), options=opts)
     if pg_server is not None:
         from broker.store.postgres import PostgresStore

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.domain import errors, lifecycle
+from broker.domain import errors, job_events
 from broker.domain.records import JobFilter, OrderKind
 from broker.store.migrations import PG_LATEST
 from broker.store.postgres import PostgresStore
@@ -23,7 +23,7 @@ async def test_one_leader_per_database_and_state_survives_a_takeover(pg_server: 
         await standby.open()
     j = (await leader.submit(new_job(key="k"))).job
     _, r = await leader.apply_event(
-        lifecycle.Reserve(j.job_id, 0, "c1", ("z",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8.0)
+        job_events.Reserve(j.job_id, 0, "c1", ("z",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8.0)
     )
     assert r.transition is not None
     for _ in range(3):
