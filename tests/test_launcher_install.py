@@ -15,6 +15,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -73,25 +75,9 @@ def _blocked_modules() -> list[str]:
     return sorted(m for m in _modules_of(SERVER) if m not in base_modules)
 
 
-def test_the_launcher_runs_without_the_server_extra() -> None:
-    blocked = _blocked_modules()
-    assert {"asyncpg", "kubernetes", "numpy", "aiohttp"} <= set(blocked)  # the block list is really in force
-    example = REPO / "examples" / "job-torchrun-rack.yaml"
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(blocked), str(example)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert not loaded & set(blocked)
-
-
-def test_the_base_dependencies_are_what_the_launcher_imports() -> None:
-    """Every base dependency is imported by the launcher, and nothing it imports comes from elsewhere
-    (the standard library, the project itself and the base dependencies' own dependencies aside)."""
+@pytest.fixture(scope="module")
+def launcher_modules() -> set[str]:
+    """Top-level modules the launcher loaded, run once in a child where the server extra is not importable."""
     out = subprocess.run(
         [
             sys.executable,
@@ -106,7 +92,19 @@ def test_the_base_dependencies_are_what_the_launcher_imports() -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_the_launcher_runs_without_the_server_extra(launcher_modules: set[str]) -> None:
+    blocked = _blocked_modules()
+    assert {"asyncpg", "kubernetes", "numpy", "aiohttp"} <= set(blocked)  # the block list is really in force
+    assert not launcher_modules & set(blocked)
+
+
+def test_the_base_dependencies_are_what_the_launcher_imports(launcher_modules: set[str]) -> None:
+    """Every base dependency is imported by the launcher, and nothing it imports comes from elsewhere
+    (the standard library, the project itself and the base dependencies' own dependencies aside)."""
+    loaded = launcher_modules
     by_module = md.packages_distributions()
     used = {d.lower().replace("_", "-") for m in loaded for d in by_module.get(m, [])}
     assert BASE <= used, f"base dependencies the launcher never imports: {sorted(BASE - used)}"
