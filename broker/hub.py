@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 from broker.clusters.dispatcher import Dispatcher
 from broker.config import BrokerConfig
+from broker.domain import errors
 from broker.domain.events import ToDispatcher, ToPlacer
+from broker.domain.records import event_log
 from broker.domain.specs import SpecReader
 from broker.metrics import Metrics
 from broker.scheduling.placer import Placer
@@ -110,6 +112,7 @@ class Hub:
             loop.create_task(self.dispatcher.run_sweeps(min(1.0, self.cfg.cluster_stale_after_s / 4))),
             loop.create_task(self._retention()),
             loop.create_task(self._gauges()),
+            loop.create_task(self._log_events(await self.store.current_revision())),
         ]
         if self.cfg.fairness.preemption:
             self._tasks.append(loop.create_task(self.preemptor.run()))
@@ -134,6 +137,22 @@ class Hub:
                     for _ in range(count - seen.get(size, 0)):
                         self.metrics.commit_batch.observe(size)
                     seen[size] = count
+
+    async def _log_events(self, from_revision: int) -> None:
+        """Log every committed job event once, from the store's own event log: submissions, reservations and
+        each state change, whichever part of the broker made it (one place, after the commit)."""
+        rev = from_revision
+        while True:
+            try:
+                async for page in self.store.watch(rev, bookmark_s=60.0):
+                    for ev in page.events:
+                        message, fields = event_log(ev)
+                        _log.info(message, extra=fields)
+                    rev = page.revision
+            except errors.OutOfRange:  # compacted past a lagging reader: carry on from now, say what was missed
+                now = await self.store.current_revision()
+                _log.warning("job events not logged (compacted)", extra={"from_revision": rev, "to_revision": now})
+                rev = now
 
     async def _retention(self) -> None:
         """Delete finished jobs older than the retention bound (their watch events are compacted)."""

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker.api import serde, validation
 from broker.api.serde import ParsedItem
-from broker.domain import errors, job_events, lifecycle
+from broker.domain import errors, job_events
 from broker.domain.errors import ErrorDetails, PolicyViolation, QuotaViolation
 from broker.domain.jobstatus import QueueView
 from broker.domain.records import AttemptRecord, GpuHours, JobFilter, JobPage, JobRecord, WatchEvent
@@ -20,8 +19,6 @@ from broker.tenancy.auth import Caller, CallerKind
 from fleetplan.catalog import ClusterEntry, Usability
 from fleetplan.decide import ClusterVerdict, could_ever_fit, within_policy
 from fleetplan.view import ClusterState, FleetView
-
-_log = logging.getLogger("tandem.broker.handlers")
 
 __all__ = [
     "ItemOutcome",
@@ -178,16 +175,6 @@ async def submit_jobs(hub: Hub, caller: Caller, items: Sequence[ParsedItem], val
             if item.request is not None:
                 hub.placer.remember(res.job, item.request)
             hub.placer.observe(res.job)
-            if res.created:
-                _log.info(
-                    "job submitted",
-                    extra={
-                        "job": res.job.job_id,
-                        "tenant": res.job.tenant,
-                        "job_set": res.job.job_set,
-                        "gpus": res.job.gpus,
-                    },
-                )
             out[item.index] = ItemOutcome(item.index, item.key, job_id=res.job.job_id, duplicate=not res.created)
     for o in out:
         assert o is not None
@@ -307,20 +294,6 @@ async def watch_jobs(
             yield ev.revision, ev, job
 
 
-def _log_cancel(job: JobRecord, actor: str, **more: str) -> None:
-    _log.info(
-        "job cancel requested",
-        extra={
-            "job": job.job_id,
-            "attempt": job.attempt,
-            "tenant": job.tenant,
-            "state": job.state.value,
-            "actor": actor,
-            **more,
-        },
-    )
-
-
 async def cancel_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tuple[JobState, bool]:
     before = await hub.store.get_job(job_id, tenant=_scope(caller))
     if before.state.terminal:
@@ -329,7 +302,6 @@ async def cancel_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> tupl
     job = await hub.store.cancel_job(
         job_id, tenant=_scope(caller), actor=actor, message=reason or "cancelled", grace_s=hub.cfg.grace_period_s
     )
-    _log_cancel(job, actor)
     hub.placer.observe(job)
     await hub.dispatcher.deliver_for(job)
     return job.state, False
@@ -346,7 +318,6 @@ async def cancel_job_set(hub: Hub, caller: Caller, tenant: str, job_set: str, re
         who, job_set, actor=actor, message=reason or "cancelled", grace_s=hub.cfg.grace_period_s
     )
     for job in changed:
-        _log_cancel(job, actor, job_set=job_set)
         hub.placer.observe(job)
     for cluster in {c for c in hub.dispatcher.sessions}:
         await hub.dispatcher.deliver(cluster)
@@ -454,7 +425,6 @@ async def requeue_job(hub: Hub, caller: Caller, job_id: str, reason: str) -> Job
             job_id=job_id,
             state=after.state.value,
         )
-    _log.info("job state changed", extra=lifecycle.log_fields(after, reaction.transition))
     hub.placer.observe(after)
     await hub.dispatcher.deliver_for(after)
     return after

@@ -10,7 +10,7 @@ from typing import Any
 from broker.clusters import link
 from broker.clusters.session import Session
 from broker.config import BrokerConfig
-from broker.domain import errors, job_events, lifecycle
+from broker.domain import errors, job_events
 from broker.domain.events import HoldReleased, JobChanged, NodesHeld, ToDispatcher, ToPlacer
 from broker.domain.records import AttemptRecord, DispatchOrder, JobRecord, OrderKind
 from broker.domain.specs import SpecReader
@@ -52,7 +52,6 @@ class DispatcherOutbox:
         self.send(JobChanged(job))
         t = reaction.transition
         if t is not None:
-            _log.info("job state changed", extra=lifecycle.log_fields(job, t))
             if job.state is S.RUNNING and self.metrics is not None:
                 self.metrics.started(job)
             clusters = {o.cluster for o in t.orders}

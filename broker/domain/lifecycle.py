@@ -40,7 +40,6 @@ from broker.domain.retry import RetryPolicy, backoff_s
 from broker.domain.states import PRE_START, AttemptOutcome, JobState, is_allowed, spends_retry
 
 __all__ = [
-    "log_fields",
     "Reason",
     "IgnoreReason",
     "Reaction",
@@ -89,24 +88,6 @@ class IgnoreReason(enum.StrEnum):
     FINISHED = "FINISHED"
     """The job is terminal."""
     NOT_PREEMPTIBLE = "NOT_PREEMPTIBLE"
-
-
-def log_fields(job: JobRecord, t: Transition) -> dict[str, object]:
-    """A committed transition as log fields. ``job`` (the job id) is the correlation key every Tandem process
-    logs under, from submission to the pods (their ``tandem.dev/job`` label); ``attempt`` names the try."""
-    fields: dict[str, object] = {
-        "job": job.job_id,
-        "attempt": job.attempt,
-        "tenant": job.tenant,
-        "state": job.state.value,
-        "from_state": t.expect_state.value,
-        "reason": t.reason,
-    }
-    if t.new_attempt is not None:
-        fields["cluster"] = t.new_attempt.cluster
-    if t.close_attempt is not None:
-        fields["outcome"] = t.close_attempt.outcome.value
-    return fields
 
 
 @dataclass(frozen=True, slots=True)

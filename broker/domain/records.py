@@ -15,6 +15,7 @@ from broker.domain.states import AttemptOutcome, JobState
 from fleetplan.catalog import ReplicaPlacement
 
 __all__ = [
+    "event_log",
     "ReplicaPlacement",
     "ReplicaRecord",
     "NewJob",
@@ -314,6 +315,31 @@ class WatchEvent:
     message: str
     actor: str
     time: float
+
+
+def event_log(ev: WatchEvent) -> tuple[str, dict[str, object]]:
+    """A committed event as a log line: its message and fields. ``job`` (the job id) is the correlation key every
+    Tandem process logs under, from submission to the pods (their ``tandem.dev/job`` label)."""
+    if ev.kind is EventKind.SUBMITTED:
+        message = "job submitted"
+    elif ev.kind is EventKind.UPDATED:
+        message = "job updated"
+    else:
+        message = "job reserved" if ev.to_state is JobState.RESERVED else "job state changed"
+    fields: dict[str, object] = {
+        "job": ev.job_id,
+        "attempt": ev.attempt,
+        "tenant": ev.tenant,
+        "state": ev.to_state.value,
+        "reason": ev.reason,
+        "actor": ev.actor,
+        "revision": ev.revision,
+    }
+    if ev.from_state is not None:
+        fields["from_state"] = ev.from_state.value
+    if ev.job_set:
+        fields["job_set"] = ev.job_set
+    return message, fields
 
 
 @dataclass(frozen=True, slots=True)

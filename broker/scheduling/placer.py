@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from broker.domain import errors, job_events, lifecycle
+from broker.domain import errors, job_events
 from broker.domain.events import ReservationMade, ToDispatcher
 from broker.domain.records import JobRecord
 from broker.domain.specs import SpecReader
@@ -246,8 +246,6 @@ class Placer(PlacerHolds):
                     _log.warning("reserve failed", extra={"job": job.job_id, "error": repr(res)})
                 continue
             placed += 1
-            if res[1].transition is not None:
-                _log.info("job reserved", extra=lifecycle.log_fields(res[0], res[1].transition))
             self.observe(res[0])  # RESERVED: the queue book stops counting it as waiting
             self.waits.pop(job.job_id, None)
             if self.metrics is not None:
