@@ -11,10 +11,8 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import sqlite3
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.store.base import StoreOptions
-from broker.store.hammer import job_for_key, key_for
 from broker.store.sqlite import SqliteStore
+from tests.broker.store_builders import throwaway_pg_server
+from tests.broker.store_hammer import job_for_key, key_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -82,40 +81,8 @@ async def _one(path: str, submitters: int, total: int, max_batch: int) -> dict[s
 @contextmanager
 def _postgres() -> Iterator[str | None]:
     """A throwaway PostgreSQL server with durable settings (fsync, synchronous_commit on); None if unavailable."""
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    if not initdb or not pg_ctl:
-        yield None
-        return
-    base = Path(tempfile.mkdtemp(prefix="tandem-bench-pg-"))
-    run_as: list[str] = []
-    if os.geteuid() == 0:  # postgres refuses to run as root
-        shutil.chown(base, "postgres", "postgres")
-        run_as = ["runuser", "-u", "postgres", "--"]
-    data, port = base / "data", 56000 + os.getpid() % 4000
-    try:
-        subprocess.run(
-            [*run_as, initdb, "-D", str(data), "-A", "trust", "-U", "tandem"], check=True, capture_output=True
-        )
-        subprocess.run(
-            [
-                *run_as,
-                pg_ctl,
-                "-D",
-                str(data),
-                "-l",
-                str(base / "log"),
-                "-w",
-                "-o",
-                f"-k {base} -p {port} -c listen_addresses='' -c fsync=on -c synchronous_commit=on",
-                "start",
-            ],
-            check=True,
-            capture_output=True,
-        )
-        yield f"postgresql://tandem@/postgres?host={base}&port={port}"
-    finally:
-        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
+    with throwaway_pg_server("fsync=on", "synchronous_commit=on", port=56000 + os.getpid() % 4000) as server:
+        yield None if server is None else server.replace("/?", "/postgres?")
 
 
 async def _pg_reset(dsn: str) -> str:

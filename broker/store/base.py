@@ -1,7 +1,8 @@
 """The ``Store`` interface the broker's services, placer and dispatcher code against.
 
 Backends: ``sqlite.SqliteStore`` (embedded default: WAL, synchronous=FULL) and
-``postgres.PostgresStore`` (HA: one leader per database by advisory lock);
+``postgres.PostgresStore`` (HA: one leader per database by advisory lock), both
+on ``sql_store.SqlStore``, with the decisions of their writes in ``writes``;
 tests/broker/test_store.py runs the same contract tests against both.
 
 Contract (every backend, checked by the shared test suite):
@@ -58,7 +59,7 @@ from broker.domain.records import (
     WatchPage,
 )
 from broker.domain.retry import RetryPolicy
-from broker.store.updates import Respec
+from broker.store.updates import Decide, Respec, Update, decide_hold, decide_priority
 
 __all__ = ["Store", "StoreOptions", "Clock", "IdGen", "Delivery"]
 
@@ -196,7 +197,6 @@ class Store(abc.ABC):
 
     # -- scheduling settings (no state change) ----------------------------------------------
 
-    @abc.abstractmethod
     async def set_priority(
         self,
         job_id: str,
@@ -213,13 +213,27 @@ class Store(abc.ABC):
         values write nothing. JobFinished when terminal. The fingerprint stays: a retry of the original
         submission still finds the job."""
 
-    @abc.abstractmethod
+        def decide(job: JobRecord) -> Update | None:
+            return decide_priority(job, priority, band, message, respec)
+
+        return (await self._update_job(job_id, tenant, actor, decide))[0]
+
     async def set_hold(
         self, job_id: str, *, held: bool, tenant: str | None, actor: str, message: str = ""
     ) -> tuple[JobRecord, bool]:
         """Hold or release a non-terminal job with an UPDATED event; returns (job, changed). JobFinished when
         terminal. A tenant caller (``tenant`` given) may release only holds it placed (PermissionDenied,
         reason HELD_BY_ADMIN). While held, ``apply_event`` ignores a Reserve for the job."""
+
+        def decide(job: JobRecord) -> Update | None:
+            return decide_hold(job, held, tenant=tenant, actor=actor, message=message)
+
+        return await self._update_job(job_id, tenant, actor, decide)
+
+    @abc.abstractmethod
+    async def _update_job(self, job_id: str, tenant: str | None, actor: str, decide: Decide) -> tuple[JobRecord, bool]:
+        """What both settings changes run on, in one write: load the job (JobNotFound as ``get_job``), ``decide``,
+        write the update with its UPDATED event when there is one; the job as it now is and whether it changed."""
 
     @abc.abstractmethod
     async def gpu_hours(self, *, since: float, until: float, now: float, tenant: str | None = None) -> list[GpuHours]:

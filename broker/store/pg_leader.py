@@ -18,8 +18,9 @@ from typing import Any
 
 from broker.domain.errors import BatchFailed, Internal, StoreUnavailable, TandemError
 from broker.store import codec, pg_sql
-from broker.store.base import Clock, IdGen, Store, StoreOptions
+from broker.store.base import Clock, IdGen, StoreOptions
 from broker.store.commit import CommitStats
+from broker.store.sql_store import SqlStore
 
 __all__ = ["LEADER_LOCK", "Conn", "PgLeader"]
 
@@ -37,7 +38,7 @@ class _Request:
     savepoint: bool
 
 
-class PgLeader(Store):
+class PgLeader(SqlStore):
     """The connections a ``PostgresStore`` runs on: ``_write`` (group commit on the leader's connection) and
     ``_read`` (a read-only snapshot from the pool); the Store operations are the subclass's."""
 
@@ -50,21 +51,15 @@ class PgLeader(Store):
         options: StoreOptions = StoreOptions(),
         readers: int = 4,
     ) -> None:
+        super().__init__(clock=clock, id_gen=id_gen, options=options)
         self._dsn = dsn
-        self._clock = clock
-        self._id_gen = id_gen or (lambda: codec.new_job_id(lambda: int(clock() * 1000)))
-        self._opts = options
         self._readers = readers
         self._conn: Conn = None
         self._pool: Any = None
         self._queue: asyncio.Queue[_Request | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self._tokens: codec.PageTokens | None = None
-        self._signal: asyncio.Future[None] | None = None
-        self._revision = 0
         self._broken: BaseException | None = None
         self.stats = CommitStats()
-        self.schema_version = 0
         self.fault: Callable[[int], BaseException | None] | None = None
         """Test hook: called with the batch size before COMMIT; an exception it returns fails the batch."""
 
@@ -84,7 +79,7 @@ class PgLeader(Store):
             if secret is None:
                 secret = os.urandom(32)
                 await conn.execute("INSERT INTO meta (key, value) VALUES ('page_secret', $1)", secret)
-            self._revision = await pg_sql.revision(conn)
+            revision = await pg_sql.revision(conn)
             self._pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=self._readers)
         except BaseException:
             await conn.close()
@@ -93,7 +88,7 @@ class PgLeader(Store):
         self._tokens = codec.PageTokens(bytes(secret))
         self.store_id = codec.store_id(bytes(secret))
         self._queue = asyncio.Queue()
-        self._signal = asyncio.get_running_loop().create_future()
+        self._commits.arm(asyncio.get_running_loop(), revision)
         self._task = asyncio.create_task(self._writer(), name="tandem-store-writer")
 
     async def close(self) -> None:
@@ -166,7 +161,7 @@ class PgLeader(Store):
                     req.future.set_exception(failed)
             return
         self.stats.record(len(batch))
-        self._publish(await pg_sql.revision(c))
+        self._commits.publish(await pg_sql.revision(c))
         for req, (value, error) in zip(batch, results):
             if req.future.done():
                 continue
@@ -204,14 +199,6 @@ class PgLeader(Store):
             return None, err
         await sp.commit()
         return value, None
-
-    def _publish(self, rev: int) -> None:
-        if rev <= self._revision:
-            return
-        self._revision = rev
-        fut, self._signal = self._signal, asyncio.get_running_loop().create_future()
-        if fut is not None and not fut.done():
-            fut.set_result(None)
 
     async def _read(self, op: Op) -> Any:
         if self._pool is None or self._task is None:

@@ -10,45 +10,12 @@ import dataclasses
 import sqlite3
 from collections.abc import Callable
 
-from broker.domain.errors import (
-    AlreadyExists,
-    IdempotencyConflict,
-    InvalidTransition,
-    JobNotFound,
-    StaleTransition,
-    StoreUnavailable,
-)
-from broker.domain.lifecycle import Reason
-from broker.domain.records import (
-    AttemptRecord,
-    CompactionResult,
-    EventKind,
-    GpuHours,
-    JobRecord,
-    NewJob,
-    SubmitResult,
-    Transition,
-)
-from broker.domain.states import ACTIVE, TERMINAL, JobState, is_allowed
-from broker.store import codec
+from broker.domain.errors import JobNotFound, StoreUnavailable
+from broker.domain.records import AttemptRecord, CompactionResult, GpuHours, JobRecord, NewJob, SubmitResult, Transition
+from broker.domain.states import ACTIVE, TERMINAL
+from broker.store import codec, writes
 from broker.store.migrations import LATEST, MIGRATIONS
 from broker.store.updates import Update
-
-__all__ = [
-    "ACTIVE_SQL",
-    "connect",
-    "migrate",
-    "insert_event",
-    "submit_job",
-    "load_job",
-    "current_attempt",
-    "apply_transition",
-    "write_update",
-    "gpu_hours",
-    "compact_jobs",
-    "meta_int",
-    "revision",
-]
 
 ACTIVE_SQL = ",".join(f"'{s.value}'" for s in sorted(ACTIVE))
 _TERMINAL_SQL = ",".join(f"'{s.value}'" for s in sorted(TERMINAL))
@@ -87,120 +54,36 @@ def migrate(conn: sqlite3.Connection, now: float) -> int:
     return int(current)
 
 
-def insert_event(
-    c: sqlite3.Connection,
-    job_id: str,
-    tenant: str,
-    job_set: str,
-    kind: EventKind,
-    src: JobState | None,
-    dst: JobState,
-    attempt: int,
-    reason: str,
-    message: str,
-    actor: str,
-    now: float,
-) -> int:
+_INSERT_EVENT = f"INSERT INTO events ({writes.EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+
+
+def _insert_event(c: sqlite3.Connection, event: writes.Values) -> int:
     """Append a watch event; its rowid is the new store revision (AUTOINCREMENT: never reused)."""
-    cur = c.execute(
-        "INSERT INTO events (job_id, tenant, job_set, kind, from_state, to_state, attempt, reason, message,"
-        " actor, time) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            job_id,
-            tenant,
-            job_set,
-            kind.value,
-            None if src is None else src.value,
-            dst.value,
-            attempt,
-            reason,
-            message,
-            actor,
-            now,
-        ),
-    )
-    return int(cur.lastrowid or 0)
+    return int(c.execute(_INSERT_EVENT, event).lastrowid or 0)
 
 
 def submit_job(c: sqlite3.Connection, new: NewJob, *, id_gen: Callable[[], str], now: float) -> SubmitResult:
     """Insert a QUEUED job and its SUBMITTED event, or return the job an equal earlier request created."""
-    fp = new.fingerprint or codec.fingerprint(new)
+    fp = writes.submit_fingerprint(new)
     if new.idempotency_key:
         row = c.execute(
             "SELECT * FROM jobs WHERE tenant=? AND idem_key=?", (new.tenant, new.idempotency_key)
         ).fetchone()
         if row is not None:
-            if bytes(row["fingerprint"]) == fp:
-                return SubmitResult(codec.job_from_row(row), created=False)
-            raise IdempotencyConflict(
-                "idempotency key was already used for a different request",
-                job_id=row["job_id"],
-                idempotency_key=new.idempotency_key,
-            )
+            return writes.replay(new, fp, codec.job_from_row(row))
     job_id = new.job_id or id_gen()
     if new.job_id and c.execute("SELECT 1 FROM jobs WHERE job_id=?", (job_id,)).fetchone():
-        raise AlreadyExists(f"job {job_id} already exists", job_id=job_id)
-    submitted = Reason.SUBMITTED.value
-    rev = insert_event(
-        c, job_id, new.tenant, new.job_set, EventKind.SUBMITTED, None, JobState.QUEUED, 0, submitted, "", new.actor, now
-    )
+        raise writes.id_taken(job_id)
+    job = writes.queued_job(new, job_id, fp, now)
+    rev = _insert_event(c, writes.submitted_event(job, new.actor))
     cur = c.execute(
         "INSERT INTO jobs (job_id, tenant, queue, job_set, priority_band, priority, preemptible, labels,"
         " gpus, gpu_models, max_infra_retries, max_runtime_s, spec, idem_key, fingerprint, state, attempt,"
         " infra_retries, not_before, create_time, update_time, end_time, reason, message, revision)"
-        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,0,0,?,?,NULL,?,'',?)",
-        (
-            job_id,
-            new.tenant,
-            new.queue,
-            new.job_set,
-            new.priority_band,
-            new.priority,
-            int(new.preemptible),
-            codec.dumps(dict(sorted(new.labels))),
-            new.gpus,
-            codec.dumps(list(new.gpu_models)),
-            new.max_infra_retries,
-            new.max_runtime_s,
-            new.spec,
-            new.idempotency_key or None,
-            fp,
-            JobState.QUEUED.value,
-            now,
-            now,
-            submitted,
-            rev,
-        ),
+        " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,0,0,0,?17,?17,NULL,?18,'',?19)",
+        (*writes.queued_job_values(job), rev),
     )
-    rec = JobRecord(
-        job_id=job_id,
-        seq=int(cur.lastrowid or 0),
-        tenant=new.tenant,
-        queue=new.queue,
-        job_set=new.job_set,
-        priority_band=new.priority_band,
-        priority=new.priority,
-        preemptible=new.preemptible,
-        labels=tuple(sorted(new.labels)),
-        gpus=new.gpus,
-        gpu_models=new.gpu_models,
-        max_infra_retries=new.max_infra_retries,
-        max_runtime_s=new.max_runtime_s,
-        spec=new.spec,
-        idempotency_key=new.idempotency_key or None,
-        fingerprint=fp,
-        state=JobState.QUEUED,
-        attempt=0,
-        infra_retries=0,
-        not_before=0.0,
-        create_time=now,
-        update_time=now,
-        end_time=None,
-        reason=submitted,
-        message="",
-        revision=rev,
-    )
-    return SubmitResult(rec, created=True)
+    return SubmitResult(dataclasses.replace(job, seq=int(cur.lastrowid or 0), revision=rev), created=True)
 
 
 def load_job(c: sqlite3.Connection, job_id: str, tenant: str | None = None) -> JobRecord:
@@ -219,149 +102,53 @@ def current_attempt(c: sqlite3.Connection, job: JobRecord) -> AttemptRecord | No
 
 
 def apply_transition(c: sqlite3.Connection, job: JobRecord, t: Transition, now: float) -> JobRecord:
-    """The compare-and-set: validate, then write job, attempts, event and orders (caller's transaction)."""
-    if job.state is not t.expect_state or job.attempt != t.expect_attempt:
-        raise StaleTransition(
-            f"job {job.job_id} is {job.state.value}/attempt {job.attempt}, "
-            f"expected {t.expect_state.value}/attempt {t.expect_attempt}",
-            job_id=job.job_id,
-            state=job.state.value,
-            attempt=job.attempt,
-        )
-    if not is_allowed(job.state, t.new_state):
-        raise InvalidTransition(
-            f"job {job.job_id}: no transition {job.state.value} -> {t.new_state.value}",
-            job_id=job.job_id,
-            from_state=job.state.value,
-            to_state=t.new_state.value,
-        )
-    attempt_no = job.attempt
-    if t.close_attempt is not None and job.attempt > 0:
-        a = t.close_attempt
+    """The compare-and-set (``writes.plan_transition``), then its writes: attempts, event, orders, job."""
+    w = writes.plan_transition(job, t, now)
+    if w.close_attempt is not None:
         c.execute(
             "UPDATE attempts SET outcome=?, end_time=?, message=?, exit_code=?, spent_retry=?,"
             " rejection_reason=?, rejection_nodes=? WHERE job_id=? AND number=? AND outcome IS NULL",
-            (
-                a.outcome.value,
-                a.end_time,
-                a.message,
-                a.exit_code,
-                int(a.spent_retry),
-                a.rejection_reason,
-                codec.dumps(list(a.rejection_nodes)),
-                job.job_id,
-                job.attempt,
-            ),
+            w.close_attempt,
         )
-    if t.stamp is not None and job.attempt > 0:
-        s = t.stamp
+    if w.stamp_attempt is not None:
         c.execute(
             "UPDATE attempts SET dispatch_time=COALESCE(?, dispatch_time), accept_time=COALESCE(?, accept_time),"
             " start_time=COALESCE(?, start_time), running_time=COALESCE(?, running_time),"
             " namespace=COALESCE(?, namespace), expires_at=CASE WHEN ? THEN NULL ELSE expires_at END"
             " WHERE job_id=? AND number=?",
-            (
-                s.dispatch_time,
-                s.accept_time,
-                s.start_time,
-                s.running_time,
-                s.namespace,
-                int(s.clear_expiry),
-                job.job_id,
-                job.attempt,
-            ),
+            w.stamp_attempt,
         )
-    if t.new_attempt is not None:
-        a2 = t.new_attempt
-        if a2.number != job.attempt + 1 or a2.job_id != job.job_id:
-            raise InvalidTransition(
-                f"job {job.job_id}: new attempt must be {job.attempt + 1}, got {a2.number}", job_id=job.job_id
-            )
+    if w.new_attempt is not None:
         c.execute(
             "UPDATE attempts SET outcome='LOST', end_time=?, message='superseded' WHERE job_id=? AND outcome IS NULL",
             (now, job.job_id),
         )  # defensive: a job has at most one open attempt
         c.execute(
-            "INSERT INTO attempts (job_id, number, cluster, domain, assignments, gpu_model, gpus, reserve_time,"
-            " expires_at, message, spent_retry, namespace, rejection_reason, rejection_nodes)"
-            " VALUES (?,?,?,?,?,?,?,?,?,'',0,'','','[]')",
-            (
-                job.job_id,
-                a2.number,
-                a2.cluster,
-                codec.dumps(list(a2.domain)),
-                codec.assignments_json(a2.assignments),
-                a2.gpu_model,
-                a2.gpus,
-                a2.reserve_time,
-                a2.expires_at,
-            ),
+            f"INSERT INTO attempts ({writes.ATTEMPT_COLUMNS}, message, spent_retry, namespace, rejection_reason,"
+            " rejection_nodes) VALUES (?,?,?,?,?,?,?,?,?,'',0,'','','[]')",
+            w.new_attempt,
         )
-        attempt_no = a2.number
-    rev = insert_event(
-        c,
-        job.job_id,
-        job.tenant,
-        job.job_set,
-        EventKind.TRANSITION,
-        job.state,
-        t.new_state,
-        attempt_no,
-        t.reason,
-        t.message,
-        t.actor,
-        now,
+    rev = _insert_event(c, w.event)
+    c.executemany(
+        "INSERT INTO orders (cluster, job_id, attempt, kind, grace_s, created_at) VALUES (?,?,?,?,?,?)", w.orders
     )
-    for o in t.orders:
-        c.execute(
-            "INSERT INTO orders (cluster, job_id, attempt, kind, grace_s, created_at) VALUES (?,?,?,?,?,?)",
-            (o.cluster, job.job_id, o.attempt if o.attempt is not None else attempt_no, o.kind.value, o.grace_s, now),
-        )
-    end_time = now if t.new_state in TERMINAL else None
-    retries = job.infra_retries + (1 if t.spend_retry else 0)
-    not_before = job.not_before if t.not_before is None else t.not_before
     c.execute(
         "UPDATE jobs SET state=?, attempt=?, infra_retries=?, not_before=?, update_time=?, end_time=?,"
         " reason=?, message=?, revision=? WHERE job_id=?",
-        (t.new_state.value, attempt_no, retries, not_before, now, end_time, t.reason, t.message, rev, job.job_id),
+        w.job_values(rev),
     )
-    return dataclasses.replace(
-        job,
-        state=t.new_state,
-        attempt=attempt_no,
-        infra_retries=retries,
-        not_before=not_before,
-        update_time=now,
-        end_time=end_time,
-        reason=t.reason,
-        message=t.message,
-        revision=rev,
-    )
+    return w.written(rev)
 
 
 def write_update(c: sqlite3.Connection, job: JobRecord, u: Update, actor: str, now: float) -> JobRecord:
     """Persist a settings change (priority, band, spec bytes, hold) with its UPDATED event (caller's transaction).
     State, attempt, reason, message and update_time (the last state change) stay as they are."""
-    rev = insert_event(
-        c,
-        job.job_id,
-        job.tenant,
-        job.job_set,
-        EventKind.UPDATED,
-        job.state,
-        job.state,
-        job.attempt,
-        u.reason.value,
-        u.message,
-        actor,
-        now,
-    )
-    new = u.job
+    rev = _insert_event(c, writes.update_event(job, u, actor, now))
     c.execute(
         "UPDATE jobs SET priority=?, priority_band=?, spec=?, held_by=?, revision=? WHERE job_id=?",
-        (new.priority, new.priority_band, new.spec, new.held_by if new.held else None, rev, job.job_id),
+        writes.update_values(u, rev),
     )
-    return dataclasses.replace(new, revision=rev)
+    return dataclasses.replace(u.job, revision=rev)
 
 
 # Overlap of [running (or start) time, end or now] with [since, until], x GPUs, summed in the database:
@@ -411,10 +198,8 @@ def compact_jobs(c: sqlite3.Connection, finished_before: float, limit: int) -> C
         top = c.execute(f"SELECT MAX(revision) FROM events WHERE job_id IN ({marks})", chunk).fetchone()[0]
         compacted = max(compacted, int(top or 0))
         events += c.execute(f"DELETE FROM events WHERE job_id IN ({marks})", chunk).rowcount
-        c.execute(f"DELETE FROM orders WHERE job_id IN ({marks})", chunk)
-        c.execute(f"DELETE FROM attempts WHERE job_id IN ({marks})", chunk)
-        c.execute(f"DELETE FROM replicas WHERE job_id IN ({marks})", chunk)
-        c.execute(f"DELETE FROM jobs WHERE job_id IN ({marks})", chunk)
+        for table in writes.COMPACTED_TABLES:
+            c.execute(f"DELETE FROM {table} WHERE job_id IN ({marks})", chunk)
     c.execute(
         "INSERT INTO meta (key, value) VALUES ('compacted_revision', ?)"
         " ON CONFLICT(key) DO UPDATE SET value=excluded.value",

@@ -7,31 +7,15 @@ signal) are ``sqlite_threads.SqliteThreads``'s; the write-side statements are
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Sequence
 
-from broker.domain import job_events, lifecycle
-from broker.domain.errors import JobFinished, RevisionCompacted, StoreUnavailable
-from broker.domain.records import (
-    AttemptRecord,
-    CompactionResult,
-    DispatchOrder,
-    GpuHours,
-    JobFilter,
-    JobPage,
-    JobRecord,
-    NewJob,
-    ReplicaRecord,
-    SubmitResult,
-    Transition,
-    WatchEvent,
-    WatchPage,
-)
-from broker.domain.states import JobState
-from broker.store import codec, sql, updates
+from broker.domain import job_events, lifecycle, records
+from broker.domain.errors import StoreUnavailable
+from broker.store import codec, sql, writes
 from broker.store.base import Delivery
 from broker.store.sqlite_threads import SqliteThreads
+from broker.store.updates import Decide
 
 __all__ = ["SqliteStore"]
 
@@ -41,40 +25,36 @@ class SqliteStore(SqliteThreads):
 
     # -- submission ------------------------------------------------------------------------------
 
-    async def submit(self, job: NewJob) -> SubmitResult:
+    async def submit(self, job: records.NewJob) -> records.SubmitResult:
         # submit_job raises its TandemErrors (key conflict, duplicate id) before it writes anything
         return await self._write(lambda c: self._submit(c, job), savepoint=False)
 
-    def _submit(self, c: sqlite3.Connection, new: NewJob) -> SubmitResult:
+    def _submit(self, c: sqlite3.Connection, new: records.NewJob) -> records.SubmitResult:
         return sql.submit_job(c, new, id_gen=self._id_gen, now=self._clock())
 
     # -- reads -----------------------------------------------------------------------------------
 
-    async def get_job(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
+    async def get_job(self, job_id: str, *, tenant: str | None = None) -> records.JobRecord:
         return await self._read(lambda c: sql.load_job(c, job_id, tenant))
 
-    async def list_attempts(self, job_id: str) -> list[AttemptRecord]:
-        def op(c: sqlite3.Connection) -> list[AttemptRecord]:
+    async def list_attempts(self, job_id: str) -> list[records.AttemptRecord]:
+        def op(c: sqlite3.Connection) -> list[records.AttemptRecord]:
             rows = c.execute("SELECT * FROM attempts WHERE job_id=? ORDER BY number", (job_id,)).fetchall()
             replicas = c.execute("SELECT * FROM replicas WHERE job_id=?", (job_id,)).fetchall()
             return codec.with_replicas([codec.attempt_from_row(r) for r in rows], replicas)
 
         return await self._read(op)
 
-    async def job_history(self, job_id: str) -> list[WatchEvent]:
-        def op(c: sqlite3.Connection) -> list[WatchEvent]:
+    async def job_history(self, job_id: str) -> list[records.WatchEvent]:
+        def op(c: sqlite3.Connection) -> list[records.WatchEvent]:
             rows = c.execute("SELECT * FROM events WHERE job_id=? ORDER BY revision", (job_id,)).fetchall()
             return [codec.event_from_row(r) for r in rows]
 
         return await self._read(op)
 
-    async def list_jobs(self, flt: JobFilter, *, page_size: int = 0, page_token: str = "") -> JobPage:
-        tokens = self._tokens
-        assert tokens is not None, "store is not open"
-        size = min(page_size if page_size > 0 else self._opts.default_page_size, self._opts.max_page_size)
-        after = tokens.decode(page_token, flt) if page_token else 0
+    async def _jobs_after(self, flt: records.JobFilter, after_seq: int, limit: int) -> list[records.JobRecord]:
         where: list[str] = ["seq > ?"]
-        args: list[object] = [after]
+        args: list[object] = [after_seq]
         if flt.tenant is not None:
             where.append("tenant = ?")
             args.append(flt.tenant)
@@ -104,26 +84,22 @@ class SqliteStore(SqliteThreads):
             )
             args.extend((flt.gpu_model, flt.gpu_model))
         query = f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
-        args.append(size + 1)
+        args.append(limit)
 
-        def op(c: sqlite3.Connection) -> list[JobRecord]:
+        def op(c: sqlite3.Connection) -> list[records.JobRecord]:
             return [codec.job_from_row(r) for r in c.execute(query, args).fetchall()]
 
-        jobs = await self._read(op)
-        more = len(jobs) > size
-        jobs = jobs[:size]
-        token = tokens.encode(jobs[-1].seq, flt) if more and jobs else ""
-        return JobPage(tuple(jobs), token)
+        return await self._read(op)
 
-    async def active_jobs(self) -> list[JobRecord]:
-        def op(c: sqlite3.Connection) -> list[JobRecord]:
+    async def active_jobs(self) -> list[records.JobRecord]:
+        def op(c: sqlite3.Connection) -> list[records.JobRecord]:
             rows = c.execute(f"SELECT * FROM jobs WHERE state IN ({sql.ACTIVE_SQL}) ORDER BY seq").fetchall()
             return [codec.job_from_row(r) for r in rows]
 
         return await self._read(op)
 
-    async def active_attempts(self) -> list[AttemptRecord]:
-        def op(c: sqlite3.Connection) -> list[AttemptRecord]:
+    async def active_attempts(self) -> list[records.AttemptRecord]:
+        def op(c: sqlite3.Connection) -> list[records.AttemptRecord]:
             rows = c.execute(
                 "SELECT a.* FROM attempts a JOIN jobs j ON j.job_id = a.job_id AND j.attempt = a.number"
                 f" WHERE a.outcome IS NULL AND j.state IN ({sql.ACTIVE_SQL}) ORDER BY j.seq"
@@ -132,8 +108,8 @@ class SqliteStore(SqliteThreads):
 
         return await self._read(op)
 
-    async def active_runs(self) -> list[tuple[JobRecord, AttemptRecord]]:
-        def op(c: sqlite3.Connection) -> list[tuple[JobRecord, AttemptRecord]]:
+    async def active_runs(self) -> list[tuple[records.JobRecord, records.AttemptRecord]]:
+        def op(c: sqlite3.Connection) -> list[tuple[records.JobRecord, records.AttemptRecord]]:
             attempts = [
                 codec.attempt_from_row(r)
                 for r in c.execute(
@@ -141,7 +117,7 @@ class SqliteStore(SqliteThreads):
                     f" WHERE a.outcome IS NULL AND j.state IN ({sql.ACTIVE_SQL}) ORDER BY j.seq"
                 )
             ]
-            jobs: dict[str, JobRecord] = {}
+            jobs: dict[str, records.JobRecord] = {}
             ids = [a.job_id for a in attempts]
             for i in range(0, len(ids), 500):
                 chunk = ids[i : i + 500]
@@ -153,96 +129,68 @@ class SqliteStore(SqliteThreads):
 
     # -- state changes ---------------------------------------------------------------------------
 
-    async def transition(self, t: Transition) -> JobRecord:
-        return await self._write(lambda c: self._apply(c, sql.load_job(c, t.job_id), t))
+    async def transition(self, t: records.Transition) -> records.JobRecord:
+        return await self._write(lambda c: sql.apply_transition(c, sql.load_job(c, t.job_id), t, self._clock()))
 
-    async def apply_event(self, event: job_events.Event) -> tuple[JobRecord, lifecycle.Reaction]:
-        def op(c: sqlite3.Connection) -> tuple[JobRecord, lifecycle.Reaction]:
-            job = sql.load_job(c, event.job_id)
-            refused = updates.refuse_held_reserve(job, event)
-            if refused is not None:
-                return job, refused
-            reaction = lifecycle.react(job, sql.current_attempt(c, job), event, self._opts.retry, self._clock())
-            if reaction.transition is None:
-                return job, reaction
-            return self._apply(c, job, reaction.transition), reaction
+    async def apply_event(self, event: job_events.Event) -> tuple[records.JobRecord, lifecycle.Reaction]:
+        return await self._write(lambda c: self._react(c, sql.load_job(c, event.job_id), event))
 
-        return await self._write(op)
-
-    def _cancel(
-        self, c: sqlite3.Connection, job: JobRecord, actor: str, message: str, grace_s: float
-    ) -> JobRecord | None:
-        ev = job_events.CancelRequested(job.job_id, actor=actor, message=message, grace_s=grace_s)
-        reaction = lifecycle.react(job, sql.current_attempt(c, job), ev, self._opts.retry, self._clock())
-        return None if reaction.transition is None else self._apply(c, job, reaction.transition)
+    def _react(
+        self, c: sqlite3.Connection, job: records.JobRecord, event: job_events.Event
+    ) -> tuple[records.JobRecord, lifecycle.Reaction]:
+        """React to the event and apply its transition, if any: the job as it now is, and the reaction."""
+        now = self._clock()
+        reaction = writes.react(job, sql.current_attempt(c, job), event, self._opts.retry, now)
+        if reaction.transition is None:
+            return job, reaction
+        return sql.apply_transition(c, job, reaction.transition, now), reaction
 
     async def cancel_job(
         self, job_id: str, *, tenant: str | None, actor: str, message: str = "", grace_s: float = 30.0
-    ) -> JobRecord:
-        def op(c: sqlite3.Connection) -> JobRecord:
+    ) -> records.JobRecord:
+        def op(c: sqlite3.Connection) -> records.JobRecord:
             job = sql.load_job(c, job_id, tenant)
-            if job.state in (JobState.SUCCEEDED, JobState.FAILED):
-                raise JobFinished(f"job {job_id} already {job.state.value}", job_id=job_id, state=job.state.value)
-            return self._cancel(c, job, actor, message, grace_s) or job
+            return self._react(c, job, writes.cancel_request(job, actor, message, grace_s))[0]
 
         return await self._write(op)
 
     async def cancel_job_set(
         self, tenant: str, job_set: str, *, actor: str, message: str = "", grace_s: float = 30.0
-    ) -> list[JobRecord]:
-        def op(c: sqlite3.Connection) -> list[JobRecord]:
+    ) -> list[records.JobRecord]:
+        def op(c: sqlite3.Connection) -> list[records.JobRecord]:
             rows = c.execute(
                 f"SELECT * FROM jobs WHERE tenant=? AND job_set=? AND state IN ({sql.ACTIVE_SQL}) ORDER BY seq",
                 (tenant, job_set),
             ).fetchall()
             changed = []
-            for row in rows:
-                done = self._cancel(c, codec.job_from_row(row), actor, message, grace_s)
-                if done is not None:
-                    changed.append(done)
+            for job in map(codec.job_from_row, rows):
+                after, reaction = self._react(c, job, writes.cancel_request(job, actor, message, grace_s))
+                if reaction.transition is not None:
+                    changed.append(after)
             return changed
 
         return await self._write(op)
 
-    async def set_priority(
-        self,
-        job_id: str,
-        *,
-        tenant: str | None,
-        actor: str,
-        priority: int | None = None,
-        band: str | None = None,
-        message: str = "",
-        respec: updates.Respec | None = None,
-    ) -> JobRecord:
-        def op(c: sqlite3.Connection) -> JobRecord:
+    async def _update_job(
+        self, job_id: str, tenant: str | None, actor: str, decide: Decide
+    ) -> tuple[records.JobRecord, bool]:
+        def op(c: sqlite3.Connection) -> tuple[records.JobRecord, bool]:
             job = sql.load_job(c, job_id, tenant)
-            u = updates.decide_priority(job, priority, band, message, respec)
-            return job if u is None else sql.write_update(c, job, u, actor, self._clock())
-
-        return await self._write(op)
-
-    async def set_hold(
-        self, job_id: str, *, held: bool, tenant: str | None, actor: str, message: str = ""
-    ) -> tuple[JobRecord, bool]:
-        def op(c: sqlite3.Connection) -> tuple[JobRecord, bool]:
-            job = sql.load_job(c, job_id, tenant)
-            u = updates.decide_hold(job, held, tenant=tenant, actor=actor, message=message)
+            u = decide(job)
             return (job, False) if u is None else (sql.write_update(c, job, u, actor, self._clock()), True)
 
         return await self._write(op)
 
-    async def gpu_hours(self, *, since: float, until: float, now: float, tenant: str | None = None) -> list[GpuHours]:
+    async def gpu_hours(
+        self, *, since: float, until: float, now: float, tenant: str | None = None
+    ) -> list[records.GpuHours]:
         rows = await self._read(lambda c: sql.gpu_hours(c, since, until, now, tenant))
         return sorted(rows, key=lambda r: (r.tenant, r.gpu_model, r.cluster))
 
-    def _apply(self, c: sqlite3.Connection, job: JobRecord, t: Transition) -> JobRecord:
-        return sql.apply_transition(c, job, t, self._clock())
-
     # -- outbox ----------------------------------------------------------------------------------
 
-    async def pending_orders(self, cluster: str, *, after: int = 0, limit: int = 1000) -> list[DispatchOrder]:
-        def op(c: sqlite3.Connection) -> list[DispatchOrder]:
+    async def pending_orders(self, cluster: str, *, after: int = 0, limit: int = 1000) -> list[records.DispatchOrder]:
+        def op(c: sqlite3.Connection) -> list[records.DispatchOrder]:
             rows = c.execute(
                 "SELECT * FROM orders WHERE cluster=? AND delivered_at IS NULL AND order_id > ?"
                 " ORDER BY order_id LIMIT ?",
@@ -264,8 +212,8 @@ class SqliteStore(SqliteThreads):
             if not orders:
                 return []
             ids = sorted({o.job_id for o in orders})
-            jobs: dict[str, JobRecord] = {}
-            attempts: dict[tuple[str, int], AttemptRecord] = {}
+            jobs: dict[str, records.JobRecord] = {}
+            attempts: dict[tuple[str, int], records.AttemptRecord] = {}
             for i in range(0, len(ids), 500):
                 chunk = ids[i : i + 500]
                 marks = ",".join("?" * len(chunk))
@@ -295,22 +243,16 @@ class SqliteStore(SqliteThreads):
     # -- observed status and cluster state -------------------------------------------------------
 
     async def record_workload(
-        self, job_id: str, attempt: int, replicas: Sequence[ReplicaRecord], rendezvous: str = ""
+        self, job_id: str, attempt: int, replicas: Sequence[records.ReplicaRecord], rendezvous: str = ""
     ) -> bool:
-        rows = [
-            (job_id, attempt, r.pod_set, r.index, r.pod, r.node, r.phase, r.exit_code, r.reason, r.message)
-            for r in replicas
-        ]
-
         def op(c: sqlite3.Connection) -> bool:
             if c.execute("SELECT 1 FROM attempts WHERE job_id=? AND number=?", (job_id, attempt)).fetchone() is None:
                 return False
-            now = self._clock()
             c.execute("DELETE FROM replicas WHERE job_id=? AND attempt=?", (job_id, attempt))
             c.executemany(
                 "INSERT INTO replicas (job_id, attempt, pod_set, idx, pod, node, phase, exit_code, reason, message,"
                 " update_time) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                [row + (now,) for row in rows],
+                writes.replica_values(job_id, attempt, replicas, self._clock()),
             )
             if rendezvous:
                 c.execute("UPDATE attempts SET rendezvous=? WHERE job_id=? AND number=?", (rendezvous, job_id, attempt))
@@ -351,15 +293,14 @@ class SqliteStore(SqliteThreads):
     async def current_revision(self) -> int:
         if self._writer is None:
             raise StoreUnavailable("store is not open")
-        return self._revision
+        return self._commits.revision
 
     async def compacted_revision(self) -> int:
         return await self._read(lambda c: sql.meta_int(c, "compacted_revision"))
 
-    async def watch_page(
-        self, from_revision: int, *, limit: int = 0, tenant: str | None = None, job_set: str | None = None
-    ) -> WatchPage:
-        n = min(limit if limit > 0 else self._opts.max_watch_batch, self._opts.max_watch_batch)
+    async def _events_after(
+        self, from_revision: int, limit: int, tenant: str | None, job_set: str | None
+    ) -> tuple[int, list[records.WatchEvent], int]:
         where: list[str] = ["revision > ?"]
         args: list[object] = [from_revision]
         if tenant is not None:
@@ -369,35 +310,13 @@ class SqliteStore(SqliteThreads):
             where.append("job_set = ?")
             args.append(job_set)
         query = f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY revision LIMIT ?"
-        args.append(n)
+        args.append(limit)
 
-        def op(c: sqlite3.Connection) -> WatchPage:
-            compacted = sql.meta_int(c, "compacted_revision")
-            if from_revision < compacted:
-                raise RevisionCompacted(
-                    f"revision {from_revision} was compacted (compacted up to {compacted}); list again, then watch",
-                    compacted_revision=compacted,
-                )
-            events = tuple(codec.event_from_row(r) for r in c.execute(query, args).fetchall())
-            # a full page covers up to its last event; a short one covers everything committed (same snapshot)
-            covered = events[-1].revision if len(events) >= n else max(from_revision, sql.revision(c))
-            return WatchPage(events, covered)
+        def op(c: sqlite3.Connection) -> tuple[int, list[records.WatchEvent], int]:
+            events = [codec.event_from_row(r) for r in c.execute(query, args).fetchall()]
+            return sql.meta_int(c, "compacted_revision"), events, sql.revision(c)
 
         return await self._read(op)
 
-    async def wait_for_revision(self, after: int, timeout_s: float) -> int:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            signal = self._commit_signal  # taken before reading, so a commit in between still wakes us
-            rev = await self.current_revision()
-            remaining = deadline - loop.time()
-            if rev > after or remaining <= 0 or signal is None:
-                return rev
-            try:
-                await asyncio.wait_for(asyncio.shield(signal), remaining)
-            except TimeoutError:
-                return await self.current_revision()
-
-    async def compact(self, *, finished_before: float, limit: int = 10_000) -> CompactionResult:
+    async def compact(self, *, finished_before: float, limit: int = 10_000) -> records.CompactionResult:
         return await self._write(lambda c: sql.compact_jobs(c, finished_before, limit))

@@ -16,15 +16,16 @@ from typing import Any, TypeVar
 
 from broker.domain.errors import StoreUnavailable
 from broker.store import codec, sql
-from broker.store.base import Clock, IdGen, Store, StoreOptions
+from broker.store.base import Clock, IdGen, StoreOptions
 from broker.store.commit import GroupCommitter
+from broker.store.sql_store import SqlStore
 
 __all__ = ["SqliteThreads"]
 
 T = TypeVar("T")
 
 
-class SqliteThreads(Store):
+class SqliteThreads(SqlStore):
     """The threads a ``SqliteStore`` runs on: ``_write`` (the writer's group commit, ``commit.GroupCommitter``)
     and ``_read`` (one snapshot on the reader thread); the Store operations are the subclass's."""
 
@@ -36,19 +37,12 @@ class SqliteThreads(Store):
         id_gen: IdGen | None = None,
         options: StoreOptions = StoreOptions(),
     ) -> None:
+        super().__init__(clock=clock, id_gen=id_gen, options=options)
         self._path = str(path)
-        self._clock = clock
-        self._id_gen = id_gen or (lambda: codec.new_job_id(lambda: int(clock() * 1000)))
-        self._opts = options
         self._writer: GroupCommitter | None = None
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._reader_conn: sqlite3.Connection | None = None
-        self._tokens: codec.PageTokens | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._commit_signal: asyncio.Future[None] | None = None
-        self._revision = 0
-        """Latest committed revision, kept by the writer's commit hook (read without I/O)."""
-        self.schema_version = 0
 
     @property
     def commit_stats(self) -> Any:
@@ -66,8 +60,8 @@ class SqliteThreads(Store):
         if self._writer is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._commit_signal = self._loop.create_future()
         secret: list[bytes] = []
+        revision: list[int] = []
 
         def setup() -> sqlite3.Connection:
             conn = sql.connect(self._path)
@@ -79,7 +73,7 @@ class SqliteThreads(Store):
             else:
                 value = bytes(row[0])
             secret.append(value)
-            self._revision = sql.revision(conn)
+            revision.append(sql.revision(conn))
             return conn
 
         if self._path != ":memory:":
@@ -87,6 +81,7 @@ class SqliteThreads(Store):
         writer = GroupCommitter(setup, max_batch=self._opts.max_batch, on_commit=self._notify)
         await asyncio.get_running_loop().run_in_executor(None, writer.start)
         self._writer = writer
+        self._commits.arm(self._loop, revision[0])
         self._tokens = codec.PageTokens(secret[0])
         self.store_id = codec.store_id(secret[0])
         if self._path != ":memory:":
@@ -105,21 +100,11 @@ class SqliteThreads(Store):
             pool.shutdown(wait=True)
 
     def _notify(self, conn: sqlite3.Connection) -> None:
-        """Writer thread, right after a COMMIT that wrote: publish the revision to the event loop."""
+        """Writer thread, right after a COMMIT that wrote: publish the revision on the event loop."""
         rev = sql.revision(conn)
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._signal_commit, rev)
-
-    def _signal_commit(self, rev: int) -> None:
-        """Record the revision, resolve the current commit signal and arm a fresh one (no wake-up is lost)."""
-        fut, loop = self._commit_signal, self._loop
-        if loop is None:
-            return
-        self._revision = max(self._revision, rev)
-        self._commit_signal = loop.create_future()
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+            loop.call_soon_threadsafe(self._commits.publish, rev)
 
     async def _write(self, op: Callable[[sqlite3.Connection], T], *, savepoint: bool = True) -> T:
         return await self.committer.call(op, savepoint=savepoint)

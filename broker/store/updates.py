@@ -15,7 +15,7 @@ from broker.domain import job_events, lifecycle
 from broker.domain.errors import ErrorDetails, JobFinished, PermissionDenied
 from broker.domain.records import JobRecord, UpdateReason
 
-__all__ = ["Respec", "Update", "decide_priority", "decide_hold", "refuse_held_reserve"]
+__all__ = ["Respec", "Update", "Decide", "decide_priority", "decide_hold", "refuse_held_reserve"]
 
 Respec = Callable[[bytes, int, str], bytes]
 """(spec bytes, priority, band) -> spec bytes carrying them (the services' serde; the store knows no protobuf)."""
@@ -28,6 +28,10 @@ class Update:
     job: JobRecord
     reason: UpdateReason
     message: str
+
+
+Decide = Callable[[JobRecord], Update | None]
+"""A settings decision (``decide_*`` with its arguments bound) on the job as read in the transaction."""
 
 
 def _live(job: JobRecord) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from broker.domain.retry import RetryPolicy
 from broker.domain.states import JobState
 from broker.store.base import StoreOptions
 from broker.store.sqlite import SqliteStore
+from broker.store.writes import queued_job
 from fleetplan.catalog import ReplicaPlacement
 from tests.needs import missing
 
@@ -87,32 +89,26 @@ def job_record(
     models: tuple[str, ...] = (),
     queue: str = "default",
 ) -> JobRecord:
-    return JobRecord(
-        job_id=job_id,
-        seq=seq,
-        tenant=tenant,
+    """A job as a submission creates it (no spec, no fingerprint, at T0), then put in the given state."""
+    request = new_job(
+        tenant,
         queue=queue,
-        job_set="",
-        priority_band=band,
+        gpus=gpus,
+        spec=b"",
+        band=band,
         priority=priority,
         preemptible=preemptible,
-        labels=(),
-        gpus=gpus,
-        gpu_models=models,
+        models=models,
         max_infra_retries=max_infra_retries,
-        max_runtime_s=None,
-        spec=b"",
-        idempotency_key=None,
-        fingerprint=b"",
+    )
+    return dataclasses.replace(
+        queued_job(request, job_id, b"", T0),
+        seq=seq,
         state=state,
         attempt=attempt,
         infra_retries=infra_retries,
         not_before=not_before,
-        create_time=T0,
-        update_time=T0,
-        end_time=None,
         reason="",
-        message="",
         revision=1,
     )
 
@@ -201,46 +197,36 @@ def _pg_binaries() -> tuple[str, str] | None:
     return initdb, pg_ctl
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[str]:
-    """A throwaway PostgreSQL server on a Unix socket; yields its DSN prefix (skips if PostgreSQL is absent)."""
+@contextmanager
+def throwaway_pg_server(*settings: str, port: int) -> Iterator[str | None]:
+    """A throwaway PostgreSQL server on a Unix socket with these server settings (``fsync=off``, ...); yields its DSN
+    prefix ``postgresql://tandem@/?host=...&port=...`` (put a database name before ``?``), or None when PostgreSQL
+    (or, running as root, ``runuser`` to run it as its own user) is not installed. Stopped and removed on exit."""
     import os
     import shutil
     import subprocess
-
-    bins = _pg_binaries()
-    if bins is None:
-        missing("PostgreSQL (initdb, pg_ctl) or asyncpg")
-    initdb, pg_ctl = bins
     import tempfile
 
+    bins = _pg_binaries()
+    runuser = shutil.which("runuser")
+    if bins is None or (os.geteuid() == 0 and runuser is None):
+        yield None
+        return
+    initdb, pg_ctl = bins
     # not under pytest's tmp dir: the postgres user must be able to reach it
     base = Path(tempfile.mkdtemp(prefix="tandem-pg-"))
     run_as: list[str] = []
-    if os.geteuid() == 0:  # postgres refuses to run as root
-        runuser = shutil.which("runuser")
-        if runuser is None:
-            missing("runuser (to run PostgreSQL as its own user when the tests run as root)")
+    if os.geteuid() == 0 and runuser is not None:  # postgres refuses to run as root
         shutil.chown(base, "postgres", "postgres")
         run_as = [runuser, "-u", "postgres", "--"]
-    data, port = base / "data", 55000 + os.getpid() % 5000
+    data = base / "data"
+    options = " ".join([f"-k {base} -p {port} -c listen_addresses=''", *(f"-c {s}" for s in settings)])
     try:
         subprocess.run(
             [*run_as, initdb, "-D", str(data), "-A", "trust", "-U", "tandem"], check=True, capture_output=True
         )
         subprocess.run(
-            [
-                *run_as,
-                pg_ctl,
-                "-D",
-                str(data),
-                "-l",
-                str(base / "log"),
-                "-w",
-                "-o",
-                f"-k {base} -p {port} -c listen_addresses='' -c fsync=off",
-                "start",
-            ],
+            [*run_as, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-o", options, "start"],
             check=True,
             capture_output=True,
         )
@@ -248,6 +234,18 @@ def pg_server() -> Iterator[str]:
     finally:
         subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """A throwaway PostgreSQL server (no fsync: the tests need no durability); yields its DSN prefix (skips if
+    PostgreSQL is absent)."""
+    import os
+
+    with throwaway_pg_server("fsync=off", port=55000 + os.getpid() % 5000) as server:
+        if server is None:
+            missing("PostgreSQL (initdb, pg_ctl; runuser when the tests run as root) or asyncpg")
+        yield server
 
 
 async def fresh_pg_database(server: str) -> str:
