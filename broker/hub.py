@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from broker.clusters.dispatcher import Dispatcher
 from broker.config import BrokerConfig
 from broker.domain import errors
 from broker.domain.events import ToDispatcher, ToPlacer
-from broker.domain.records import event_log
+from broker.domain.records import JobRecord, event_log
 from broker.domain.specs import SpecReader
 from broker.metrics import Metrics
 from broker.scheduling.placer import Placer
@@ -20,8 +21,9 @@ from broker.scheduling.preemptor import Preemptor
 from broker.store.base import Store, StoreOptions
 from broker.tenancy import auth
 from broker.tenancy.policy import PolicyFile
-from fleetplan.catalog import Catalog
+from fleetplan.catalog import Catalog, ClusterEntry
 from fleetplan.choice import make_choice
+from fleetplan.view import FleetView
 
 _log = logging.getLogger("tandem.broker.hub")
 
@@ -29,7 +31,8 @@ __all__ = ["Hub"]
 
 
 class Hub:
-    """Everything a handler needs, passed explicitly; created by `open()`, ended by `close()`."""
+    """The live parts wired once, started by `start()`, ended by `close()`; the API's handlers get narrow
+    bundles of them (broker.api.ports), never the hub itself."""
 
     def __init__(
         self,
@@ -51,6 +54,8 @@ class Hub:
         self.audit = auth.AuditLog(audit_path, clock=clock)
         self.catalog = Catalog(stale_after_s=cfg.cluster_stale_after_s)
         self.cordon_reasons: dict[str, str] = {}
+        self.cluster_records: Mapping[str, ClusterEntry] = MappingProxyType(self.catalog.clusters)
+        """Every cluster's record, read-only: what the API renders (only the catalog changes them)."""
         # The placer and the dispatcher hold no reference to each other: each sends the other events.
         self.placer = Placer(
             store,
@@ -99,8 +104,7 @@ class Hub:
         """Open the store, reload the queue and reservations, start the placer and watchdog loops."""
         await self.store.open()
         for cluster, reason in (await self.store.cordons()).items():
-            self.catalog.set_cordoned(cluster, True)
-            self.cordon_reasons[cluster] = reason
+            self._cordon_in_effect(cluster, reason)
         await self.placer.load()
         loop = asyncio.get_running_loop()
         self._tasks = [
@@ -116,6 +120,39 @@ class Hub:
         ]
         if self.cfg.fairness.preemption:
             self._tasks.append(loop.create_task(self.preemptor.run()))
+
+    # ------------------------------------------------------------------ what the API reads and asks for
+
+    def fleet_view(self) -> FleetView:
+        """The catalog frozen now: how the API reads cluster facts (usability, reservations, metadata)."""
+        return FleetView(self.catalog, self.clock())
+
+    async def set_cordon(self, cluster: str, reason: str | None, actor: str) -> None:
+        """Cordon (with its reason) or uncordon (None): durable first, so a cordon survives a restart, then in
+        effect for the placer."""
+        await self.store.set_cordon(cluster, reason, actor=actor)
+        self._cordon_in_effect(cluster, reason)
+        self.catalog.sweep(self.clock())
+        self.placer.capacity_changed()
+
+    def _cordon_in_effect(self, cluster: str, reason: str | None) -> None:
+        self.catalog.set_cordoned(cluster, reason is not None)
+        if reason is None:
+            self.cordon_reasons.pop(cluster, None)
+        else:
+            self.cordon_reasons[cluster] = reason
+
+    def reprioritised(self, job: JobRecord) -> None:
+        """A job's priority or band changed: the placer's cached request carries the old one, and the queue's
+        order changed, so waiting jobs deserve another look."""
+        self.placer.requests.pop(job.job_id, None)
+        self.placer.observe(job)
+        self.placer.capacity_changed()
+
+    async def deliver_all(self) -> None:
+        """Send every connected cluster what it is owed (after a change that may touch many of them)."""
+        for cluster in set(self.dispatcher.sessions):
+            await self.dispatcher.deliver(cluster)
 
     def _to_dispatcher(self, event: ToDispatcher) -> None:
         self.dispatcher.on_event(event)

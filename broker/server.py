@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from broker.api import serde
+from broker.api.ports import AgentPorts, ApiPorts, ClusterPorts, Gate, JobPorts, QueuePorts
 from broker.api.services.clusters import AgentServicer, ClusterAdminServicer
 from broker.api.services.edge import register
 from broker.api.services.jobs import JobServicer
@@ -99,7 +100,8 @@ async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
     agent = grpc.aio.server(options=_options(cfg.agent_listener))
     # Every method decodes its request without raising and refuses a bad one as INVALID_ARGUMENT naming the
     # field (broker.api.services.edge.register), never grpcio's UNKNOWN.
-    jobs = JobServicer(hub)
+    api = api_ports(hub)  # what each servicer and the fleet view get of the hub, built once
+    jobs = JobServicer(api.gate, api.jobs, api.queues)
     register(
         job_service_pb2_grpc.add_JobServiceServicer_to_server,
         jobs,
@@ -110,7 +112,8 @@ async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
     )
     # One service, two listeners: admin RPCs on the tenant side, Connect on the agents' mTLS side; the
     # other half of each answers UNIMPLEMENTED.
-    admin, agents = ClusterAdminServicer(hub), AgentServicer(hub)  # type: ignore[abstract]
+    admin = ClusterAdminServicer(api.gate, api.clusters)  # type: ignore[abstract]
+    agents = AgentServicer(api.gate, api.agents)  # type: ignore[abstract]
     for servicer, server in ((admin, tenant), (agents, agent)):
         register(
             cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server,
@@ -140,8 +143,41 @@ async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
             hub.metrics.serve(cfg.metrics_port)
     web = None
     if cfg.web is not None:
-        web = WebServer(hub, cfg.web)
+        web = WebServer(api, cfg.web)
         await web.start()
     servers = Servers(hub, tenant, agent, tport, aport, healths[0], mport, web)
     servers._agent_health = healths[1]  # type: ignore[attr-defined]
     return servers
+
+
+def api_ports(hub: Hub) -> ApiPorts:
+    """The bundles of `hub`'s parts each servicer and the fleet view get, built once here (the api room never sees the
+    hub)."""
+    return ApiPorts(
+        gate=Gate(hub.authz, hub.audit),
+        jobs=JobPorts(
+            store=hub.store,
+            policy=hub.policy,
+            clock=hub.clock,
+            grace_s=hub.cfg.grace_period_s,
+            max_response_bytes=hub.cfg.tenant_listener.max_message_bytes,
+            queue=hub.placer,
+            reads=hub.placer,
+            reprioritised=hub.reprioritised,
+            deliver_for=hub.dispatcher.deliver_for,
+            deliver_all=hub.deliver_all,
+            fleet_view=hub.fleet_view,
+            cluster_records=hub.cluster_records,
+            submissions=hub.metrics.submissions,
+        ),
+        queues=QueuePorts(reads=hub.placer, policy=hub.policy, store=hub.store, clock=hub.clock),
+        clusters=ClusterPorts(
+            policy=hub.policy,
+            clock=hub.clock,
+            fleet_view=hub.fleet_view,
+            cluster_records=hub.cluster_records,
+            cordon_reasons=hub.cordon_reasons,
+            set_cordon=hub.set_cordon,
+        ),
+        agents=AgentPorts(hub.dispatcher, hub.clock),
+    )

@@ -27,12 +27,12 @@ from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from broker.api.ports import ApiPorts
 from broker.api.services import clusters as cluster_calls
 from broker.api.services import jobs as job_calls
 from broker.api.services.edge import Edge
 from broker.config import WebConfig
 from broker.domain import errors
-from broker.hub import Hub
 from broker.tenancy.auth import Caller, CallerKind, Credentials, Listener, Method
 from broker.web.sessions import COOKIE, LoginThrottle, Session, Sessions
 from broker.web.views import FleetPicture, queues_document
@@ -116,13 +116,13 @@ def _violation(field: str, description: str) -> _Refused:
 class WebServer:
     """One aiohttp application on `cfg.address` (HTTPS when `cfg.tls` names a certificate)."""
 
-    def __init__(self, hub: Hub, cfg: WebConfig) -> None:
-        self.hub = hub
+    def __init__(self, api: ApiPorts, cfg: WebConfig) -> None:
+        self.api = api
         self.cfg = cfg
-        self.edge = Edge(hub, Listener.TENANT)
+        self.edge = Edge(api.gate, Listener.TENANT)
         self.sessions = Sessions(cfg.session_ttl_s, cfg.max_sessions)
         self.throttle = LoginThrottle()
-        self.picture = FleetPicture(hub, cfg.probe_gpus)
+        self.picture = FleetPicture(api.clusters, cfg.probe_gpus)
         self._streams: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -284,7 +284,7 @@ class WebServer:
         if not token:
             raise _violation("token", "required: a tenant's or an admin's bearer token")
         try:
-            caller = self.hub.authz.authenticate(Credentials(bearer_token=token, peer=client), Listener.TENANT)
+            caller = self.api.gate.authz.authenticate(Credentials(bearer_token=token, peer=client), Listener.TENANT)
         except errors.Unauthenticated as exc:
             self.throttle.failed(client)
             raise _Refused(exc) from exc
@@ -322,7 +322,7 @@ class WebServer:
 
     async def _queues(self, request: web.Request) -> web.Response:
         async def run(caller: Caller) -> dict[str, Any]:
-            return queues_document(self.hub, caller)
+            return queues_document(self.api.queues, caller)
 
         return _json(await self._call(request, Method.GET_USAGE, run))
 
@@ -359,7 +359,7 @@ class WebServer:
         req = self._list_request(request)
 
         async def run(caller: Caller) -> svc.ListJobsResponse:
-            return await job_calls.list_jobs(self.hub, caller, req)
+            return await job_calls.list_jobs(self.api.jobs, caller, req)
 
         return _json(message_json(await self._call(request, Method.LIST_JOBS, run)))
 
@@ -367,7 +367,7 @@ class WebServer:
         req = svc.GetJobRequest(job_id=request.match_info["job_id"], view=svc.JOB_VIEW_FULL)
 
         async def run(caller: Caller) -> svc.GetJobResponse:
-            return await job_calls.get_job(self.hub, caller, req)
+            return await job_calls.get_job(self.api.jobs, caller, req)
 
         return _json(message_json(await self._call(request, Method.GET_JOB, run)))
 
@@ -377,7 +377,7 @@ class WebServer:
         req = svc.CancelJobRequest(job_id=job_id, reason=self._text(body, "reason", "cancelled from the fleet view"))
 
         async def run(caller: Caller) -> svc.CancelJobResponse:
-            return await job_calls.cancel_job(self.hub, caller, req)
+            return await job_calls.cancel_job(self.api.jobs, self.api.gate.audit, caller, req)
 
         return _json(message_json(await self._call(request, Method.CANCEL_JOB, run, job_id=job_id)))
 
@@ -387,7 +387,7 @@ class WebServer:
         req = cs.CordonRequest(name=name, reason=self._text(body, "reason"))
 
         async def run(caller: Caller) -> cs.ClusterSummary:
-            return await cluster_calls.cordon(self.hub, caller, req, on)
+            return await cluster_calls.cordon(self.api.clusters, self.api.gate.audit, caller, req, on)
 
         method = Method.CORDON if on else Method.UNCORDON
         summary = await self._call(request, method, run, cluster=name)
@@ -422,7 +422,7 @@ class WebServer:
             raise _Refused(
                 errors.Unavailable(f"{len(self._streams)} live streams already open; the page polls instead")
             )
-        stream = job_calls.watch_jobs(self.hub, caller, req)
+        stream = job_calls.watch_jobs(self.api.jobs, caller, req)
         try:
             first = await anext(stream)  # a bad filter or a compacted revision fails here, before any event
         except Exception as exc:

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from broker.api import handlers
+from broker.api.handlers.clusters import list_clusters
+from broker.api.handlers.queues import QueueCounts, queue_counts, usage
+from broker.api.ports import ClusterPorts, QueuePorts
 from broker.api.serde import ts
-from broker.hub import Hub
 from broker.tenancy.auth import Caller
 from fleetplan.catalog import ClusterEntry
 from fleetplan.occupancy import ClusterOccupancy, GpuCounts, by_model, occupancy
@@ -32,8 +33,8 @@ class FleetPicture:
     patches them on every report and reservation; in between, every poll of every browser reads the
     cached one)."""
 
-    def __init__(self, hub: Hub, probe_gpus: int) -> None:
-        self.hub = hub
+    def __init__(self, clusters: ClusterPorts, probe_gpus: int) -> None:
+        self.clusters = clusters
         self.probe_gpus = probe_gpus
         self._cache: dict[str, tuple[object, object, ClusterOccupancy]] = {}
 
@@ -51,12 +52,12 @@ class FleetPicture:
         return occ
 
     def document(self, caller: Caller) -> dict[str, Any]:
-        now = self.hub.clock()
-        for name in set(self._cache) - set(self.hub.catalog.clusters):
+        now = self.clusters.clock()
+        for name in set(self._cache) - set(self.clusters.cluster_records):
             self._cache.pop(name, None)  # a cluster the catalog forgot
         seen: list[GpuCounts] = []
         clusters = []
-        for view in handlers.list_clusters(self.hub, caller):
+        for view in list_clusters(self.clusters, caller):
             entry = view.entry
             occ = self.occupancy(entry)
             seen.extend(occ.gpus if occ else ())
@@ -101,7 +102,7 @@ class FleetPicture:
         }
 
 
-def _queue(counts: handlers.QueueCounts | None) -> dict[str, Any]:
+def _queue(counts: QueueCounts | None) -> dict[str, Any]:
     if counts is None:
         return {"queued": 0, "waiting": {}, "pending_gpus": {}}
     return {
@@ -111,14 +112,14 @@ def _queue(counts: handlers.QueueCounts | None) -> dict[str, Any]:
     }
 
 
-def queues_document(hub: Hub, caller: Caller) -> dict[str, Any]:
+def queues_document(queues: QueuePorts, caller: Caller) -> dict[str, Any]:
     """GetUsage's rows (own row for a tenant, every tenant for an admin) with each tenant's queue counts,
     and the fleet-wide counts. Read through the handler, not the audited GetUsage call: a page polling
     every few seconds is not an accounting export."""
-    usage = handlers.usage(hub, caller, "")
-    per_tenant, fleet = handlers.queue_counts(hub, caller)
+    view = usage(queues, caller, "")
+    per_tenant, fleet = queue_counts(queues, caller)
     rows = []
-    for row in usage.rows:
+    for row in view.rows:
         rows.append(
             {
                 "tenant": row.tenant,
@@ -133,8 +134,8 @@ def queues_document(hub: Hub, caller: Caller) -> dict[str, Any]:
             }
         )
     return {
-        "evaluate_time": rfc3339(usage.at),
-        "capacity_cost": round(usage.capacity_cost, 3),
+        "evaluate_time": rfc3339(view.at),
+        "capacity_cost": round(view.capacity_cost, 3),
         "fleet": _queue(fleet),
         "tenants": rows,
     }

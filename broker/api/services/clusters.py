@@ -9,13 +9,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from broker.api import handlers, serde_agent, validation
+from broker.api import serde_agent, validation
+from broker.api.handlers import clusters as cluster_handlers
+from broker.api.ports import AgentPorts, ClusterPorts, Gate
 from broker.api.services.edge import Edge, abort, request_violations
 from broker.api.services.wire import Undecodable
-from broker.clusters.dispatcher import Session
+from broker.clusters.session import Session
 from broker.domain import errors
-from broker.hub import Hub
-from broker.tenancy.auth import Caller, Listener, Method
+from broker.tenancy.auth import AuditLog, Caller, Listener, Method
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
 
@@ -36,9 +37,10 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
     before: one bad report must not drop the cluster.
     """
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.edge = Edge(hub, Listener.AGENT)
+    def __init__(self, gate: Gate, agents: AgentPorts) -> None:
+        self.gate = gate
+        self.agents = agents
+        self.edge = Edge(gate, Listener.AGENT)
 
     async def Connect(
         self, request_iterator: AsyncIterator[cs.AgentMessage], context: grpc.aio.ServicerContext
@@ -58,10 +60,10 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
                 raise errors.InvalidArgument.fields(
                     errors.FieldViolation("messages[0].hello", "the first message must be a Hello")
                 )
-            session = await self.hub.dispatcher.open_session(
+            session = await self.agents.sessions.open_session(
                 caller, serde_agent.hello_from_proto(first.hello), first.sequence
             )
-            self.hub.audit.record(caller, Method.CONNECT, "ok", session=session.session_id)
+            self.gate.audit.record(caller, Method.CONNECT, "ok", session=session.session_id)
             reader = asyncio.get_running_loop().create_task(
                 self._read(session, request_iterator, first.sequence, refused)
             )
@@ -71,7 +73,7 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
                 if out is None:
                     break
                 sequence += 1
-                yield serde_agent.broker_message(sequence, self.hub.clock(), out)
+                yield serde_agent.broker_message(sequence, self.agents.clock(), out)
             if refused:
                 await abort(context, refused[0])
             if session.aborted:  # a newer leader's stream took over: tell this agent why (ABORTED)
@@ -90,7 +92,7 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await reader
             if session is not None:
-                self.hub.dispatcher.close_session(session)
+                self.agents.sessions.close_session(session)
 
     async def _read(
         self,
@@ -121,8 +123,8 @@ class AgentServicer(cs_grpc.ClusterServiceServicer):
                 assert isinstance(msg, cs.AgentMessage)
                 last = msg.sequence
                 try:
-                    body = serde_agent.agent_message(msg, session.cluster, self.hub.clock())
-                    await self.hub.dispatcher.receive(session, msg.sequence, body)
+                    body = serde_agent.agent_message(msg, session.cluster, self.agents.clock())
+                    await self.agents.sessions.receive(session, msg.sequence, body)
                 except Exception:
                     _log.exception("agent message failed", extra={"cluster": session.cluster})
         except grpc.aio.AbortError:
@@ -158,13 +160,14 @@ def _refusal(position: int, last_sequence: int, bad: list[errors.FieldViolation]
 class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
     """ListClusters / GetCluster for tenants and admins; Cordon / Uncordon for admins."""
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.edge = Edge(hub, Listener.TENANT)
+    def __init__(self, gate: Gate, clusters: ClusterPorts) -> None:
+        self.gate = gate
+        self.clusters = clusters
+        self.edge = Edge(gate, Listener.TENANT)
 
-    def _summary(self, view: handlers.ClusterView, domains: bool) -> cs.ClusterSummary:
+    def _summary(self, view: cluster_handlers.ClusterView, domains: bool) -> cs.ClusterSummary:
         return serde_agent.cluster_summary(
-            view.entry, self.hub.clock(), view.stale, view.active_attempts, view.cordon_reason, domains
+            view.entry, self.clusters.clock(), view.stale, view.active_attempts, view.cordon_reason, domains
         )
 
     async def ListClusters(
@@ -173,7 +176,7 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
         try:
             caller = self.edge.caller(context, Method.LIST_CLUSTERS)
             validation.raise_if(validation.check_list_clusters(request))
-            views = handlers.list_clusters(self.hub, caller, region=request.region, role=request.role)
+            views = cluster_handlers.list_clusters(self.clusters, caller, region=request.region, role=request.role)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.LIST_CLUSTERS)
         return cs.ListClustersResponse(clusters=[self._summary(v, False) for v in views])
@@ -184,7 +187,7 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
         try:
             caller = self.edge.caller(context, Method.GET_CLUSTER)
             validation.raise_if(validation.check_cluster_request(request))
-            view = handlers.get_cluster(self.hub, caller, request.name)
+            view = cluster_handlers.get_cluster(self.clusters, caller, request.name)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.GET_CLUSTER)
         return cs.GetClusterResponse(cluster=self._summary(view, True))
@@ -196,7 +199,7 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, method)
-            return await cordon(self.hub, caller, request, on)
+            return await cordon(self.clusters, self.gate.audit, caller, request, on)
         except Exception as exc:
             await self.edge.fail(context, exc, method, caller, cluster=request.name)
 
@@ -208,11 +211,13 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
 
 
 async def cordon(
-    hub: Hub, caller: Caller, request: cs.CordonRequest | cs.UncordonRequest, on: bool
+    clusters: ClusterPorts, audit: AuditLog, caller: Caller, request: cs.CordonRequest | cs.UncordonRequest, on: bool
 ) -> cs.ClusterSummary:
     """Cordon (`on`) or uncordon, for either edge (gRPC here, the fleet view's HTTP in broker.web)."""
     method = Method.CORDON if on else Method.UNCORDON
     validation.raise_if(validation.check_cluster_request(request, reason=True))
-    view = await handlers.cordon(hub, caller, request.name, on, request.reason)
-    hub.audit.record(caller, method, "ok", cluster=request.name, reason=request.reason)
-    return serde_agent.cluster_summary(view.entry, hub.clock(), view.stale, view.active_attempts, view.cordon_reason)
+    view = await cluster_handlers.cordon(clusters, caller, request.name, on, request.reason)
+    audit.record(caller, method, "ok", cluster=request.name, reason=request.reason)
+    return serde_agent.cluster_summary(
+        view.entry, clusters.clock(), view.stale, view.active_attempts, view.cordon_reason
+    )

@@ -17,10 +17,10 @@ import grpc
 from grpc_status import rpc_status
 
 from broker.api import validation
+from broker.api.ports import Gate
 from broker.api.serde_status import status_from_error
 from broker.api.services.wire import Undecodable, decoder
 from broker.domain import errors
-from broker.hub import Hub
 from broker.tenancy.auth import AUDITED, Caller, Credentials, Listener, Method, credentials_from_metadata
 
 __all__ = ["abort", "Edge", "register", "request_violations"]
@@ -44,8 +44,8 @@ async def abort(context: grpc.aio.ServicerContext, err: errors.TandemError) -> N
 class Edge:
     """Shared per-call steps of the servicers."""
 
-    def __init__(self, hub: Hub, listener: Listener) -> None:
-        self.hub = hub
+    def __init__(self, gate: Gate, listener: Listener) -> None:
+        self.gate = gate
         self.listener = listener
 
     def caller(self, context: grpc.aio.ServicerContext, method: Method) -> Caller:
@@ -53,12 +53,12 @@ class Edge:
 
     def caller_for(self, creds: Credentials, method: Method) -> Caller:
         """Who is calling and may they: the one check both edges (gRPC, the fleet view's HTTP) make."""
-        caller = self.hub.authz.authenticate(creds, self.listener)
+        caller = self.gate.authz.authenticate(creds, self.listener)
         try:
-            self.hub.authz.authorize(caller, method)
+            self.gate.authz.authorize(caller, method)
         except errors.TandemError as exc:
             if method in AUDITED:
-                self.hub.audit.record(caller, method, "denied", reason=exc.details.reason, message=exc.message)
+                self.gate.audit.record(caller, method, "denied", reason=exc.details.reason, message=exc.message)
             raise
         return caller
 
@@ -93,9 +93,9 @@ class Edge:
         if not isinstance(exc, errors.TandemError):
             _log.exception("handler failed", extra={"method": method.rpc})
         if method in AUDITED and caller is not None:
-            self.hub.audit.record(caller, method, "error", reason=err.details.reason, **audit)
+            self.gate.audit.record(caller, method, "error", reason=err.details.reason, **audit)
         elif caller is None and method in AUDITED:
-            self.hub.audit.record(None, method, "unauthenticated", reason=err.details.reason, peer=peer)
+            self.gate.audit.record(None, method, "unauthenticated", reason=err.details.reason, peer=peer)
         return err
 
 

@@ -8,12 +8,15 @@ from typing import ClassVar
 import grpc
 from google.protobuf import empty_pb2
 
-from broker.api import handlers, serde, validation
+from broker.api import serde, validation
+from broker.api.handlers import jobs as job_handlers
+from broker.api.handlers import queues as queue_views
+from broker.api.handlers.submission import submit_jobs
+from broker.api.ports import Gate, JobPorts, QueuePorts
 from broker.api.serde_status import status_from_error
 from broker.api.services.edge import Edge
 from broker.domain.records import JobFilter, JobRecord, freeze_labels
-from broker.hub import Hub
-from broker.tenancy.auth import Caller, Listener, Method
+from broker.tenancy.auth import AuditLog, Caller, Listener, Method
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
 from tandem.v1 import job_service_pb2_grpc as svc_grpc
@@ -31,9 +34,11 @@ class JobServicer(svc_grpc.JobServiceServicer):
     """Fields whose enum numbers a method checks itself: one bad SubmitJobs item fails alone
     (validation.check_spec), not the whole call (the edge checks every other field of every request)."""
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.edge = Edge(hub, Listener.TENANT)
+    def __init__(self, gate: Gate, jobs: JobPorts, queues: QueuePorts) -> None:
+        self.gate = gate
+        self.jobs = jobs
+        self.queues = queues
+        self.edge = Edge(gate, Listener.TENANT)
 
     async def SubmitJobs(
         self, request: svc.SubmitJobsRequest, context: grpc.aio.ServicerContext
@@ -42,13 +47,13 @@ class JobServicer(svc_grpc.JobServiceServicer):
         try:
             caller = self.edge.caller(context, Method.SUBMIT_JOBS)
             parsed = serde.parse_items(request, caller.name, caller.is_admin)
-            results = await handlers.submit_jobs(self.hub, caller, parsed, request.validate_only)
+            results = await submit_jobs(self.jobs, caller, parsed, request.validate_only)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.SUBMIT_JOBS, caller, job_set=request.job_set_id)
         out = svc.SubmitJobsResponse()
         # Item errors quote the caller's input: past half the largest message the listener sends, each is
         # cut to its first field violation, so the response always reaches the client.
-        room = self.hub.cfg.tenant_listener.max_message_bytes // 2
+        room = self.jobs.max_response_bytes // 2
         for r in results:
             item = out.results.add(index=r.index, idempotency_key=r.key, duplicate=r.duplicate)
             if r.error is not None:
@@ -62,7 +67,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
             else:
                 item.job_id = r.job_id
         if not request.validate_only:
-            self.hub.audit.record(
+            self.gate.audit.record(
                 caller,
                 Method.SUBMIT_JOBS,
                 "ok",
@@ -74,13 +79,13 @@ class JobServicer(svc_grpc.JobServiceServicer):
 
     async def GetJob(self, request: svc.GetJobRequest, context: grpc.aio.ServicerContext) -> svc.GetJobResponse:
         try:
-            return await get_job(self.hub, self.edge.caller(context, Method.GET_JOB), request)
+            return await get_job(self.jobs, self.edge.caller(context, Method.GET_JOB), request)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.GET_JOB)
 
     async def ListJobs(self, request: svc.ListJobsRequest, context: grpc.aio.ServicerContext) -> svc.ListJobsResponse:
         try:
-            return await list_jobs(self.hub, self.edge.caller(context, Method.LIST_JOBS), request)
+            return await list_jobs(self.jobs, self.edge.caller(context, Method.LIST_JOBS), request)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.LIST_JOBS)
 
@@ -88,7 +93,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
         self, request: svc.WatchJobsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.JobEvent]:
         try:
-            async for event in watch_jobs(self.hub, self.edge.caller(context, Method.WATCH_JOBS), request):
+            async for event in watch_jobs(self.jobs, self.edge.caller(context, Method.WATCH_JOBS), request):
                 yield event
         except Exception as exc:
             await self.edge.fail(context, exc, Method.WATCH_JOBS)
@@ -99,7 +104,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.CANCEL_JOB)
-            return await cancel_job(self.hub, caller, request)
+            return await cancel_job(self.jobs, self.gate.audit, caller, request)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.CANCEL_JOB, caller, job_id=request.job_id)
 
@@ -110,12 +115,12 @@ class JobServicer(svc_grpc.JobServiceServicer):
         try:
             caller = self.edge.caller(context, Method.CANCEL_JOB_SET)
             validation.raise_if(validation.check_cancel_job_set(request))
-            ids, terminal = await handlers.cancel_job_set(
-                self.hub, caller, request.tenant, request.job_set_id, request.reason
+            ids, terminal = await job_handlers.cancel_job_set(
+                self.jobs, caller, request.tenant, request.job_set_id, request.reason
             )
         except Exception as exc:
             await self.edge.fail(context, exc, Method.CANCEL_JOB_SET, caller, job_set=request.job_set_id)
-        self.hub.audit.record(caller, Method.CANCEL_JOB_SET, "ok", job_set=request.job_set_id, jobs=ids)
+        self.gate.audit.record(caller, Method.CANCEL_JOB_SET, "ok", job_set=request.job_set_id, jobs=ids)
         return svc.CancelJobSetResponse(cancelled_job_ids=ids, already_terminal_count=terminal)
 
     # ------------------------------------------------------------------ operations
@@ -124,7 +129,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
         caller: Caller | None = None
         try:
             caller = self.edge.caller(context, Method.GET_USAGE)
-            return get_usage(self.hub, caller, request)
+            return get_usage(self.queues, self.gate.audit, caller, request)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.GET_USAGE, caller, tenant=request.tenant)
 
@@ -137,7 +142,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
             validation.raise_if(validation.check_export_usage(request))
             since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
             until = request.until.ToNanoseconds() / 1e9 if request.HasField("until") else None
-            rows, lo, hi = await handlers.export_usage(self.hub, caller, request.tenant, since, until)
+            rows, lo, hi = await queue_views.export_usage(self.queues, caller, request.tenant, since, until)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.EXPORT_USAGE, caller, tenant=request.tenant)
         out = svc.ExportUsageResponse()
@@ -145,7 +150,7 @@ class JobServicer(svc_grpc.JobServiceServicer):
         out.until.CopyFrom(serde.ts(hi))
         for r in rows:
             out.records.add(tenant=r.tenant, gpu_model=r.gpu_model, cluster=r.cluster, gpu_hours=r.gpu_hours)
-        self.hub.audit.record(
+        self.gate.audit.record(
             caller, Method.EXPORT_USAGE, "ok", tenant=request.tenant, since=lo, until=hi, rows=len(rows)
         )
         return out
@@ -157,10 +162,10 @@ class JobServicer(svc_grpc.JobServiceServicer):
         try:
             caller = self.edge.caller(context, Method.REQUEUE_JOB)
             validation.raise_if(validation.check_job_request(request))
-            job = await handlers.requeue_job(self.hub, caller, request.job_id, request.reason)
+            job = await job_handlers.requeue_job(self.jobs, caller, request.job_id, request.reason)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.REQUEUE_JOB, caller, job_id=request.job_id)
-        self.hub.audit.record(
+        self.gate.audit.record(
             caller,
             Method.REQUEUE_JOB,
             "ok",
@@ -179,12 +184,12 @@ class JobServicer(svc_grpc.JobServiceServicer):
         try:
             caller = self.edge.caller(context, Method.SET_JOB_PRIORITY)
             validation.raise_if(validation.check_set_job_priority(request))
-            job = await handlers.set_job_priority(
-                self.hub, caller, request.job_id, priority, request.priority_band, request.reason
+            job = await job_handlers.set_job_priority(
+                self.jobs, caller, request.job_id, priority, request.priority_band, request.reason
             )
         except Exception as exc:
             await self.edge.fail(context, exc, Method.SET_JOB_PRIORITY, caller, job_id=request.job_id)
-        self.hub.audit.record(
+        self.gate.audit.record(
             caller,
             Method.SET_JOB_PRIORITY,
             "ok",
@@ -200,10 +205,10 @@ class JobServicer(svc_grpc.JobServiceServicer):
         try:
             caller = self.edge.caller(context, Method.HOLD_JOB)
             validation.raise_if(validation.check_job_request(request))
-            job, changed = await handlers.hold_job(self.hub, caller, request.job_id, request.reason)
+            job, changed = await job_handlers.hold_job(self.jobs, caller, request.job_id, request.reason)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.HOLD_JOB, caller, job_id=request.job_id)
-        self.hub.audit.record(
+        self.gate.audit.record(
             caller, Method.HOLD_JOB, "ok", job_id=request.job_id, reason=request.reason, changed=changed
         )
         return svc.HoldJobResponse(job=self._basic(job), already_held=not changed)
@@ -215,16 +220,16 @@ class JobServicer(svc_grpc.JobServiceServicer):
         try:
             caller = self.edge.caller(context, Method.RELEASE_JOB)
             validation.raise_if(validation.check_job_request(request))
-            job, changed = await handlers.release_job(self.hub, caller, request.job_id, request.reason)
+            job, changed = await job_handlers.release_job(self.jobs, caller, request.job_id, request.reason)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.RELEASE_JOB, caller, job_id=request.job_id)
-        self.hub.audit.record(
+        self.gate.audit.record(
             caller, Method.RELEASE_JOB, "ok", job_id=request.job_id, reason=request.reason, changed=changed
         )
         return svc.ReleaseJobResponse(job=self._basic(job), was_not_held=not changed)
 
     def _basic(self, job: JobRecord) -> job_pb2.Job:
-        return serde.job_to_proto(job, queue_info=handlers.queue_info(self.hub, job), full=False)
+        return serde.job_to_proto(job, queue_info=queue_views.queue_info(self.jobs.reads, job), full=False)
 
 
 # The calls both edges make (gRPC here, the fleet view's HTTP in broker.web): an authorised caller and a
@@ -232,16 +237,16 @@ class JobServicer(svc_grpc.JobServiceServicer):
 # record live here once; authentication and the mapping of errors stay with each edge.
 
 
-async def get_job(hub: Hub, caller: Caller, request: svc.GetJobRequest) -> svc.GetJobResponse:
+async def get_job(jobs: JobPorts, caller: Caller, request: svc.GetJobRequest) -> svc.GetJobResponse:
     validation.raise_if(validation.check_job_id(request.job_id))
     full = request.view != svc.JOB_VIEW_BASIC
-    view = await handlers.get_job(hub, caller, request.job_id, full)
+    view = await job_handlers.get_job(jobs, caller, request.job_id, full)
     return svc.GetJobResponse(
         job=serde.job_to_proto(view.job, view.attempts, view.history, view.queue_info, full, view.templates)
     )
 
 
-async def list_jobs(hub: Hub, caller: Caller, request: svc.ListJobsRequest) -> svc.ListJobsResponse:
+async def list_jobs(jobs: JobPorts, caller: Caller, request: svc.ListJobsRequest) -> svc.ListJobsResponse:
     validation.raise_if(validation.check_list_jobs(request))
     flt = JobFilter(
         tenant=request.tenant or None,
@@ -256,32 +261,34 @@ async def list_jobs(hub: Hub, caller: Caller, request: svc.ListJobsRequest) -> s
     built: dict[str, tuple[JobRecord, job_pb2.Job]] = {}
 
     def encoded_size(job: JobRecord) -> int:
-        message = serde.job_to_proto(job, queue_info=handlers.queue_info(hub, job), full=full)
+        message = serde.job_to_proto(job, queue_info=queue_views.queue_info(jobs.reads, job), full=full)
         built[job.job_id] = (job, message)
         return message.ByteSize() + _REPEATED_OVERHEAD
 
-    page, revision = await handlers.list_jobs(
-        hub,
+    page, revision = await job_handlers.list_jobs(
+        jobs,
         caller,
         flt,
         request.page_size,
         request.page_token,
         size_of=encoded_size,
-        max_bytes=hub.cfg.tenant_listener.max_message_bytes - _RESPONSE_MARGIN,
+        max_bytes=jobs.max_response_bytes - _RESPONSE_MARGIN,
     )
     out = svc.ListJobsResponse(next_page_token=page.next_page_token, revision=revision)
     for job in page.jobs:
         record, message = built.get(job.job_id, (None, None))
         if record is not job or message is None:  # a cut page was read again: build from what it read
-            message = serde.job_to_proto(job, queue_info=handlers.queue_info(hub, job), full=full)
+            message = serde.job_to_proto(job, queue_info=queue_views.queue_info(jobs.reads, job), full=full)
         out.jobs.append(message)
     return out
 
 
-async def watch_jobs(hub: Hub, caller: Caller, request: svc.WatchJobsRequest) -> AsyncGenerator[svc.JobEvent, None]:
+async def watch_jobs(
+    jobs: JobPorts, caller: Caller, request: svc.WatchJobsRequest
+) -> AsyncGenerator[svc.JobEvent, None]:
     validation.raise_if(validation.check_watch_jobs(request))
-    stream = handlers.watch_jobs(
-        hub,
+    stream = job_handlers.watch_jobs(
+        jobs,
         caller,
         request.from_revision,
         request.tenant,
@@ -292,21 +299,25 @@ async def watch_jobs(hub: Hub, caller: Caller, request: svc.WatchJobsRequest) ->
     )
     async for revision, event, job in stream:
         if event is None:
-            yield serde.bookmark(revision, hub.clock())
+            yield serde.bookmark(revision, jobs.clock())
         else:
             yield serde.event_to_proto(event, job)
 
 
-async def cancel_job(hub: Hub, caller: Caller, request: svc.CancelJobRequest) -> svc.CancelJobResponse:
+async def cancel_job(
+    jobs: JobPorts, audit: AuditLog, caller: Caller, request: svc.CancelJobRequest
+) -> svc.CancelJobResponse:
     validation.raise_if(validation.check_cancel_job(request))
-    state, already = await handlers.cancel_job(hub, caller, request.job_id, request.reason)
-    hub.audit.record(caller, Method.CANCEL_JOB, "ok", job_id=request.job_id, reason=request.reason)
+    state, already = await job_handlers.cancel_job(jobs, caller, request.job_id, request.reason)
+    audit.record(caller, Method.CANCEL_JOB, "ok", job_id=request.job_id, reason=request.reason)
     return svc.CancelJobResponse(state=serde.state_to_proto(state), already_terminal=already)  # type: ignore[arg-type]
 
 
-def get_usage(hub: Hub, caller: Caller, request: svc.GetUsageRequest) -> svc.GetUsageResponse:
+def get_usage(
+    queues: QueuePorts, audit: AuditLog, caller: Caller, request: svc.GetUsageRequest
+) -> svc.GetUsageResponse:
     validation.raise_if(validation.check_get_usage(request))
-    view = handlers.usage(hub, caller, request.tenant)
+    view = queue_views.usage(queues, caller, request.tenant)
     out = svc.GetUsageResponse(capacity_cost=view.capacity_cost)
     out.evaluate_time.CopyFrom(serde.ts(view.at))
     for r in view.rows:
@@ -320,5 +331,5 @@ def get_usage(hub: Hub, caller: Caller, request: svc.GetUsageRequest) -> svc.Get
             fair_share_cost=r.fair_share_cost,
             demand_cost=r.demand_cost,
         )
-    hub.audit.record(caller, Method.GET_USAGE, "ok", tenant=request.tenant, rows=len(view.rows))
+    audit.record(caller, Method.GET_USAGE, "ok", tenant=request.tenant, rows=len(view.rows))
     return out
