@@ -16,71 +16,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import hashlib
-import ipaddress
 import json
 import os
 import platform
 import random
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from fleetsim.pki import Pki
 from fleetsim.scale import percentile as _pct
 from fleetsim.scale import process_cpu_s as _cpu_s
+from tests.broker.broker_cli import launch_broker
 
 RESULTS = Path(__file__).resolve().parent / "results"
-REPO = Path(__file__).resolve().parents[1]
-
-
-# ----------------------------------------------------------------------------- TLS material
-
-
-def _certs(d: Path) -> tuple[Path, Path, bytes]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "broker")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    (d / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (d / "server.key").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return d / "server.pem", d / "server.key", ca.public_bytes(serialization.Encoding.PEM)
 
 
 # ----------------------------------------------------------------------------- 1. submissions
@@ -164,7 +116,8 @@ async def _submissions(total: int, concurrency: int, batch: int, cluster: bool =
     from broker.launcher.client import BrokerClient, SubmitItem
 
     tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
-    cert, key, ca = _certs(tmp)
+    pki = Pki.create(tmp)
+    cert, key = pki.issue("broker", server=True)
     token = "bench-token"
     (tmp / "policy.yaml").write_text(
         json.dumps(
@@ -179,37 +132,10 @@ async def _submissions(total: int, concurrency: int, batch: int, cluster: bool =
             }
         )
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "protos")]))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "broker.main",
-            "--listen",
-            "127.0.0.1:0",
-            "--agent-listen",
-            "127.0.0.1:0",
-            "--db",
-            str(tmp / "broker.db"),
-            "--policy",
-            str(tmp / "policy.yaml"),
-            "--metrics-port",
-            "0",
-            "--tls-cert",
-            str(cert),
-            "--tls-key",
-            str(key),
-            "--agent-insecure",
-            "--audit-log",
-            str(tmp / "audit.jsonl"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
+    broker = await asyncio.to_thread(
+        launch_broker, tmp, "--tls-cert", str(cert), "--tls-key", str(key), "--audit-log", str(tmp / "audit.jsonl")
     )
-    assert proc.stdout is not None
-    ports = json.loads(await asyncio.to_thread(proc.stdout.readline))
+    proc = broker.proc
     stop = asyncio.Event()
     box = [0]
 
@@ -218,7 +144,7 @@ async def _submissions(total: int, concurrency: int, batch: int, cluster: bool =
         return 0
 
     agent = asyncio.get_running_loop().create_task(
-        _agent(ports["agent_port"], 2048, stop, box) if cluster else idle(stop)
+        _agent(broker.agent_port, 2048, stop, box) if cluster else idle(stop)
     )
     lat: list[float] = []
     done = [0]
@@ -226,7 +152,7 @@ async def _submissions(total: int, concurrency: int, batch: int, cluster: bool =
     spec = _spec(1)
     try:
         async with BrokerClient(
-            f"127.0.0.1:{ports['tenant_port']}", token=token, ca_pem=ca, server_name="localhost"
+            f"127.0.0.1:{broker.tenant_port}", token=token, ca_pem=pki.ca_pem, server_name="localhost"
         ) as c:
             await c.list()  # connect + TLS handshake outside the timed part
             calls = total // batch

@@ -20,28 +20,14 @@ from typing import Any
 
 from placement.dra import DraEvaluator
 from placement.fit import capacity
-from placement.model import (
-    DraDevice,
-    DraRequest,
-    Gpu,
-    JobRequest,
-    MigInstance,
-    Node,
-    PodSet,
-    PodShape,
-    Taint,
-    Toleration,
-    TopologyLevels,
-)
+from placement.model import DraDevice, DraRequest, Gpu, JobRequest, MigInstance, Node, PodSet, PodShape
 from placement.overlay import InventoryReport, Reservation, ReservedPart, effective_nodes
 from placement.topology import GangPlacement, fit_gang
+from tests.placement.builders import GIB, GPU_TAINT, GPU_TOLERATION, LEVELS
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-LEVELS = TopologyLevels.default()
-TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
-TOL = (Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule"),)
-GIB = 2**30
+TOL = (GPU_TOLERATION,)
 
 
 def make_node(i: int) -> Node:
@@ -89,7 +75,7 @@ def make_node(i: int) -> Node:
     return Node(
         name=f"n{i}",
         labels=labels,
-        taints=(TAINT,),
+        taints=(GPU_TAINT,),
         cpu_milli_allocatable=192_000,
         cpu_milli_free=192_000 - (i % 9) * 8000,
         memory_allocatable=2048 * GIB,

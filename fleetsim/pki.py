@@ -54,8 +54,9 @@ class Pki:
     def ca_file(self) -> Path:
         return self.dir / CA_FILE
 
-    def issue(self, cn: str, *, server: bool = False) -> tuple[Path, Path]:
-        """(cert path, key path) for a leaf with CN (and SAN DNS) `cn`; servers also get localhost / 127.0.0.1."""
+    def issue(self, cn: str, *, server: bool = False, serial: int | None = None) -> tuple[Path, Path]:
+        """(cert path, key path) for a leaf with CN (and SAN DNS) `cn`; servers also get localhost / 127.0.0.1.
+        `serial` fixes the serial number (to tell a reissued certificate from the one before), else random."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         sans: list[x509.GeneralName] = [x509.DNSName(cn)]
@@ -66,7 +67,7 @@ class Pki:
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
             .issuer_name(self.ca_cert.subject)
             .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
+            .serial_number(x509.random_serial_number() if serial is None else serial)
             .not_valid_before(now - _BACKDATE)
             .not_valid_after(now + _VALIDITY)
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)

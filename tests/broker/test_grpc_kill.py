@@ -3,59 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 import pytest
 
 from broker.launcher.client import BrokerClient, SubmitItem
+from tests.broker.broker_cli import launch_broker
 from tests.broker.hub_builders import TOKENS, policy_doc, spec, write_policy
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _launch(tmp: Path) -> tuple[subprocess.Popen[str], int]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "protos"), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "broker.main",
-            "--listen",
-            "127.0.0.1:0",
-            "--agent-listen",
-            "127.0.0.1:0",
-            "--db",
-            str(tmp / "broker.db"),
-            "--policy",
-            str(tmp / "policy.yaml"),
-            "--metrics-port",
-            "0",
-            "--agent-insecure",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        cwd=str(tmp),
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    info = json.loads(line)
-    return proc, int(info["tenant_port"])
-
 
 async def test_sigkill_during_concurrent_submissions_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
     write_policy(tmp_path / "policy.yaml", policy_doc())
-    proc, port = await asyncio.to_thread(_launch, tmp_path)
+    broker = await asyncio.to_thread(launch_broker, tmp_path)
+    proc, port = broker.proc, broker.tenant_port
     acked: dict[str, str] = {}
     attempted: list[str] = []
     killed = asyncio.Event()
@@ -85,7 +49,8 @@ async def test_sigkill_during_concurrent_submissions_loses_nothing_and_duplicate
     assert proc.returncode == -signal.SIGKILL
     in_flight = [k for k in attempted if k not in acked]
 
-    proc, port = await asyncio.to_thread(_launch, tmp_path)
+    broker = await asyncio.to_thread(launch_broker, tmp_path)
+    proc, port = broker.proc, broker.tenant_port
     try:
         async with BrokerClient(f"127.0.0.1:{port}", token=TOKENS["alpha"], timeout_s=10) as c:
             retried: dict[str, str] = {}

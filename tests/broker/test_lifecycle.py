@@ -13,6 +13,7 @@ from broker.domain import lifecycle as lc
 from broker.domain.records import AttemptRecord, JobRecord, OrderKind, Transition
 from broker.domain.retry import RetryPolicy, backoff_s
 from broker.domain.states import TRANSITIONS, AttemptOutcome, JobState, is_allowed
+from tests.broker.lifecycle_events import EVENT_KINDS, lifecycle_event
 from tests.broker.store_builders import T0, attempt_record, job_record
 
 S = JobState
@@ -192,39 +193,7 @@ def test_app_failure_keeps_exit_code() -> None:
 # -- invariants --------------------------------------------------------------------------------
 
 
-_KINDS = (
-    "reserve",
-    "sent",
-    "accepted",
-    "rejected",
-    "ready",
-    "running",
-    "ended",
-    "cancel",
-    "preempt",
-    "silent",
-    "expired",
-    "abandon",
-)
-_DRAW = st.tuples(st.sampled_from(_KINDS), st.integers(min_value=-1, max_value=1), st.sampled_from(list(O)))
-
-
-def _event(kind: str, n: int, outcome: AttemptOutcome) -> job_events.Event:
-    j = "job-1"
-    return {
-        "reserve": lambda: job_events.Reserve(j, n, "c1", ("z",), (), "H100", 8.0),
-        "sent": lambda: job_events.DispatchSent(j, n),
-        "accepted": lambda: job_events.DispatchAccepted(j, n),
-        "rejected": lambda: job_events.DispatchRejected(j, n, "DOES_NOT_FIT"),
-        "ready": lambda: job_events.WorkloadReady(j, n),
-        "running": lambda: job_events.AllRunning(j, n),
-        "ended": lambda: job_events.AttemptEnded(j, n, outcome),
-        "cancel": lambda: job_events.CancelRequested(j),
-        "preempt": lambda: job_events.PreemptRequested(j, n),
-        "silent": lambda: job_events.ClusterSilent(j, n),
-        "expired": lambda: job_events.ReservationExpired(j, n),
-        "abandon": lambda: job_events.AbandonLost(j, n),
-    }[kind]()
+_DRAW = st.tuples(st.sampled_from(EVENT_KINDS), st.integers(min_value=-1, max_value=1), st.sampled_from(list(O)))
 
 
 def _apply(job: JobRecord, attempt: AttemptRecord | None, t: Transition) -> tuple[JobRecord, AttemptRecord | None]:
@@ -252,7 +221,7 @@ def test_random_event_sequences_respect_the_table(data: st.DataObject, preemptib
     job: JobRecord = job_record(state=S.QUEUED, attempt=0, preemptible=preemptible)
     attempt: AttemptRecord | None = None
     for kind, offset, outcome in data.draw(st.lists(_DRAW, min_size=1, max_size=40)):
-        ev = _event(kind, max(0, job.attempt + offset), outcome)
+        ev = lifecycle_event(kind, "job-1", max(0, job.attempt + offset), outcome)
         r = lc.react(job, attempt, ev, POLICY, NOW)
         assert (r.transition is None) != (r.ignored is None)
         if r.transition is None:

@@ -7,51 +7,20 @@ import asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.domain import job_events
 from broker.domain.retry import RetryPolicy
 from broker.domain.states import HOLDS_CAPACITY, AttemptOutcome, JobState
 from broker.store.base import Store, StoreOptions
 from broker.store.sqlite import SqliteStore
 from fleetplan.catalog import ReplicaPlacement
+from tests.broker.lifecycle_events import EVENT_KINDS, lifecycle_event
 from tests.broker.store_builders import FakeClock, fresh_pg_database, id_gen, new_job, pg_server  # noqa: F401
 
 O = AttemptOutcome
-KINDS = (
-    "reserve",
-    "sent",
-    "accepted",
-    "rejected",
-    "ready",
-    "running",
-    "ended",
-    "cancel",
-    "preempt",
-    "silent",
-    "expired",
-    "abandon",
-)
 # progress events more often than cancels, so runs get deep into the state machine
-WEIGHTED = KINDS[:6] * 4 + ("ended",) * 3 + KINDS[7:]
+WEIGHTED = EVENT_KINDS[:6] * 4 + ("ended",) * 3 + EVENT_KINDS[7:]
 STEP = st.tuples(st.integers(0, 2), st.sampled_from(WEIGHTED), st.sampled_from((0, 0, 0, -1)), st.sampled_from(list(O)))
-
-
-def _event(kind: str, job_id: str, n: int, outcome: AttemptOutcome) -> job_events.Event:
-    return {
-        "reserve": lambda: job_events.Reserve(
-            job_id, n, f"c{n % 2}", ("z",), (ReplicaPlacement("w", 0, "n1"),), "H100", 8
-        ),
-        "sent": lambda: job_events.DispatchSent(job_id, n),
-        "accepted": lambda: job_events.DispatchAccepted(job_id, n),
-        "rejected": lambda: job_events.DispatchRejected(job_id, n, "DOES_NOT_FIT"),
-        "ready": lambda: job_events.WorkloadReady(job_id, n),
-        "running": lambda: job_events.AllRunning(job_id, n),
-        "ended": lambda: job_events.AttemptEnded(job_id, n, outcome),
-        "cancel": lambda: job_events.CancelRequested(job_id),
-        "preempt": lambda: job_events.PreemptRequested(job_id, n),
-        "silent": lambda: job_events.ClusterSilent(job_id, n),
-        "expired": lambda: job_events.ReservationExpired(job_id, n),
-        "abandon": lambda: job_events.AbandonLost(job_id, n),
-    }[kind]()
+HOLD = (ReplicaPlacement("w", 0, "n1"),)
+"""What every reservation holds (on cluster c0 or c1, by attempt number)."""
 
 
 async def _scenario(steps: list[tuple[int, str, int, AttemptOutcome]], pg_server: str | None = None) -> None:
@@ -67,7 +36,8 @@ async def _scenario(steps: list[tuple[int, str, int, AttemptOutcome]], pg_server
         for which, kind, offset, outcome in steps:
             job = await s.get_job(ids[which])
             clock.advance(1)
-            await s.apply_event(_event(kind, job.job_id, max(0, job.attempt + offset), outcome))
+            n = max(0, job.attempt + offset)
+            await s.apply_event(lifecycle_event(kind, job.job_id, n, outcome, cluster=f"c{n % 2}", assignments=HOLD))
         revisions = [e.revision for e in await s.watch_events(0)]
         assert revisions == sorted(set(revisions))
         reservations = {r.job_id for r in await s.active_attempts()}

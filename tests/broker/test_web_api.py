@@ -15,16 +15,7 @@ import pytest
 from broker.config import TlsConfig, WebConfig
 from broker.launcher.client import BrokerClient, SubmitItem
 from tandem.v1 import job_pb2
-from tests.broker.hub_builders import (
-    TOKENS,
-    Broker,
-    eventually,
-    node,
-    policy_doc,
-    spec,
-    start_broker,
-    write_policy,
-)
+from tests.broker.hub_builders import TOKENS, Broker, eventually, node, policy_doc, spec, start_broker, write_policy
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -27,8 +27,6 @@ from tests.extender.kube_fakes import (
 
 NODES = fixture_items("cluster.json", "Node")
 PODS = fixture_items("cluster.json", "Pod")
-SLICES = fixture_items("cluster.json", "ResourceSlice")
-CLAIMS = fixture_items("cluster.json", "ResourceClaim")
 
 FAST = kube.KubeSettings(backoff_base_s=1.0, backoff_cap_s=8.0, stable_after_s=0.0)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,56 +12,20 @@ import aiohttp
 import pytest
 from aiohttp import web
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from extender import webhook
 from extender.config import ExtenderConfig, load_config
+from fleetsim.pki import Pki
 from tests.extender.test_webhook import PENDING, admission_review, as_created
 
 SERVICE_DNS = "tandem-webhook.tandem-system.svc"
 
 
-def make_ca() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tandem-test-ca")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def issue(ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate], directory: Path, serial: int) -> None:
-    ca_key, ca_cert = ca
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SERVICE_DNS)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(serial)
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(SERVICE_DNS), x509.DNSName("localhost")]), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    (directory / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (directory / "tls.key").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
+def issue(pki: Pki, serial: int) -> None:
+    """The webhook's serving pair as its certificate manager leaves it: tls.crt and tls.key in the CA's directory."""
+    cert, key = pki.issue(SERVICE_DNS, server=True, serial=serial)
+    cert.replace(pki.dir / "tls.crt")
+    key.replace(pki.dir / "tls.key")
 
 
 class Listener:
@@ -94,10 +57,9 @@ class Listener:
 
 @pytest.fixture
 async def listener(tmp_path: Path) -> AsyncIterator[Listener]:
-    ca = make_ca()
-    issue(ca, tmp_path, serial=1001)
-    (tmp_path / "ca.crt").write_bytes(ca[1].public_bytes(serialization.Encoding.PEM))
-    state: dict[str, Any] = {"ready": False, "ca": ca, "dir": tmp_path}
+    pki = Pki.create(tmp_path)
+    issue(pki, serial=1001)
+    state: dict[str, Any] = {"ready": False, "pki": pki}
     settings = webhook.WebhookSettings(
         listen="127.0.0.1:0",
         tls_cert_file=tmp_path / "tls.crt",
@@ -110,7 +72,7 @@ async def listener(tmp_path: Path) -> AsyncIterator[Listener]:
     await runner.setup()  # runs cleanup_ctx startup: the TLS listener is up now
     side: web.AppRunner = app[webhook.LISTENER_KEY]
     host, port = side.addresses[0][:2]
-    client_ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    client_ctx = ssl.create_default_context(cafile=str(pki.ca_file))
     yield Listener(app, f"https://{host}:{port}", client_ctx, state)
     await runner.cleanup()
 
@@ -132,7 +94,7 @@ async def test_rotated_certificate_is_served_after_reload(listener: Listener, tm
     assert await listener.served_serial() == 1001
     reloader = listener.app[webhook.CERTS_KEY]
     assert reloader.reload() is False  # unchanged files: nothing reloaded
-    issue(listener.state["ca"], tmp_path, serial=2002)
+    issue(listener.state["pki"], serial=2002)
     _bump_mtime(tmp_path)
     assert reloader.reload() is True
     assert await listener.served_serial() == 2002
