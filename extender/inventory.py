@@ -51,6 +51,11 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
+def _uid(obj: dict[str, Any]) -> str | None:
+    uid = (obj.get("metadata") or {}).get("uid")
+    return uid if isinstance(uid, str) else None
+
+
 class Inventory:
     """Raw objects by kind, derived per-node facts, and a snapshot per version.
 
@@ -195,24 +200,24 @@ class Inventory:
         elif kind == "Node":
             self._dirty.add(key[1])
         elif kind == "Pod":
-            uid = (obj.get("metadata") or {}).get("uid")
-            if isinstance(uid, str):
-                self._pods_by_uid[uid] = obj
-            rec = pod_record(obj, self.config)
-            if rec is not None:
-                self._records[key] = rec
-                self._pods_on.setdefault(rec.node, {})[key] = obj
-                self._dirty.add(rec.node)
+            self._put_pod(key, obj)
         elif kind == "ResourceSlice":
             node = str((obj.get("spec") or {}).get("nodeName") or "")
             self._slices_on.setdefault(node, {})[key] = obj
             self._dirty.add(node)
         elif kind in ("ResourceClaim", "DeviceClass"):
-            self._allocated = None
-            self._relevant = True
-            self.claims_version += 1
-            self._all_dra_dirty()
+            self._claims_changed()
         self._objs[kind][key] = obj
+
+    def _put_pod(self, key: tuple[str, str], obj: dict[str, Any]) -> None:
+        uid = _uid(obj)
+        if uid is not None:
+            self._pods_by_uid[uid] = obj
+        rec = pod_record(obj, self.config)
+        if rec is not None:
+            self._records[key] = rec
+            self._pods_on.setdefault(rec.node, {})[key] = obj
+            self._dirty.add(rec.node)
 
     def _remove(self, kind: str, obj: dict[str, Any]) -> None:
         key = _key(obj)
@@ -225,24 +230,28 @@ class Inventory:
         elif kind == "Node":
             self._dirty.add(key[1])
         elif kind == "Pod":
-            uid = (obj.get("metadata") or {}).get("uid")
-            if isinstance(uid, str):
-                self._pods_by_uid.pop(uid, None)
-            rec = self._records.pop(key, None)
-            if rec is not None:
-                self._pods_on.get(rec.node, {}).pop(key, None)
-                self._dirty.add(rec.node)
+            self._remove_pod(key, obj)
         elif kind == "ResourceSlice":
             for node, slices in self._slices_on.items():
                 if slices.pop(key, None) is not None:
                     self._dirty.add(node)
         elif kind in ("ResourceClaim", "DeviceClass"):
-            self._allocated = None
-            self._relevant = True
-            self.claims_version += 1
-            self._all_dra_dirty()
+            self._claims_changed()
 
-    def _all_dra_dirty(self) -> None:
+    def _remove_pod(self, key: tuple[str, str], obj: dict[str, Any]) -> None:
+        uid = _uid(obj)
+        if uid is not None:
+            self._pods_by_uid.pop(uid, None)
+        rec = self._records.pop(key, None)
+        if rec is not None:
+            self._pods_on.get(rec.node, {}).pop(key, None)
+            self._dirty.add(rec.node)
+
+    def _claims_changed(self) -> None:
+        """A claim or device class changed: allocations are recomputed and every node with DRA devices is rebuilt."""
+        self._allocated = None
+        self._relevant = True
+        self.claims_version += 1
         self._dirty.update(n for n, s in self._slices_on.items() if s)
 
     def _error(self, message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -13,11 +14,11 @@ import orjson
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
-from extender.kubecommon import Backoff, KubeError, _error_of
+from extender.kubecommon import Backoff, KubeError, error_from_reply
 from extender.kubecommon import NotLeader as NotLeader
 from extender.kubecommon import api_path as api_path
 from extender.kubewatch import INVENTORY_KINDS as INVENTORY_KINDS
-from extender.kubewatch import InventorySink, Kind, KubeSettings, WatchLoop, _Source
+from extender.kubewatch import InventorySink, Kind, KubeSettings, WatchLoop, WatchSource
 
 __all__ = [
     "Backoff",
@@ -31,22 +32,22 @@ __all__ = [
 ]
 
 
-def _sources(api: kclient.ApiClient, settings: KubeSettings) -> list[_Source]:
+def _sources(api: kclient.ApiClient, settings: KubeSettings) -> list[WatchSource]:
     core = kclient.CoreV1Api(api)
     dra = kclient.ResourceV1Api(api)
     batch = kclient.BatchV1Api(api)
     return [
-        _Source(
+        WatchSource(
             Kind.JOB,
             batch.list_job_for_all_namespaces_without_preload_content,
             kwargs={"label_selector": settings.gang_job_label},
         ),
-        _Source(Kind.NODE, core.list_node_without_preload_content),
-        _Source(Kind.POD, core.list_pod_for_all_namespaces_without_preload_content),
-        _Source(Kind.RESOURCE_SLICE, dra.list_resource_slice_without_preload_content),
-        _Source(Kind.RESOURCE_CLAIM, dra.list_resource_claim_for_all_namespaces_without_preload_content),
-        _Source(Kind.DEVICE_CLASS, dra.list_device_class_without_preload_content),
-        _Source(
+        WatchSource(Kind.NODE, core.list_node_without_preload_content),
+        WatchSource(Kind.POD, core.list_pod_for_all_namespaces_without_preload_content),
+        WatchSource(Kind.RESOURCE_SLICE, dra.list_resource_slice_without_preload_content),
+        WatchSource(Kind.RESOURCE_CLAIM, dra.list_resource_claim_for_all_namespaces_without_preload_content),
+        WatchSource(Kind.DEVICE_CLASS, dra.list_device_class_without_preload_content),
+        WatchSource(
             Kind.RESERVATION,
             core.list_namespaced_config_map_without_preload_content,
             (settings.reservation_namespace,),
@@ -115,6 +116,32 @@ async def load_api_client(
     return kclient.ApiClient(cfg)
 
 
+async def _send(
+    api: kclient.ApiClient,
+    method: str,
+    path: str,
+    body: Any = None,
+    query: list[tuple[str, str]] | None = None,
+    content_type: str = "application/json",
+    timeout_s: float | None = None,
+) -> aiohttp.ClientResponse:
+    """One request with a raw JSON body and reply (no generated models: nothing is dropped or re-validated);
+    `timeout_s` None is the client's own default."""
+    headers = {"Accept": "application/json", "Content-Type": content_type}
+    params = await api.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=query or [],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    resp = await api.call_api(*params, _preload_content=False, _request_timeout=timeout_s)
+    raw: aiohttp.ClientResponse = resp.response
+    return raw
+
+
+@dataclasses.dataclass(eq=False)
 class KubeClient:
     """Raw JSON requests to the API server for everything the agent writes (no generated models: nothing
     is dropped or re-validated on the way). Writes use `fieldValidation=Strict`; every patch names its
@@ -122,24 +149,15 @@ class KubeClient:
     retried after `Retry-After` (API Priority and Fairness throttles bursts). Mutating calls first ask
     `guard`: a replica that lost the leader Lease must not write (A-11)."""
 
-    def __init__(
-        self,
-        api: kclient.ApiClient,
-        *,
-        field_manager: str = "tandem-agent",
-        timeout_s: float = 30.0,
-        retries: int = 4,
-        guard: Callable[[], bool] | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self.api = api
-        self.field_manager = field_manager
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.guard = guard
-        self._sleep = sleep
-        self.errors: dict[int, int] = {}
-        """Failed requests by HTTP status (0 = transport), for the agent's metrics."""
+    api: kclient.ApiClient
+    _: dataclasses.KW_ONLY
+    field_manager: str = "tandem-agent"
+    timeout_s: float = 30.0
+    retries: int = 4
+    guard: Callable[[], bool] | None = None
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    errors: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
+    """Failed requests by HTTP status (0 = transport), for the agent's metrics."""
 
     async def request(
         self,
@@ -157,24 +175,13 @@ class KubeClient:
         for attempt in range(self.retries + 1):
             if mutating and self.guard is not None and not self.guard():
                 raise NotLeader()
-            headers = {"Accept": "application/json", "Content-Type": content_type}
-            params = await self.api.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=query or [],
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
             try:
-                resp = (
-                    await self.api.call_api(*params, _preload_content=False, _request_timeout=self.timeout_s)
-                ).response
+                resp = await _send(self.api, method, path, body, query, content_type, self.timeout_s)
             except (TimeoutError, aiohttp.ClientError) as e:
                 self.errors[0] = self.errors.get(0, 0) + 1
                 if attempt == self.retries:
                     raise KubeError(0, repr(e)) from e
-                await self._sleep(min(8.0, 0.2 * 2**attempt))
+                await self.sleep(min(8.0, 0.2 * 2**attempt))
                 continue
             if resp.status < 300:
                 try:
@@ -189,10 +196,14 @@ class KubeClient:
                 resp.release()
                 told = retry_after.isascii() and retry_after.isdigit()
                 # the server's hint, but not an unbounded one (a proxy's Retry-After may say anything)
-                await self._sleep(min(30.0, float(retry_after)) if told else min(8.0, 0.2 * 2**attempt))
+                await self.sleep(min(30.0, float(retry_after)) if told else min(8.0, 0.2 * 2**attempt))
                 continue
-            raise await _error_of(resp)
+            raise await error_from_reply(resp)
         raise KubeError(0, "unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _write_query(self) -> list[tuple[str, str]]:
+        """Every write names its field manager and has unknown or duplicate fields refused."""
+        return [("fieldManager", self.field_manager), ("fieldValidation", "Strict")]
 
     async def get(self, path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
@@ -222,19 +233,17 @@ class KubeClient:
                 return items
 
     async def create(self, path: str, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
-        query = [("fieldManager", self.field_manager), ("fieldValidation", "Strict")]
+        query = self._write_query()
         if dry_run:
             query.append(("dryRun", "All"))
         return await self.request("POST", path, body=body, query=query)
 
     async def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        query = [("fieldManager", self.field_manager), ("fieldValidation", "Strict")]
-        return await self.request("PUT", path, body=body, query=query)
+        return await self.request("PUT", path, body=body, query=self._write_query())
 
     async def patch(self, path: str, patch: Any, *, content_type: str) -> dict[str, Any]:
         """A patch of an explicit media type (JSON Patch for lists; never a merge patch on lists)."""
-        query = [("fieldManager", self.field_manager), ("fieldValidation", "Strict")]
-        return await self.request("PATCH", path, body=patch, query=query, content_type=content_type)
+        return await self.request("PATCH", path, body=patch, query=self._write_query(), content_type=content_type)
 
     async def delete(
         self,
@@ -303,28 +312,6 @@ WRITABLE: dict[str, tuple[str, str, str]] = {
 }
 
 
-async def _raw(
-    api: kclient.ApiClient,
-    method: str,
-    path: str,
-    body: dict[str, Any] | None = None,
-    query: list[tuple[str, str]] | None = None,
-) -> aiohttp.ClientResponse:
-    """One request with a raw JSON body and reply (no generated models: nothing is dropped or re-validated)."""
-    headers = {"Accept": "application/json", "Content-Type": "application/json"}
-    params = await api.param_serialize(
-        method=method,
-        resource_path=path,
-        query_params=query or [],
-        header_params=headers,
-        body=body,
-        auth_settings=["BearerToken"],
-    )
-    resp = await api.call_api(*params, _preload_content=False)
-    raw: aiohttp.ClientResponse = resp.response
-    return raw
-
-
 async def create_or_get(
     api: kclient.ApiClient, body: dict[str, Any], *, field_manager: str = "tandem-agent"
 ) -> tuple[dict[str, Any], bool]:
@@ -335,9 +322,9 @@ async def create_or_get(
     """
     group, version, plural = WRITABLE[body["kind"]]
     meta = body["metadata"]
-    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-    collection = f"{base}/namespaces/{meta['namespace']}/{plural}"
-    resp = await _raw(api, "POST", collection, body, [("fieldManager", field_manager)])
+    resp = await _send(
+        api, "POST", api_path(group, version, plural, meta["namespace"]), body, [("fieldManager", field_manager)]
+    )
     if resp.status in (200, 201, 202):
         try:
             created: dict[str, Any] = orjson.loads(await resp.read())
@@ -345,11 +332,11 @@ async def create_or_get(
             resp.release()
         return created, True
     if resp.status != 409:
-        raise await _error_of(resp)
+        raise await error_from_reply(resp)
     resp.release()
-    resp = await _raw(api, "GET", f"{collection}/{meta['name']}")
+    resp = await _send(api, "GET", api_path(group, version, plural, meta["namespace"], meta["name"]))
     if resp.status != 200:
-        raise await _error_of(resp)  # e.g. 404: deleted between our POST and GET; the caller retries
+        raise await error_from_reply(resp)  # e.g. 404: deleted between our POST and GET; the caller retries
     try:
         existing: dict[str, Any] = orjson.loads(await resp.read())
     finally:

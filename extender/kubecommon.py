@@ -11,7 +11,7 @@ import orjson
 
 from extender.errors import ExtenderError
 
-__all__ = ["Backoff", "KubeError", "NotLeader", "api_path"]
+__all__ = ["Backoff", "KubeError", "NotLeader", "ResourceVersionTooOld", "api_path", "error_from_reply"]
 
 
 class KubeError(ExtenderError):
@@ -22,7 +22,7 @@ class KubeError(ExtenderError):
         self.status = status
 
 
-class _Gone(KubeError):
+class ResourceVersionTooOld(KubeError):
     """The resourceVersion we resume from is too old (HTTP 410 or an ERROR event with code 410): relist."""
 
 
@@ -44,8 +44,8 @@ class Backoff:
         self.failures = 0
 
 
-async def _error_of(resp: aiohttp.ClientResponse) -> KubeError:
-    """Turn a non-200 reply into a KubeError carrying the Status message; 410 becomes _Gone."""
+async def error_from_reply(resp: aiohttp.ClientResponse) -> KubeError:
+    """Turn a non-200 reply into a KubeError carrying the Status message; 410 becomes ResourceVersionTooOld."""
     try:
         body = await resp.read()
         status = orjson.loads(body)
@@ -55,7 +55,7 @@ async def _error_of(resp: aiohttp.ClientResponse) -> KubeError:
     finally:
         resp.release()
     message = message or (resp.reason or "")
-    cls = _Gone if resp.status == 410 else KubeError
+    cls = ResourceVersionTooOld if resp.status == 410 else KubeError
     return cls(resp.status, message)
 
 

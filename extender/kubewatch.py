@@ -13,9 +13,9 @@ import aiohttp
 import orjson
 
 from extender.config import ExtenderConfig
-from extender.kubecommon import Backoff, KubeError, _error_of, _Gone
+from extender.kubecommon import Backoff, KubeError, ResourceVersionTooOld, error_from_reply
 
-__all__ = ["INVENTORY_KINDS", "InventorySink", "Kind", "KubeSettings", "WatchLoop"]
+__all__ = ["INVENTORY_KINDS", "InventorySink", "Kind", "KubeSettings", "WatchLoop", "WatchSource"]
 
 log = logging.getLogger("tandem.extender.kube")
 
@@ -87,7 +87,9 @@ ListFn = Callable[..., Awaitable[aiohttp.ClientResponse]]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Source:
+class WatchSource:
+    """One kind to list and watch: the call that lists it, with the arguments that narrow it."""
+
     kind: Kind
     list_fn: ListFn  # a generated ``list_*_without_preload_content`` method: raw JSON, no model validation
     args: tuple[Any, ...] = ()
@@ -104,7 +106,7 @@ class WatchLoop:
     _rand: Callable[[], float]
     _on_synced: Callable[[], None] | None
     _on_reservations_loaded: Callable[[], None] | None
-    _sources: list[_Source]
+    _sources: list[WatchSource]
     _pending: set[Kind]
     synced: asyncio.Event
     reservations_loaded: asyncio.Event
@@ -116,7 +118,7 @@ class WatchLoop:
             for source in self._sources:
                 group.create_task(self._run_source(source), name=f"watch-{source.kind.value}")
 
-    async def _run_source(self, source: _Source) -> None:
+    async def _run_source(self, source: WatchSource) -> None:
         backoff = Backoff(self._settings.backoff_base_s, self._settings.backoff_cap_s, self._rand)
         rv: str | None = None
         gone_streak = 0
@@ -128,7 +130,7 @@ class WatchLoop:
                 rv, delivered = await self._watch(source, rv, backoff)
                 if delivered:
                     gone_streak = 0
-            except _Gone as e:
+            except ResourceVersionTooOld as e:
                 log.info("watch expired, relisting", extra={"detail": {"kind": source.kind.value}})
                 rv = None
                 gone_streak += 1
@@ -163,7 +165,7 @@ class WatchLoop:
         except Exception as e:
             raise _InventoryError(0, repr(e)) from e
 
-    async def _fail(self, source: _Source, backoff: Backoff, error: BaseException) -> None:
+    async def _fail(self, source: WatchSource, backoff: Backoff, error: BaseException) -> None:
         delay = backoff.next_delay()
         log.warning(
             "watch failed, retrying",
@@ -183,7 +185,7 @@ class WatchLoop:
             if self._on_synced is not None:
                 self._on_synced()
 
-    async def _list(self, source: _Source) -> str:
+    async def _list(self, source: WatchSource) -> str:
         """Fetch every page of the list, hand the items to replace(), return the list's resourceVersion."""
         items: list[dict[str, Any]] = []
         token: str | None = None
@@ -192,7 +194,7 @@ class WatchLoop:
                 *source.args, limit=self._settings.list_page_size, _continue=token, **source.kwargs
             )
             if resp.status != 200:
-                raise await _error_of(resp)
+                raise await error_from_reply(resp)
             try:
                 page = orjson.loads(await resp.read())
             finally:
@@ -213,7 +215,7 @@ class WatchLoop:
             raise KubeError(0, "list returned no resourceVersion")
         return rv
 
-    async def _watch(self, source: _Source, rv: str, backoff: Backoff) -> tuple[str, bool]:
+    async def _watch(self, source: WatchSource, rv: str, backoff: Backoff) -> tuple[str, bool]:
         """Stream one watch request from ``rv``; return the version to resume from and whether events came."""
         timeout = int(self._settings.watch_timeout_s * (1 + 0.2 * self._rand()))
         started = self._clock()
@@ -228,7 +230,7 @@ class WatchLoop:
             **source.kwargs,
         )
         if resp.status != 200:
-            raise await _error_of(resp)
+            raise await error_from_reply(resp)
         try:
             async for line in resp.content:
                 if not line.strip():
@@ -256,7 +258,7 @@ class WatchLoop:
         if etype == "ERROR":
             code = int(obj.get("code") or 0)
             message = str(obj.get("message", ""))
-            raise _Gone(code, message) if code == 410 else KubeError(code, message)
+            raise ResourceVersionTooOld(code, message) if code == 410 else KubeError(code, message)
         new_rv = str((obj.get("metadata") or {}).get("resourceVersion") or "") or rv
         if etype in ("ADDED", "MODIFIED", "DELETED"):
             try:

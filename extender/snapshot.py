@@ -20,7 +20,7 @@ from extender.config import ExtenderConfig
 from extender.facts import NodeFacts
 from extender.names import NameTable
 from extender.nodefit import Query, QueryMemo, Verdict, check_node
-from extender.verdicts import Refusals, Rows, ShapeVerdict, _objects
+from extender.verdicts import Refusals, Rows, ShapeVerdict, bytes_array
 from extender.verdicts import code_name as code_name
 from placement import dra as core_dra
 from placement.frag import TargetWorkload, TypicalPod
@@ -181,7 +181,7 @@ class Snapshot:
                 self._heads = self._prev._heads
             else:
                 nj = self.name_json
-                self._heads = (_objects([j + b':"node ' + j[1:-1] for j in nj]), _objects([j + b":" for j in nj]))
+                self._heads = (bytes_array([j + b':"node ' + j[1:-1] for j in nj]), bytes_array([j + b":" for j in nj]))
         return self._heads
 
     def check_one(self, f: NodeFacts, q: Query) -> Verdict:

@@ -15,7 +15,7 @@ from extender.nodefit import Query, QueryMemo, Verdict, check_node, room_for
 if TYPE_CHECKING:
     from extender.snapshot import Snapshot
 
-__all__ = ["ShapeVerdict", "Refusals", "code_name"]
+__all__ = ["ShapeVerdict", "Refusals", "Rows", "bytes_array", "code_name"]
 
 _VECTOR_MIN = 32  # rows to fill before classes are worth numpy's fixed costs
 _CODES: dict[str, int] = {"Fit": 0}
@@ -37,7 +37,8 @@ def code_name(code: int) -> str:
     return _CODE_NAMES[code]
 
 
-def _objects(items: Sequence[bytes]) -> npt.NDArray[np.object_]:
+def bytes_array(items: Sequence[bytes]) -> npt.NDArray[np.object_]:
+    """A numpy object array holding `items` as they are (np.array would make a fixed-width bytes array)."""
     arr = np.empty(len(items), dtype=object)
     arr[:] = items
     return arr
@@ -80,7 +81,7 @@ class ShapeVerdict:
         self.unresolvable = np.zeros(n, np.bool_)
         self.codes = np.zeros(n, np.intp)
         self.verdicts: list[Verdict | None] = [None] * n
-        self.frags = _objects([b""] * n)
+        self.frags = bytes_array([b""] * n)
         self._refusals: Refusals | None = None
         self._fit_scores: npt.NDArray[np.int64] | None = None
 
@@ -156,7 +157,7 @@ class ShapeVerdict:
         unres_u = np.zeros(k, np.bool_)
         codes_u = np.zeros(k, np.intp)
         own_name = np.zeros(k, np.bool_)
-        suffix_u = _objects([b""] * k)
+        suffix_u = bytes_array([b""] * k)
         facts = snap.facts
         for j, r in enumerate(rows[first].tolist()):
             f = facts[r]

@@ -17,8 +17,8 @@ place the pods unpinned, as those systems do.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection, Sequence
 
 from fleetplan.decide import (
     ClusterPredicate,
@@ -41,41 +41,46 @@ __all__ = [
     "CHOICES",
     "make_choice",
     "usable_clusters",
+    "allow_every_cluster",
 ]
 
 
-class ClusterChoice(Protocol):
-    name: str
-
-    def decide(
-        self,
-        view: FleetView,
-        req: JobRequest,
-        *,
-        policy_allows: ClusterPredicate = ...,
-        excluded_clusters: Collection[str] = ...,
-    ) -> Decision:
-        """Where the job goes in this cycle's view, or why it waits."""
-
-
-def _allow_all(_c: ClusterState) -> bool:
+def allow_every_cluster(_cluster: ClusterState) -> bool:
+    """The policy predicate when no tenancy policy narrows the clusters."""
     return True
 
 
-class TandemChoice:
-    name = "tandem"
+class ClusterChoice(ABC):
+    """The seam every cluster choice implements; `limit` is the candidate domains exact-fitted per cluster."""
+
+    name: str
 
     def __init__(self, limit: int = 8) -> None:
         self.limit = limit
-        """Candidate domains exact-fitted per cluster."""
 
     def decide(
         self,
         view: FleetView,
         req: JobRequest,
         *,
-        policy_allows: ClusterPredicate = _allow_all,
+        policy_allows: ClusterPredicate = allow_every_cluster,
         excluded_clusters: Collection[str] = (),
+    ) -> Decision:
+        """Where the job goes in this cycle's view, or why it waits."""
+        return self.decide_among(view, req, policy_allows, excluded_clusters)
+
+    @abstractmethod
+    def decide_among(
+        self, view: FleetView, req: JobRequest, policy_allows: ClusterPredicate, excluded_clusters: Collection[str]
+    ) -> Decision:
+        """`decide` with every argument given."""
+
+
+class TandemChoice(ClusterChoice):
+    name = "tandem"
+
+    def decide_among(
+        self, view: FleetView, req: JobRequest, policy_allows: ClusterPredicate, excluded_clusters: Collection[str]
     ) -> Decision:
         return decide(view, req, policy_allows=policy_allows, excluded_clusters=excluded_clusters, limit=self.limit)
 
@@ -95,33 +100,41 @@ def usable_clusters(
     return Decision(None, WaitReason.NO_FRESH_INVENTORY, "no allowed cluster is connected with a fresh report")
 
 
-def _place_in(view: FleetView, cluster: str, req: JobRequest, limit: int, how: str) -> Decision:
-    choice, fragmented = decide_in(view, cluster, req, limit)
-    if choice is not None:
-        return Decision(choice)
-    if fragmented:
-        return Decision(None, WaitReason.TOPOLOGY_FRAGMENTED, f"{how} chose {cluster}; no domain there holds the gang")
-    return Decision(None, WaitReason.INSUFFICIENT_CAPACITY, f"{how} chose {cluster}; it has no room for the gang now")
+class _OneClusterBaseline(ClusterChoice):
+    """A baseline: its own rule picks one usable cluster; the gang fits there now or the job waits."""
 
+    chooser: str
+    """Who picked the cluster, as the wait message says it."""
 
-class AggregateChoice:
-    name = "aggregate"
-
-    def __init__(self, limit: int = 8) -> None:
-        self.limit = limit
-
-    def decide(
-        self,
-        view: FleetView,
-        req: JobRequest,
-        *,
-        policy_allows: ClusterPredicate = _allow_all,
-        excluded_clusters: Collection[str] = (),
+    def decide_among(
+        self, view: FleetView, req: JobRequest, policy_allows: ClusterPredicate, excluded_clusters: Collection[str]
     ) -> Decision:
         cands = usable_clusters(view, req, policy_allows, excluded_clusters)
         if isinstance(cands, Decision):
             return cands
-        return _place_in(view, self.rank_first(view, req, cands), req, self.limit, "aggregate count")
+        cluster = self.pick_cluster(view, req, cands)
+        choice, fragmented = decide_in(view, cluster, req, self.limit)
+        if choice is not None:
+            return Decision(choice)
+        if fragmented:
+            return Decision(
+                None, WaitReason.TOPOLOGY_FRAGMENTED, f"{self.chooser} chose {cluster}; no domain there holds the gang"
+            )
+        return Decision(
+            None, WaitReason.INSUFFICIENT_CAPACITY, f"{self.chooser} chose {cluster}; it has no room for the gang now"
+        )
+
+    @abstractmethod
+    def pick_cluster(self, view: FleetView, req: JobRequest, cands: Sequence[ClusterState]) -> str:
+        """The name of the candidate (usable, sorted by name, never empty) the job goes to."""
+
+
+class AggregateChoice(_OneClusterBaseline):
+    name = "aggregate"
+    chooser = "aggregate count"
+
+    def pick_cluster(self, view: FleetView, req: JobRequest, cands: Sequence[ClusterState]) -> str:
+        return self.rank_first(view, req, cands)
 
     @staticmethod
     def rank_first(view: FleetView, req: JobRequest, cands: Sequence[ClusterState]) -> str:
@@ -136,30 +149,21 @@ class AggregateChoice:
         return max(cands, key=lambda e: (replicas_free(e), e.name)).name
 
 
-class RoundRobinChoice:
+class RoundRobinChoice(_OneClusterBaseline):
     """Each job gets the next cluster in name order (the cursor advances with every job decided)."""
 
     name = "round-robin"
+    chooser = "round-robin"
 
     def __init__(self, limit: int = 8) -> None:
-        self.limit = limit
+        super().__init__(limit)
         self.turn = 0
         """How many jobs were decided so far: the next job gets cluster `turn % len(candidates)`."""
 
-    def decide(
-        self,
-        view: FleetView,
-        req: JobRequest,
-        *,
-        policy_allows: ClusterPredicate = _allow_all,
-        excluded_clusters: Collection[str] = (),
-    ) -> Decision:
-        cands = usable_clusters(view, req, policy_allows, excluded_clusters)
-        if isinstance(cands, Decision):
-            return cands
+    def pick_cluster(self, view: FleetView, req: JobRequest, cands: Sequence[ClusterState]) -> str:
         cluster = cands[self.turn % len(cands)].name
         self.turn += 1
-        return _place_in(view, cluster, req, self.limit, "round-robin")
+        return cluster
 
 
 CHOICES = ("tandem", "aggregate", "round-robin")
@@ -167,7 +171,7 @@ CHOICES = ("tandem", "aggregate", "round-robin")
 
 def make_choice(name: str, limit: int = 8) -> ClusterChoice:
     """The cluster choice named `name` (one of CHOICES)."""
-    kinds: dict[str, type[TandemChoice] | type[AggregateChoice] | type[RoundRobinChoice]] = {
+    kinds: dict[str, Callable[[int], ClusterChoice]] = {
         "tandem": TandemChoice,
         "aggregate": AggregateChoice,
         "round-robin": RoundRobinChoice,

@@ -28,23 +28,23 @@ from typing import Any
 from broker.scheduling import fairness
 from fleetsim.fast_cluster import nodes_of
 from fleetsim.fast_records import (
-    _BINDING,
-    _E_ARRIVE,
-    _E_BG_ARRIVE,
-    _E_BG_END,
-    _E_DISPATCH,
-    _E_FINISH,
-    _E_PREEMPTED,
-    _E_REPORT,
-    _E_ROUND,
-    _E_SAMPLE,
-    _E_TIMEOUT,
-    _NEVER,
-    _QUEUED,
-    _RESERVED,
     BACKGROUND_GPUS,
     CAUSE_GANG_TIMEOUT,
     CAUSE_NODE_TAKEN,
+    EVENT_ARRIVE,
+    EVENT_BG_ARRIVE,
+    EVENT_BG_END,
+    EVENT_DISPATCH,
+    EVENT_FINISH,
+    EVENT_PREEMPTED,
+    EVENT_REPORT,
+    EVENT_ROUND,
+    EVENT_SAMPLE,
+    EVENT_TIMEOUT,
+    JOB_BINDING,
+    JOB_NEVER,
+    JOB_QUEUED,
+    JOB_RESERVED,
     POLICIES,
     BackgroundPod,
     FastParams,
@@ -77,20 +77,20 @@ class FastSim(FastRounds):
     def run(self) -> RunResult:
         p = self.params
         for job in self.jobs.values():
-            self._at(job.item.arrival_s, _E_ARRIVE, job)
+            self._at(job.item.arrival_s, EVENT_ARRIVE, job)
         self._background_streams()
-        self._at(0.0, _E_SAMPLE, None)
+        self._at(0.0, EVENT_SAMPLE, None)
         handlers: dict[int, Callable[[Any], None]] = {
-            _E_FINISH: self._finish,
-            _E_BG_END: self._background_end,
-            _E_ARRIVE: self._arrive,
-            _E_BG_ARRIVE: self._background_arrive,
-            _E_DISPATCH: self._dispatch,
-            _E_TIMEOUT: self._timeout,
-            _E_REPORT: self._report,
-            _E_ROUND: self._round,
-            _E_SAMPLE: self._sample,
-            _E_PREEMPTED: self._preempted,
+            EVENT_FINISH: self._finish,
+            EVENT_BG_END: self._background_end,
+            EVENT_ARRIVE: self._arrive,
+            EVENT_BG_ARRIVE: self._background_arrive,
+            EVENT_DISPATCH: self._dispatch,
+            EVENT_TIMEOUT: self._timeout,
+            EVENT_REPORT: self._report,
+            EVENT_ROUND: self._round,
+            EVENT_SAMPLE: self._sample,
+            EVENT_PREEMPTED: self._preempted,
         }
         while self._heap and self.remaining > 0:
             t, kind, _, payload = heapq.heappop(self._heap)
@@ -130,7 +130,7 @@ class FastSim(FastRounds):
                 {t: (round(held.get(t, 0.0), 6), round(fair.get(t, 0.0), 6)) for t in sorted(set(held) | set(fair))},
             )
         )
-        self._at(self.now + self.params.sample_s, _E_SAMPLE, None)
+        self._at(self.now + self.params.sample_s, EVENT_SAMPLE, None)
 
     def _result(self) -> RunResult:
         outcomes = [self.jobs[name].outcome for name in self._order]  # the caller's order
@@ -152,8 +152,8 @@ class FastSim(FastRounds):
 
     def _notes(self) -> list[str]:
         p = self.params
-        never = sum(1 for j in self.jobs.values() if j.state == _NEVER)
-        unstarted = sum(1 for j in self.jobs.values() if j.state in (_QUEUED, _RESERVED, _BINDING))
+        never = sum(1 for j in self.jobs.values() if j.state == JOB_NEVER)
+        unstarted = sum(1 for j in self.jobs.values() if j.state in (JOB_QUEUED, JOB_RESERVED, JOB_BINDING))
         scoring = "the shipped extender's default policy" if p.pod_scoring == "extender" else "best fit"
         notes = [
             (

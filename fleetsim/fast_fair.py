@@ -12,7 +12,7 @@ from fleetplan.catalog import Reservation, ReservedReplica
 from fleetplan.drain import BusyJob, choose_drain_domain, enforced_end
 from fleetplan.view import FleetView
 from fleetsim.fast_pods import FastPods
-from fleetsim.fast_records import _E_PREEMPTED, _E_ROUND, _RUNNING, POD_SET, _Job
+from fleetsim.fast_records import EVENT_PREEMPTED, EVENT_ROUND, JOB_RUNNING, POD_SET, JobRecord
 from fleetsim.model import WorkItem
 
 __all__ = ["FastFairness"]
@@ -58,7 +58,7 @@ class FastFairness(FastPods):
         for job_id in self.drains.restore([h for h in lifted if h.job_id in self.drains.holds], self.now):
             self._recharge(job_id)
 
-    def _end_drain(self, job: _Job) -> None:
+    def _end_drain(self, job: JobRecord) -> None:
         self.drains.end(job.item.name)
         self._recharge(job.item.name)
         for hold in self.drains.take_released():
@@ -93,7 +93,7 @@ class FastFairness(FastPods):
                         j.item.preemptible,
                     )
                     for j in self.jobs.values()
-                    if j.state == _RUNNING and j.choice is not None
+                    if j.state == JOB_RUNNING and j.choice is not None
                 ]
             it = job.item
 
@@ -121,7 +121,7 @@ class FastFairness(FastPods):
 
     # ------------------------------------------------------------------ preemption (tandem-fair)
 
-    def _hold_over(self, job: _Job) -> bool:
+    def _hold_over(self, job: JobRecord) -> bool:
         """Its victims have left (or they are past the deadline): the held job is decided again."""
         assert job.hold is not None
         _, victims, deadline = job.hold
@@ -139,13 +139,13 @@ class FastFairness(FastPods):
             t = self.now + p.preempt_interval_s  # the next look, even if nothing else wakes the rounds
             if self._round_at is None or t < self._round_at:
                 self._round_at = t
-                self._at(t, _E_ROUND, t)
+                self._at(t, EVENT_ROUND, t)
 
     def _preempt_round(self) -> None:
         p = self.params
         running: list[fairness.RunningJob] = []
         for j in self.jobs.values():
-            if j.state != _RUNNING or not j.item.preemptible or j.preempting or j.choice is None:
+            if j.state != JOB_RUNNING or not j.item.preemptible or j.preempting or j.choice is None:
                 continue
             entry = QueueEntry(
                 job_id=j.item.name,
@@ -218,18 +218,18 @@ class FastFairness(FastPods):
                 victim.outcome.preemptions += 1
                 self.preemptions[why.value] = self.preemptions.get(why.value, 0) + 1
                 self._note("preempt", victim.item.name, f"{why.value} for {job.item.name}")
-                self._at(self.now + p.preempt_grace_s, _E_PREEMPTED, (victim, victim.attempt))
+                self._at(self.now + p.preempt_grace_s, EVENT_PREEMPTED, (victim, victim.attempt))
             taken |= victims
             plans += 1
             if plans >= 4:
                 break
 
-    def _preempted(self, payload: tuple[_Job, int]) -> None:
+    def _preempted(self, payload: tuple[JobRecord, int]) -> None:
         """A victim's grace period is over: its pods go, the work since its last checkpoint is lost, and it is
         queued again with its original arrival (no retry spent)."""
         job, attempt = payload
         job.preempting = False
-        if job.attempt != attempt or job.state != _RUNNING:
+        if job.attempt != attempt or job.state != JOB_RUNNING:
             return  # it finished during its grace period
         p = self.params
         ran = self.now - job.run_start

@@ -10,23 +10,23 @@ from fleetplan.catalog import InventoryReport
 from fleetsim.fast_cluster import GPU_TOLERATION, Cell, PodKey, demand_of
 from fleetsim.fast_queue import FastQueue
 from fleetsim.fast_records import (
-    _BINDING,
-    _DONE,
-    _E_BG_ARRIVE,
-    _E_BG_END,
-    _E_FINISH,
-    _E_TIMEOUT,
-    _PINNED,
-    _RESERVED,
-    _RUNNING,
     BACKGROUND_CPU_MILLI_PER_GPU,
     BACKGROUND_GPUS,
     BACKGROUND_MEMORY_PER_GPU,
     CAUSE_GANG_TIMEOUT,
     CAUSE_NODE_TAKEN,
+    EVENT_BG_ARRIVE,
+    EVENT_BG_END,
+    EVENT_FINISH,
+    EVENT_TIMEOUT,
+    JOB_BINDING,
+    JOB_DONE,
+    JOB_RESERVED,
+    JOB_RUNNING,
+    PINNED_POLICIES,
     POD_SET,
-    _Copy,
-    _Job,
+    GangCopy,
+    JobRecord,
 )
 from placement.model import PodShape
 
@@ -40,12 +40,12 @@ class FastPods(FastQueue):
 
     def _dispatch(self, payload: tuple[Any, ...]) -> None:
         job, attempt = payload[0], payload[1]
-        if job.attempt != attempt or job.state != _RESERVED:
+        if job.attempt != attempt or job.state != JOB_RESERVED:
             return
-        if self.policy in _PINNED:
+        if self.policy in PINNED_POLICIES:
             self._bind_pinned(job)
             return
-        job.state = _BINDING
+        job.state = JOB_BINDING
         if self.policy == "multikueue":
             flavors: tuple[tuple[str, str], ...] = payload[2]
             for cluster, model in flavors:
@@ -53,19 +53,19 @@ class FastPods(FastQueue):
         else:
             assert job.choice is not None  # the choice's cluster and gang size; its node assignment is dropped
             self._copy(job, self.cells[job.choice.cluster], len(job.choice.assignments))
-        self._at(self.now + self.params.gang_timeout_s, _E_TIMEOUT, (job, attempt))
+        self._at(self.now + self.params.gang_timeout_s, EVENT_TIMEOUT, (job, attempt))
         for copy in list(job.copies):
             self._pending[copy.cell.name].append(copy)
-            if job.state == _BINDING:
+            if job.state == JOB_BINDING:
                 self._schedule_copy(copy)
 
-    def _copy(self, job: _Job, cell: Cell, count: int = 0, flavor: str = "") -> _Copy:
+    def _copy(self, job: JobRecord, cell: Cell, count: int = 0, flavor: str = "") -> GangCopy:
         depth = cell.depth_of(job.full.required_level) if job.full.required_level else None
-        copy = _Copy(job, cell, job.attempt, count or job.item.replicas, depth, flavor=flavor)
+        copy = GangCopy(job, cell, job.attempt, count or job.item.replicas, depth, flavor=flavor)
         job.copies.append(copy)
         return copy
 
-    def _bind_pinned(self, job: _Job) -> None:
+    def _bind_pinned(self, job: JobRecord) -> None:
         """The extender honours the pin: each replica binds on its node if it still fits the true state."""
         assert job.choice is not None
         cell = self.cells[job.choice.cluster]
@@ -80,7 +80,7 @@ class FastPods(FastQueue):
             self._bind(copy, row, a.index)
         self._start(job, copy)
 
-    def _bind(self, copy: _Copy, row: int, index: int) -> None:
+    def _bind(self, copy: GangCopy, row: int, index: int) -> None:
         key: PodKey = (copy.job.item.name, copy.attempt, index)
         copy.cell.bind(key, row, copy.job.shape)
         copy.keys.append(key)
@@ -88,7 +88,7 @@ class FastPods(FastQueue):
         copy.cell.mark_bound((copy.job.item.name, copy.attempt), (POD_SET, index))
         self._dirty(copy.cell)
 
-    def _schedule_copy(self, copy: _Copy) -> None:
+    def _schedule_copy(self, copy: GangCopy) -> None:
         """kube-scheduler, one pod at a time; pods that do not fit stay pending (the bound ones hold on)."""
         job, cell = copy.job, copy.cell
         demand = demand_of(job.shape)
@@ -112,7 +112,7 @@ class FastPods(FastQueue):
             job.outcome.duplicates += 1
             self._withdraw(other)
 
-    def _withdraw(self, copy: _Copy) -> None:
+    def _withdraw(self, copy: GangCopy) -> None:
         """Delete the copy's pods: bound ones give their resources back, pending ones just go."""
         cell = copy.cell
         for key in copy.keys:
@@ -134,10 +134,10 @@ class FastPods(FastQueue):
     def _retry(self, cell: Cell) -> None:
         """Capacity freed in the cell: kube-scheduler retries its pending pods, oldest gang first."""
         for copy in list(self._pending[cell.name]):
-            if copy.job.state == _BINDING and copy in self._pending[cell.name]:
+            if copy.job.state == JOB_BINDING and copy in self._pending[cell.name]:
                 self._schedule_copy(copy)
 
-    def _replan(self, job: _Job, cause: str) -> None:
+    def _replan(self, job: JobRecord, cause: str) -> None:
         """A false dispatch: give everything back and queue the job again (re-planned at the next round)."""
         out = job.outcome
         out.false_dispatches += 1
@@ -146,7 +146,7 @@ class FastPods(FastQueue):
         self._uncharge(job)
         self._enqueue(job)
 
-    def _drop_reservation(self, job: _Job) -> None:
+    def _drop_reservation(self, job: JobRecord) -> None:
         res = self.catalog.reservations.get(job.key)
         if res is not None:
             self.catalog.drop_reservation(job.key)
@@ -156,9 +156,9 @@ class FastPods(FastQueue):
             self.change[res.cluster] += 1
             self._wake()
 
-    def _timeout(self, payload: tuple[_Job, int]) -> None:
+    def _timeout(self, payload: tuple[JobRecord, int]) -> None:
         job, attempt = payload
-        if job.attempt != attempt or job.state != _BINDING:
+        if job.attempt != attempt or job.state != JOB_BINDING:
             return
         self._note("false", job.item.name, CAUSE_GANG_TIMEOUT)
         for copy in job.copies:
@@ -168,35 +168,35 @@ class FastPods(FastQueue):
 
     # ------------------------------------------------------------------ running
 
-    def _start(self, job: _Job, copy: _Copy) -> None:
+    def _start(self, job: JobRecord, copy: GangCopy) -> None:
         out = job.outcome
         cell = copy.cell
         rows = [cell.pods[k][0] for k in copy.keys]
         level = job.full.required_level
         depth = cell.depth_of(level) if level else None
         out.domains = tuple(cell.level_value(r, depth) for r in rows) if depth is not None else ()
-        if depth is not None and self.policy in _PINNED and len({cell.domain(r, depth) for r in rows}) > 1:
+        if depth is not None and self.policy in PINNED_POLICIES and len({cell.domain(r, depth) for r in rows}) > 1:
             raise AssertionError(f"Tandem split gang {job.item.name} across {level} domains {sorted(set(out.domains))}")
         clusters = {cell.owner[r] for r in rows}
         out.cluster = clusters.pop() if len(clusters) == 1 else cell.name
         if out.started_s is None:
             out.started_s = self.now
         out.last_start_s = job.run_start = self.now
-        job.state = _RUNNING
+        job.state = JOB_RUNNING
         self.running += 1
         self.last_progress = self.now
         self._note("start", job.item.name, out.cluster)
-        self._at(self.now + job.item.duration_s - job.done_s, _E_FINISH, (job, job.attempt))
+        self._at(self.now + job.item.duration_s - job.done_s, EVENT_FINISH, (job, job.attempt))
 
-    def _finish(self, payload: tuple[_Job, int]) -> None:
+    def _finish(self, payload: tuple[JobRecord, int]) -> None:
         job, attempt = payload
-        if job.attempt != attempt or job.state != _RUNNING:
+        if job.attempt != attempt or job.state != JOB_RUNNING:
             return
         for copy in job.copies:
             self._withdraw(copy)
         self._drop_reservation(job)
         self._uncharge(job)
-        job.state = _DONE
+        job.state = JOB_DONE
         self.running -= 1
         job.outcome.finished_s = self.now
         self.remaining -= 1
@@ -215,7 +215,7 @@ class FastPods(FastQueue):
         if cell.bound_changed:
             bound = self._bound_sent[cell.name] = {k: frozenset(v) for k, v in cell.bound.items()}
             cell.bound_changed = False
-            if self.policy not in _PINNED:
+            if self.policy not in PINNED_POLICIES:
                 # Unpinned pods bind where kube-scheduler puts them: once reported bound, their reservation stops
                 # holding its own nodes, which gain room in the view though the report shows no change there.
                 for key, replicas in bound.items():
@@ -248,7 +248,7 @@ class FastPods(FastQueue):
         for bg in p.background:
             if bg.cluster not in self.home:
                 raise ValueError(f"background pod for unknown cluster {bg.cluster!r}")
-            self._at(bg.at_s, _E_BG_ARRIVE, (bg.cluster, bg.gpus, bg.duration_s, None))
+            self._at(bg.at_s, EVENT_BG_ARRIVE, (bg.cluster, bg.gpus, bg.duration_s, None))
         if not p.background_streams:
             return
         for c in self.fleet.clusters:
@@ -262,7 +262,7 @@ class FastPods(FastQueue):
         at = t + rng.expovariate(rate)
         gpus = rng.choice(BACKGROUND_GPUS)
         duration = rng.expovariate(1.0 / self.params.background_mean_s)
-        self._at(at, _E_BG_ARRIVE, (cluster, gpus, duration, rng))
+        self._at(at, EVENT_BG_ARRIVE, (cluster, gpus, duration, rng))
 
     def _background_arrive(self, payload: tuple[str, int, float, random.Random | None]) -> None:
         cluster, gpus, duration, rng = payload
@@ -284,7 +284,7 @@ class FastPods(FastQueue):
         cell.bind(key, row, shape)
         self._note("background", cluster, cell.names[row])
         self._dirty(cell)
-        self._at(self.now + duration, _E_BG_END, (cell, key))
+        self._at(self.now + duration, EVENT_BG_END, (cell, key))
 
     def _background_end(self, payload: tuple[Cell, PodKey]) -> None:
         cell, key = payload

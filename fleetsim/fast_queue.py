@@ -7,10 +7,10 @@ from typing import cast
 
 from broker.domain.states import JobState
 from broker.scheduling.queue import QueueEntry, QueueSnapshot, Usage
-from fleetplan.choice import AggregateChoice, usable_clusters
+from fleetplan.choice import AggregateChoice, allow_every_cluster, usable_clusters
 from fleetplan.decide import Choice, could_ever_fit, within_policy
 from fleetplan.view import FleetView
-from fleetsim.fast_records import _NEVER, _QUEUED, _allow_all, _Job, _only
+from fleetsim.fast_records import JOB_NEVER, JOB_QUEUED, JobRecord, only_cluster
 from fleetsim.fast_state import FastState
 from placement.fit import capacity
 from placement.model import JobRequest
@@ -23,9 +23,9 @@ class FastQueue(FastState):
 
     # ------------------------------------------------------------------ arrivals, the queue
 
-    def _arrive(self, job: _Job) -> None:
+    def _arrive(self, job: JobRecord) -> None:
         if not self._homes(job, job.full):
-            job.state = _NEVER
+            job.state = JOB_NEVER
             self.remaining -= 1
             self._note("never", job.item.name, "no cluster could hold it even empty")
             return
@@ -46,7 +46,7 @@ class FastQueue(FastState):
         self.last_progress = max(self.last_progress, self.now)
         self._enqueue(job)
 
-    def _homes(self, job: _Job, req: JobRequest) -> tuple[str, ...]:
+    def _homes(self, job: JobRecord, req: JobRequest) -> tuple[str, ...]:
         """Original clusters that could hold the whole of `req` if they were empty."""
         it = job.item
         key = (job.code, it.replicas, it.min_replicas, req.required_level)
@@ -54,12 +54,12 @@ class FastQueue(FastState):
         if got is None:
             view = FleetView(self._empty, 0.0)
             got = self._ever[key] = tuple(
-                c.name for c in self.fleet.clusters if could_ever_fit(view, req, _only(c.name))[0]
+                c.name for c in self.fleet.clusters if could_ever_fit(view, req, only_cluster(c.name))[0]
             )
         return got
 
-    def _enqueue(self, job: _Job) -> None:
-        job.state = _QUEUED
+    def _enqueue(self, job: JobRecord) -> None:
+        job.state = JOB_QUEUED
         job.queued_at = self.now
         job.failed = None
         job.tried = {}
@@ -111,13 +111,13 @@ class FastQueue(FastState):
                 )
         return QueueSnapshot.build(entries, self.qpolicy, self.now)
 
-    def _charge(self, job: _Job, model: str, gpus: float) -> None:
+    def _charge(self, job: JobRecord, model: str, gpus: float) -> None:
         job.model, job.charged = model, gpus
         key = (job.item.tenant, model)
         self.usage[key] = self.usage.get(key, 0.0) + gpus
         self._usage_version += 1
 
-    def _uncharge(self, job: _Job) -> None:
+    def _uncharge(self, job: JobRecord) -> None:
         if job.charged:
             key = (job.item.tenant, job.model)
             self.usage[key] = self.usage.get(key, 0.0) - job.charged
@@ -145,7 +145,7 @@ class FastQueue(FastState):
     # round-robin asks the cluster at its cursor, aggregate the one its estimate ranks first: a record holds only
     # while the decision would ask the same cluster.
 
-    def _fits_empty(self, kind: int, job: _Job) -> bool:
+    def _fits_empty(self, kind: int, job: JobRecord) -> bool:
         key = (kind, job.code)
         fits = self._kind_fit.get(key)
         if fits is None:
@@ -153,7 +153,13 @@ class FastQueue(FastState):
         return fits
 
     def _record(
-        self, job: _Job, pick: str, refused: Choice | None, snap: QueueSnapshot, usage: Usage, view: FleetView | None
+        self,
+        job: JobRecord,
+        pick: str,
+        refused: Choice | None,
+        snap: QueueSnapshot,
+        usage: Usage,
+        view: FleetView | None,
     ) -> tuple[object, ...]:
         tenant = job.item.tenant
         used = self.usage_epoch.get(tenant, 0)
@@ -184,7 +190,7 @@ class FastQueue(FastState):
         self._quota_watch.update(clusters)
         return ("quota", pick, clusters, sum(map(self.change.__getitem__, clusters)), used)
 
-    def _admissible_room(self, view: FleetView, job: _Job, models: set[str], clusters: Sequence[str]) -> bool:
+    def _admissible_room(self, view: FleetView, job: JobRecord, models: set[str], clusters: Sequence[str]) -> bool:
         """Whether a domain of some cluster could hold the job on nodes of `models` by the view's numpy columns:
         the first test of `fleetplan.decide.decide_in` (no candidate domain, no choice there), with the request
         narrowed to those models as the broker narrows it (`within_policy`). False proves no admissible choice."""
@@ -200,7 +206,7 @@ class FastQueue(FastState):
                 return True
         return False
 
-    def _still_no(self, job: _Job, record: tuple[object, ...] | None, pick: str) -> bool:
+    def _still_no(self, job: JobRecord, record: tuple[object, ...] | None, pick: str) -> bool:
         """Whether deciding the job now (asking `pick`) would give the same "no" as when `record` was made."""
         if record is None or not self.memo:
             return False
@@ -235,20 +241,20 @@ class FastQueue(FastState):
             self._idle_rounds.clear()  # rounds of an older state never repeat
         return fp
 
-    def _pick(self, view: FleetView, job: _Job, picks: dict[tuple[int, tuple[str, ...]], str]) -> str:
+    def _pick(self, view: FleetView, job: JobRecord, picks: dict[tuple[int, tuple[str, ...]], str]) -> str:
         """The cluster aggregate's estimate ranks first for the job, as fleetplan.choice.AggregateChoice ranks
         them (the most replicas free, summed node by node); memoised per shape within one view."""
         key = (job.code, job.excluded)
         got = picks.get(key)
         if got is None:
-            cands = usable_clusters(view, job.req, _allow_all, job.excluded)
+            cands = usable_clusters(view, job.req, allow_every_cluster, job.excluded)
             got = ""
             if isinstance(cands, list):
                 got = AggregateChoice.rank_first(view, job.req, cands)
             picks[key] = got
         return got
 
-    def _flavors(self, cluster: str, job: _Job) -> tuple[str, ...]:
+    def _flavors(self, cluster: str, job: JobRecord) -> tuple[str, ...]:
         """GPU models of the cluster, in node order, on whose empty nodes one replica of the job fits."""
         key = (cluster, job.code)
         got = self._flavor_fit.get(key)

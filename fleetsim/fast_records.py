@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from broker.scheduling.queue import QueueEntry
 from fleetplan.catalog import Reservation
 from fleetplan.decide import Choice, ClusterPredicate
-from fleetplan.view import ClusterState
 from fleetsim.fast_cluster import GPU_TOLERATION, AttemptKey, Cell, PodKey
 from fleetsim.model import Outcome, WorkItem
 from placement.model import JobRequest, PodSet, PodShape
@@ -20,10 +19,31 @@ __all__ = [
     "BACKGROUND_MEMORY_PER_GPU",
     "CAUSE_GANG_TIMEOUT",
     "CAUSE_NODE_TAKEN",
+    "EVENT_ARRIVE",
+    "EVENT_BG_ARRIVE",
+    "EVENT_BG_END",
+    "EVENT_DISPATCH",
+    "EVENT_FINISH",
+    "EVENT_PREEMPTED",
+    "EVENT_REPORT",
+    "EVENT_ROUND",
+    "EVENT_SAMPLE",
+    "EVENT_TIMEOUT",
+    "JOB_BINDING",
+    "JOB_DONE",
+    "JOB_FUTURE",
+    "JOB_NEVER",
+    "JOB_QUEUED",
+    "JOB_RESERVED",
+    "JOB_RUNNING",
+    "PINNED_POLICIES",
     "POD_SET",
     "POLICIES",
     "BackgroundPod",
     "FastParams",
+    "GangCopy",
+    "JobRecord",
+    "only_cluster",
     "request_of",
     "shape_of",
 ]
@@ -31,7 +51,8 @@ __all__ = [
 POLICIES = ("tandem", "tandem-fair", "aggregate", "round-robin", "multikueue", "merged")
 """tandem-fair: Tandem's choice plus the broker's fairness machinery: its preemption decision
 (broker.scheduling.fairness.choose_preemption) and its held domains for long-waiting gangs (broker.scheduling.drains.DrainHolds)."""
-_PINNED = frozenset({"tandem", "tandem-fair", "merged"})
+PINNED_POLICIES = frozenset({"tandem", "tandem-fair", "merged"})
+"""The policies whose decisions pin each pod to its node (the others leave placement to the kube-scheduler)."""
 CAUSE_NODE_TAKEN = "node taken by a pod outside Tandem"
 CAUSE_GANG_TIMEOUT = "gang did not fully bind before the timeout"
 POD_SET = "workers"
@@ -135,29 +156,29 @@ def request_of(item: WorkItem) -> JobRequest:
 
 # --------------------------------------------------------------------------- the simulation's records
 
-# job states
-_FUTURE, _QUEUED, _RESERVED, _BINDING, _RUNNING, _DONE, _NEVER = range(7)
+# job states (plain ints: compared in the hot loop)
+JOB_FUTURE, JOB_QUEUED, JOB_RESERVED, JOB_BINDING, JOB_RUNNING, JOB_DONE, JOB_NEVER = range(7)
 
 # event kinds, also the order of events at one instant: releases first, reports after binds, rounds last
 (
-    _E_FINISH,
-    _E_BG_END,
-    _E_ARRIVE,
-    _E_BG_ARRIVE,
-    _E_DISPATCH,
-    _E_TIMEOUT,
-    _E_REPORT,
-    _E_ROUND,
-    _E_SAMPLE,
-    _E_PREEMPTED,
+    EVENT_FINISH,
+    EVENT_BG_END,
+    EVENT_ARRIVE,
+    EVENT_BG_ARRIVE,
+    EVENT_DISPATCH,
+    EVENT_TIMEOUT,
+    EVENT_REPORT,
+    EVENT_ROUND,
+    EVENT_SAMPLE,
+    EVENT_PREEMPTED,
 ) = range(10)
 
 
 @dataclass(eq=False, slots=True)
-class _Copy:
+class GangCopy:
     """A gang's pods in one cluster (tandem: all bound at once; otherwise placed one by one, pending meanwhile)."""
 
-    job: _Job
+    job: JobRecord
     cell: Cell
     attempt: int
     count: int
@@ -178,7 +199,7 @@ class _Copy:
 
 
 @dataclass(eq=False, slots=True)
-class _Job:
+class JobRecord:
     item: WorkItem
     seq: int
     req: JobRequest
@@ -188,7 +209,7 @@ class _Job:
     code: int
     outcome: Outcome
     excluded: tuple[str, ...] = ()
-    state: int = _FUTURE
+    state: int = JOB_FUTURE
     attempt: int = 0
     choice: Choice | None = None
     cell: str = ""
@@ -196,7 +217,7 @@ class _Job:
     charged: float = 0.0
     failed: tuple[object, ...] | None = None
     """What its last "no" depended on (FastSim._record): it is decided again only once that moved."""
-    copies: list[_Copy] = field(default_factory=list)
+    copies: list[GangCopy] = field(default_factory=list)
     entry: QueueEntry | None = None
     homes: tuple[str, ...] = ()
     """The broker's clusters it may be decided for again when their state moves (see FastSim._record)."""
@@ -207,6 +228,7 @@ class _Job:
     checked: tuple[object, ...] = ()
     """The state fingerprint at which its last "no" was last found up to date."""
     tried: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    """round-robin: per cluster, the record of its last "no" there."""
     done_s: float = 0.0
     """Run time saved by checkpoints of preempted attempts (the next attempt runs only the rest)."""
     run_start: float = 0.0
@@ -220,16 +242,12 @@ class _Job:
     queued_at: float = 0.0
     drain_charge: tuple[str, float] = ("", 0.0)
     """(model, idle GPUs) its held domain is charged to it now."""
-    """round-robin: per cluster, the record of its last "no" there."""
 
     @property
     def key(self) -> AttemptKey:
         return (self.item.name, self.attempt)
 
 
-def _allow_all(_entry: ClusterState) -> bool:
-    return True
-
-
-def _only(cluster: str) -> ClusterPredicate:
+def only_cluster(cluster: str) -> ClusterPredicate:
+    """The policy predicate that allows `cluster` alone."""
     return lambda entry: entry.name == cluster

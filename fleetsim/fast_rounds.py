@@ -7,11 +7,11 @@ import time
 from broker.scheduling.drains import DrainHold
 from broker.scheduling.queue import QueueSnapshot
 from fleetplan.catalog import Reservation, ReservedReplica
-from fleetplan.choice import RoundRobinChoice, usable_clusters
+from fleetplan.choice import RoundRobinChoice, allow_every_cluster, usable_clusters
 from fleetplan.decide import Choice, Decision
 from fleetplan.view import ClusterState, FleetView
 from fleetsim.fast_fair import FastFairness
-from fleetsim.fast_records import _E_DISPATCH, _RESERVED, POD_SET, _allow_all, _Job
+from fleetsim.fast_records import EVENT_DISPATCH, JOB_RESERVED, POD_SET, JobRecord
 
 __all__ = ["FastRounds"]
 
@@ -121,7 +121,7 @@ class FastRounds(FastFairness):
                 key = (req.required_level, job.excluded)  # fast mode's requests name no clusters, regions or roles
                 cands = lists.get(key)
                 if cands is None:
-                    cands = lists[key] = usable_clusters(view, req, _allow_all, job.excluded)
+                    cands = lists[key] = usable_clusters(view, req, allow_every_cluster, job.excluded)
                 if isinstance(cands, list):
                     pick = cands[rr.turn % len(cands)].name
                 if self._still_no(job, job.tried.get(pick), pick):
@@ -191,17 +191,17 @@ class FastRounds(FastFairness):
             self._placed(job, c.cluster)
             job.choice = c
             self._charge(job, c.gpu_model, c.gpus)
-            self._at(self.now + self.params.dispatch_delay_s, _E_DISPATCH, (job, job.attempt))
+            self._at(self.now + self.params.dispatch_delay_s, EVENT_DISPATCH, (job, job.attempt))
             if job.item.name in self.drains.holds:
                 self._end_drain(job)
                 lifted_before = [h for h in lifted_before if h.job_id != job.item.name]
         if lifted_before:
             self._restore_drains(lifted_before)
 
-    def _placed(self, job: _Job, cluster: str) -> None:
+    def _placed(self, job: JobRecord, cluster: str) -> None:
         del self.queued[job.item.name]
         self._queue_version += 1
-        job.state = _RESERVED
+        job.state = JOB_RESERVED
         job.cell = cluster
         out = job.outcome
         if out.placed_s is None:
@@ -251,4 +251,4 @@ class FastRounds(FastFairness):
             self._charge(job, flavors[0][1], charge)
             for key in flavors:
                 self.admitted[key] += want
-            self._at(self.now + self.params.dispatch_delay_s, _E_DISPATCH, (job, job.attempt, tuple(flavors)))
+            self._at(self.now + self.params.dispatch_delay_s, EVENT_DISPATCH, (job, job.attempt, tuple(flavors)))

@@ -13,7 +13,16 @@ from broker.scheduling.queue import QueuePolicy, QueueSnapshot
 from fleetplan.catalog import Catalog, ClusterMeta, InventoryReport
 from fleetplan.choice import ClusterChoice, make_choice
 from fleetsim.fast_cluster import AttemptKey, Cell, agent_levels, merged_nodes, nodes_of, owners
-from fleetsim.fast_records import _E_REPORT, _E_ROUND, _PINNED, POLICIES, FastParams, _Copy, _Job, request_of
+from fleetsim.fast_records import (
+    EVENT_REPORT,
+    EVENT_ROUND,
+    PINNED_POLICIES,
+    POLICIES,
+    FastParams,
+    GangCopy,
+    JobRecord,
+    request_of,
+)
 from fleetsim.model import FleetSpec, Outcome, WorkItem
 from placement.model import Node, PodShape
 from placement.scoring import Policy
@@ -83,7 +92,7 @@ class FastState:
                 )
                 metas[c.name] = ClusterMeta(c.name, c.region, c.role, levels=levels)
         self.home = owners(self.cells)
-        self._pending: dict[str, list[_Copy]] = {name: [] for name in self.cells}
+        self._pending: dict[str, list[GangCopy]] = {name: [] for name in self.cells}
         """Per cell, gangs with pods kube-scheduler has not bound yet, oldest first."""
         self._retry_cells: set[str] = set()
         """Cells where capacity freed during the current event: their pending pods are retried after it."""
@@ -100,7 +109,7 @@ class FastState:
         """The cursor's phase that fixes whom every job asks (candidate lists are 1..clusters long)."""
         self.choice: ClusterChoice | None = None
         if policy != "multikueue":
-            self.choice = make_choice("tandem" if policy in _PINNED else policy, params.candidate_domains)
+            self.choice = make_choice("tandem" if policy in PINNED_POLICIES else policy, params.candidate_domains)
         self.qpolicy = QueuePolicy(
             tenant_weights={t.name: t.weight for t in fleet.tenants},
             quotas={(t.name, model): float(limit) for t in fleet.tenants for model, limit in t.quota},
@@ -161,8 +170,8 @@ class FastState:
         self._kind_model = {k: n.gpu_model or "" for k, n in self._kind_node.items()}
 
         self._order = names
-        self.jobs: dict[str, _Job] = {}
-        self.queued: dict[str, _Job] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self.queued: dict[str, JobRecord] = {}
         for seq, item in enumerate(sorted(items, key=lambda i: (i.arrival_s, i.name))):
             self.jobs[item.name] = self._job(item, seq)
         self.remaining = len(self.jobs)
@@ -187,7 +196,7 @@ class FastState:
     def _code(self, shape: PodShape) -> int:
         return self._shapes.setdefault(shape, len(self._shapes))
 
-    def _job(self, item: WorkItem, seq: int) -> _Job:
+    def _job(self, item: WorkItem, seq: int) -> JobRecord:
         full = request_of(item)
         req = full
         excluded: tuple[str, ...] = ()
@@ -199,7 +208,7 @@ class FastState:
                 c.name for c in self.fleet.clusters if all(level not in (lv.name, lv.key) for lv in agent_levels(c))
             )
         shape = full.pod_sets[0].shape
-        return _Job(item, seq, req, full, shape, self._code(shape), Outcome(item, item.arrival_s), excluded)
+        return JobRecord(item, seq, req, full, shape, self._code(shape), Outcome(item, item.arrival_s), excluded)
 
     # ------------------------------------------------------------------ timed events
 
@@ -219,7 +228,7 @@ class FastState:
             t = (k + 1) * cycle
         if self._round_at is None or t < self._round_at:
             self._round_at = t
-            self._at(t, _E_ROUND, t)
+            self._at(t, EVENT_ROUND, t)
 
     def _dirty(self, cell: Cell) -> None:
         """The cell changed: its agent reports at its next report slot (multikueue decides without the catalog)."""
@@ -233,4 +242,4 @@ class FastState:
         if t <= self._last_report[cell.name]:
             t += interval
         self._report_at[cell.name] = t
-        self._at(t, _E_REPORT, cell)
+        self._at(t, EVENT_REPORT, cell)

@@ -7,6 +7,7 @@ extender run the very same code.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol
 
@@ -96,15 +97,25 @@ class DotProductPolicy(_BestGpu):
         return np.floor(100.0 * (1.0 - dot / 2.0))
 
 
-class PackingPolicy(_BestGpu):
+class _GpuPodsOnly(_BestGpu, ABC):
+    """A heuristic about GPU shapes: a CPU-only pod has none, so every node scores 0 for it."""
+
+    def score(self, arrays: GpuArrays, demand: PodDemand, feasible: BOOL) -> F64:
+        if demand.is_cpu_only:
+            return np.zeros(len(arrays), dtype=np.float64)
+        return self.score_gpu_pod(arrays, demand)
+
+    @abstractmethod
+    def score_gpu_pod(self, arrays: GpuArrays, demand: PodDemand) -> F64:
+        """Scores for a pod that asks for GPUs (higher is better)."""
+
+
+class PackingPolicy(_GpuPodsOnly):
     """Prefer partly used GPUs, then partly used nodes, then free nodes (04-GpuPacking)."""
 
     name = "packing"
 
-    def score(self, arrays: GpuArrays, demand: PodDemand, feasible: BOOL) -> F64:
-        n = len(arrays)
-        if demand.is_cpu_only:
-            return np.zeros(n, dtype=np.float64)
+    def score_gpu_pod(self, arrays: GpuArrays, demand: PodDemand) -> F64:
         left = arrays.gpu_left.astype(np.int64)
         count = arrays.gpu_count.astype(np.int64)
         free_nodes = (left == GPU_MILLI).sum(axis=1) == count
@@ -117,15 +128,12 @@ class PackingPolicy(_BestGpu):
         return np.where(free_nodes, np.maximum(33 - count, count), partial).astype(np.float64)
 
 
-class ClusteringPolicy(_BestGpu):
+class ClusteringPolicy(_GpuPodsOnly):
     """Put pods of the same GPU shape together (03-GpuClustering)."""
 
     name = "clustering"
 
-    def score(self, arrays: GpuArrays, demand: PodDemand, feasible: BOOL) -> F64:
-        n = len(arrays)
-        if demand.is_cpu_only:
-            return np.zeros(n, dtype=np.float64)
+    def score_gpu_pod(self, arrays: GpuArrays, demand: PodDemand) -> F64:
         bonus = 25 * (MAX_SPEC_GPU - arrays.gpu_total_left) // MAX_SPEC_GPU
         tags = arrays.pod_tags
         tag = demand.tag_bit
@@ -163,8 +171,9 @@ class _Cached:
         return scores, gpus
 
 
-class _FragPolicy:
-    """Shared plumbing of the fragmentation policies: memo, GPU choice from the same scores."""
+class _FragPolicy(ABC):
+    """Shared plumbing of the fragmentation policies: memo, GPU choice from the same scores, and the
+    fragmentation decrease itself; a policy says how a sharing pod's GPU is chosen and what it adds."""
 
     name = "frag-base"
 
@@ -175,7 +184,22 @@ class _FragPolicy:
     def _node_scores(
         self, arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]
     ) -> tuple[F64, npt.NDArray[np.int64]]:
-        raise NotImplementedError
+        before = self.frag.current(arrays, rows)
+        if demand.is_sharing:
+            frag_score, gpu = self._share_scores(before, self.frag.after_share(arrays, rows, demand))
+        else:
+            frag_score = _sigmoid_score(before - self.frag.after_whole(arrays, rows, demand))
+            gpu = np.zeros(len(rows), np.int64)
+        return self._adjusted(frag_score, arrays, demand, rows), gpu
+
+    @abstractmethod
+    def _share_scores(self, before: F64, after: F64) -> tuple[F64, npt.NDArray[np.int64]]:
+        """A sharing pod's score per row and the GPU it takes there, from the fragmentation before and
+        after it lands on each GPU (`after` is rows x GPUs, NaN where it does not fit)."""
+
+    def _adjusted(self, frag_score: F64, arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]) -> F64:
+        """The final score from the fragmentation score; as is unless a policy weighs something else too."""
+        return frag_score
 
     def score(self, arrays: GpuArrays, demand: PodDemand, feasible: BOOL) -> F64:
         rows = np.flatnonzero(feasible)
@@ -203,16 +227,9 @@ class FgdPolicy(_FragPolicy):
     def __init__(self, workload: TargetWorkload) -> None:
         super().__init__(without_memory(workload))  # FGD's measure ignores memory
 
-    def _node_scores(
-        self, arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]
-    ) -> tuple[F64, npt.NDArray[np.int64]]:
-        before = self.frag.current(arrays, rows)
-        if demand.is_sharing:
-            after = self.frag.after_share(arrays, rows, demand)
-            s = np.where(np.isnan(after), -1.0, _sigmoid_score(before[:, None] - np.nan_to_num(after)))
-            return s.max(axis=1), np.argmax(s, axis=1).astype(np.int64)
-        s1 = _sigmoid_score(before - self.frag.after_whole(arrays, rows, demand))
-        return s1, np.zeros(len(rows), np.int64)
+    def _share_scores(self, before: F64, after: F64) -> tuple[F64, npt.NDArray[np.int64]]:
+        s = np.where(np.isnan(after), -1.0, _sigmoid_score(before[:, None] - np.nan_to_num(after)))
+        return s.max(axis=1), np.argmax(s, axis=1).astype(np.int64)
 
 
 class TandemFragPolicy(_FragPolicy):
@@ -232,18 +249,12 @@ class TandemFragPolicy(_FragPolicy):
         super().__init__(workload)
         self.align_weight = align_weight
 
-    def _node_scores(
-        self, arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]
-    ) -> tuple[F64, npt.NDArray[np.int64]]:
-        before = self.frag.current(arrays, rows)
-        if demand.is_sharing:
-            after = self.frag.after_share(arrays, rows, demand)
-            gpu = np.argmin(np.where(np.isnan(after), np.inf, after), axis=1).astype(np.int64)
-            frag_score = _sigmoid_score(before - after[np.arange(len(rows)), gpu])
-        else:
-            gpu = np.zeros(len(rows), np.int64)
-            frag_score = _sigmoid_score(before - self.frag.after_whole(arrays, rows, demand))
-        return frag_score - self.align_weight * _mismatch(arrays, demand, rows), gpu
+    def _share_scores(self, before: F64, after: F64) -> tuple[F64, npt.NDArray[np.int64]]:
+        gpu = np.argmin(np.where(np.isnan(after), np.inf, after), axis=1).astype(np.int64)
+        return _sigmoid_score(before - after[np.arange(len(before)), gpu]), gpu
+
+    def _adjusted(self, frag_score: F64, arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]) -> F64:
+        return frag_score - self.align_weight * _mismatch(arrays, demand, rows)
 
 
 def _mismatch(arrays: GpuArrays, demand: PodDemand, rows: npt.NDArray[np.int64]) -> F64:

@@ -1,9 +1,10 @@
 """The scheduler stand-in's in-tree filters and scores, written from kube-scheduler's plugins.
 
-Pure functions over Node / Pod JSON, deliberately independent of ``placement/`` so that the fake
-control plane can disagree with Tandem. Filters run in kube-scheduler's default order and a
-node's reasons are those of the first plugin that rejects it. Reason strings are
-kube-scheduler's own, because tests and operators read them in ``PodScheduled`` messages.
+Pure functions over Node / Pod JSON, deliberately independent of ``placement/``'s fit and scoring so
+that the fake control plane can disagree with Tandem (only Kubernetes' quantity grammar is shared).
+Filters run in kube-scheduler's default order and a node's reasons are those of the first plugin that
+rejects it. Reason strings are kube-scheduler's own, because tests and operators read them in
+``PodScheduled`` messages.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sim import quantity
+from placement.quantity import cpu_milli, to_int_bytes
 from sim.kubeapi.podspec_checks import is_extended_resource
 
 __all__ = [
@@ -47,7 +48,9 @@ MAX_NODE_SCORE = 100
 
 def _amount(name: str, value: str | int | float) -> int:
     """One resource amount in kube-scheduler's units: millicores for CPU, whole units otherwise."""
-    return quantity.milli_value(value) if name == CPU else quantity.int_value(value)
+    if isinstance(value, float):
+        value = str(value)  # a JSON number a client wrote; the quantity grammar reads its decimal text
+    return cpu_milli(value) if name == CPU else to_int_bytes(value)
 
 
 def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:

@@ -8,61 +8,30 @@ rules and the reserved label / annotation domains), ``validation_enums``
 
 from __future__ import annotations
 
-from broker.api.validation_enums import unknown_enums
-from broker.api.validation_fields import (
-    DNS1035,
-    check_cancel_job,
-    check_cancel_job_set,
-    check_cluster_request,
-    check_export_usage,
-    check_get_usage,
-    check_job_id,
-    check_job_request,
-    check_key,
-    check_list_clusters,
-    check_list_jobs,
-    check_set_job_priority,
-    check_spec,
-    check_submit,
-    check_text,
-    check_watch_jobs,
-    raise_if,
-)
-from broker.api.validation_limits import MAX_ITEMS
-from broker.api.validation_templates import (
-    RESERVED_DOMAINS,
-    check_json_depth,
-    check_pod_template,
-    check_untrusted,
-    json_depth,
-    reserved_key,
-)
-
 # the servicers, handlers and serde call these as `validation.<name>`: one entry, wherever the code lives
-__all__ = [
-    "DNS1035",
-    "check_job_id",
-    "check_submit",
-    "check_key",
-    "check_spec",
-    "check_pod_template",
-    "check_untrusted",
-    "RESERVED_DOMAINS",
-    "reserved_key",
-    "check_text",
-    "check_list_jobs",
-    "check_watch_jobs",
-    "check_cancel_job",
-    "check_cancel_job_set",
-    "check_job_request",
-    "check_get_usage",
-    "check_export_usage",
-    "check_set_job_priority",
-    "check_list_clusters",
-    "check_cluster_request",
-    "check_json_depth",
-    "json_depth",
-    "unknown_enums",
-    "raise_if",
-    "MAX_ITEMS",
-]
+# (each name is re-exported by its redundant alias, so it is listed once)
+from broker.api.validation_enums import unknown_enums as unknown_enums
+from broker.api.validation_fields import DNS1035 as DNS1035
+from broker.api.validation_fields import check_cancel_job as check_cancel_job
+from broker.api.validation_fields import check_cancel_job_set as check_cancel_job_set
+from broker.api.validation_fields import check_cluster_request as check_cluster_request
+from broker.api.validation_fields import check_export_usage as check_export_usage
+from broker.api.validation_fields import check_get_usage as check_get_usage
+from broker.api.validation_fields import check_job_id as check_job_id
+from broker.api.validation_fields import check_job_request as check_job_request
+from broker.api.validation_fields import check_key as check_key
+from broker.api.validation_fields import check_list_clusters as check_list_clusters
+from broker.api.validation_fields import check_list_jobs as check_list_jobs
+from broker.api.validation_fields import check_set_job_priority as check_set_job_priority
+from broker.api.validation_fields import check_spec as check_spec
+from broker.api.validation_fields import check_submit as check_submit
+from broker.api.validation_fields import check_text as check_text
+from broker.api.validation_fields import check_watch_jobs as check_watch_jobs
+from broker.api.validation_fields import raise_if as raise_if
+from broker.api.validation_limits import MAX_ITEMS as MAX_ITEMS
+from broker.api.validation_templates import RESERVED_DOMAINS as RESERVED_DOMAINS
+from broker.api.validation_templates import check_json_depth as check_json_depth
+from broker.api.validation_templates import check_pod_template as check_pod_template
+from broker.api.validation_templates import check_untrusted as check_untrusted
+from broker.api.validation_templates import json_depth as json_depth
+from broker.api.validation_templates import reserved_key as reserved_key

@@ -1,9 +1,8 @@
 """Quantities written back in the canonical form the API server stores ("0.5" -> "500m", "2048Mi" -> "2Gi").
 
-Parsing is the simulated control plane's own (`sim.quantity`, apart from Tandem's core so the fake can
-disagree with it); this module adds what only the server does: keep
-the suffix family (binary SI, decimal SI, decimal exponent), round up to nano units, and
-choose the largest suffix that leaves an integer mantissa, as resource.Quantity.String() does.
+Parsing is Kubernetes' one grammar, shared with Tandem's core (`placement.quantity`); this module adds
+what only the server does: keep the suffix family (binary SI, decimal SI, decimal exponent), round up to
+nano units, and choose the largest suffix that leaves an integer mantissa, as resource.Quantity.String() does.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import math
 import re
 from fractions import Fraction
 
-from sim.quantity import QuantityError, parse_quantity
+from placement.quantity import QuantityError, parse_quantity
 
 __all__ = ["QuantityError", "canonical_quantity", "format_quantity", "parse_quantity", "is_binary"]
 

@@ -105,16 +105,7 @@ class RecordingClient(kube.KubeClient):
         self.held = 0
         self.doomed = 0  # requests in flight that were sent into a partition: they never get an answer
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        query: list[tuple[str, str]] | None = None,
-        content_type: str = "application/json",
-        mutating: bool | None = None,
-    ) -> dict[str, Any]:
+    async def request(self, method: str, path: str, **options: Any) -> dict[str, Any]:
         hold = self.holds.pop(method, None)
         if hold is not None:
             self.held += 1
@@ -123,13 +114,12 @@ class RecordingClient(kube.KubeClient):
             finally:
                 self.held -= 1
         sent = self.clock()
+        body = options.get("body")
         spec = dict((body or {}).get("spec") or {}) if isinstance(body, dict) else {}
         doomed = self.partitioned()
         self.doomed += doomed
         try:
-            out = await super().request(
-                method, path, body=body, query=query, content_type=content_type, mutating=mutating
-            )
+            out = await super().request(method, path, **options)
         except kube.KubeError as e:
             self._note(method, path, e.status, spec, sent)
             raise
