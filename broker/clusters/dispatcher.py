@@ -8,18 +8,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import cachetools
-
 from broker.clusters import link
-
-# The way down (outbox), the way up (agent messages) and the watchdog live in their own modules, as bases
-# of Dispatcher; the session stays importable from here.
-from broker.clusters.dispatcher_inbound import DispatcherInbound
-from broker.clusters.dispatcher_sweeps import DispatcherSweeps
-from broker.clusters.session import Session
+from broker.clusters.dispatcher_inbound import Inbox
+from broker.clusters.dispatcher_outbox import Outbox
+from broker.clusters.dispatcher_sweeps import Watchdog
+from broker.clusters.session import Session, Sessions
 from broker.config import BrokerConfig
 from broker.domain import errors, job_events
-from broker.domain.events import ToPlacer
+from broker.domain.events import ToDispatcher, ToPlacer
 from broker.domain.records import AttemptRecord, JobRecord
 from broker.domain.specs import SpecReader
 from broker.domain.states import AttemptOutcome, JobState
@@ -32,8 +28,10 @@ __all__ = ["Session", "Dispatcher"]
 S = JobState
 
 
-class Dispatcher(DispatcherInbound, DispatcherSweeps):
-    """Serves every agent session and keeps job state following what clusters report."""
+class Dispatcher:
+    """Serves every agent session and keeps job state following what clusters report. Owns the session
+    registry and opens and closes sessions; wires the outbox (orders down), the inbox (messages up) and the
+    watchdog (deadlines), which share the registry."""
 
     def __init__(
         self,
@@ -48,23 +46,54 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
     ) -> None:
         self.store = store
         self.catalog = catalog
-        self.specs = specs
-        self.send = send
-        """Where job changes and capacity changes go (the hub hands them to the placer)."""
         self.cfg = config
         self.clock = clock
-        self.metrics = metrics
         self.broker_id = uuid.uuid4().hex[:12]
-        self.ack_delay_s = 0.005
-        self.sessions = {}
-        self._deliver_locks = {}
-        self._kicked = set()
-        self._attempt_cluster = cachetools.LRUCache(100_000)
-        self._all_bound = {}
-        """Per started attempt, whether its last WorkloadStatus showed every replica bound to a node."""
-        self._tasks = set()
-        self._stopped = False
-        self._applying = set()
+        self.sessions: Sessions = {}
+        self.outbox = Outbox(
+            store, catalog, self.sessions, config, specs=specs, send=send, clock=clock, metrics=metrics
+        )
+        self.inbox = Inbox(self.outbox, store, catalog, send=send, clock=clock, metrics=metrics)
+        self.watchdog = Watchdog(
+            self.outbox,
+            self.sessions,
+            self.inbox.all_bound,
+            config,
+            store=store,
+            catalog=catalog,
+            specs=specs,
+            clock=clock,
+            metrics=metrics,
+        )
+
+    # ------------------------------------------------------------------ what the rest of the broker calls
+
+    async def apply(self, event: job_events.Event) -> JobRecord | None:
+        """Apply one lifecycle event, tell the placer, and deliver any orders it wrote."""
+        return await self.outbox.apply(event)
+
+    def on_event(self, event: ToDispatcher) -> None:
+        """An event from the placer: a reservation to deliver, or nodes held or given back."""
+        self.outbox.on_event(event)
+
+    async def deliver(self, cluster: str) -> None:
+        """Send the cluster's undelivered outbox orders on its live stream."""
+        await self.outbox.deliver(cluster)
+
+    async def deliver_for(self, job: JobRecord) -> None:
+        """Deliver what the clusters of the job's recent attempts are owed."""
+        await self.outbox.deliver_for(job)
+
+    async def receive(self, session: Session, sequence: int, msg: link.Inbound | None) -> None:
+        """Take one agent message off the stream (see `Inbox.receive`)."""
+        await self.inbox.receive(session, sequence, msg)
+
+    async def sweep(self) -> None:
+        """One watchdog pass over stale clusters and missed deadlines."""
+        await self.watchdog.sweep()
+
+    async def run_sweeps(self, every_s: float = 1.0) -> None:
+        await self.watchdog.run(every_s)
 
     # ------------------------------------------------------------------ sessions
 
@@ -102,7 +131,7 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
         # The agent sends its snapshot after the Welcome on its own (protocol): ask only for workloads.
         session.send(link.ResyncOut(inventory=False, workloads=True, reason="new session"))
         await self._reconcile(session, runs, known)
-        self.kick(name)
+        self.outbox.kick(name)
         return session
 
     def _admit_leader(self, name: str, hello: link.Hello, now: float) -> None:
@@ -136,9 +165,9 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
                 continue
             if job.state is S.DISPATCHED:
                 prev = [p for p in await self.store.list_attempts(job.job_id) if p.number == a.number - 1]
-                session.send(self._dispatch_out(session, job, a, prev[0] if prev else None))
+                session.send(self.outbox.dispatch_out(session, job, a, prev[0] if prev else None))
             elif job.state not in (S.RESERVED, S.QUEUED):  # RESERVED: its Dispatch is still in the outbox
-                await self.apply(
+                await self.outbox.apply(
                     job_events.AttemptEnded(
                         job.job_id, a.number, AttemptOutcome.INFRA_FAILED, None, "workload vanished from cluster"
                     )
@@ -152,9 +181,9 @@ class Dispatcher(DispatcherInbound, DispatcherSweeps):
 
     def in_flight(self) -> list[asyncio.Task[None]]:
         """Agent messages being applied now (shutdown lets them finish before the store closes)."""
-        return list(self._applying)
+        return self.inbox.in_flight()
 
     def stop(self) -> None:
-        self._stopped = True
+        self.watchdog.stop()
         for s in list(self.sessions.values()):
             s.close()

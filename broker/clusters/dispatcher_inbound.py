@@ -5,18 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import cachetools
 
 from broker.clusters import link
-from broker.clusters.dispatcher_outbox import DispatcherOutbox
+from broker.clusters.dispatcher_outbox import Outbox
 from broker.clusters.session import Session
 from broker.domain import errors, job_events
-from broker.domain.events import CapacityChanged
+from broker.domain.events import CapacityChanged, ToPlacer
 from broker.domain.states import AttemptOutcome, JobState
+from broker.store.base import Store
 from fleetplan import catalog as cat
 
-__all__ = ["DispatcherInbound"]
+__all__ = ["Inbox"]
 
 _log = logging.getLogger("tandem.broker.dispatcher")  # the dispatcher's logger: these are its messages
 S = JobState
@@ -24,12 +27,38 @@ _BOUND = frozenset({"BOUND", "RUNNING", "SUCCEEDED"})
 """Replica phases of a pod kube-scheduler has placed."""
 
 
-class DispatcherInbound(DispatcherOutbox):
-    """Takes each agent message off its session's stream and applies what it reports."""
+class Inbox:
+    """Takes each agent message off its session's stream, applies what it reports (lifecycle events go
+    through the outbox, which delivers any orders they write) and acknowledges it."""
 
-    ack_delay_s: float
-    _attempt_cluster: cachetools.LRUCache[tuple[str, int], str]
-    _applying: set[asyncio.Task[None]]
+    def __init__(
+        self,
+        outbox: Outbox,
+        store: Store,
+        catalog: cat.Catalog,
+        *,
+        send: Callable[[ToPlacer], None],
+        clock: Callable[[], float],
+        metrics: Any = None,
+    ) -> None:
+        self.outbox = outbox
+        self.store = store
+        self.catalog = catalog
+        self.send = send
+        """Where capacity changes go (the hub hands them to the placer)."""
+        self.clock = clock
+        self.metrics = metrics
+        self.ack_delay_s = 0.005
+        """Acks wait this long, so one acknowledges a burst of agent messages."""
+        self.all_bound: dict[cat.AttemptKey, bool] = {}
+        """Per started attempt, whether its last WorkloadStatus showed every replica bound to a node (the
+        watchdog judges start deadlines by it, and forgets attempts that ended)."""
+        self._attempt_cluster: cachetools.LRUCache[cat.AttemptKey, str] = cachetools.LRUCache(100_000)
+        self._applying: set[asyncio.Task[None]] = set()
+
+    def in_flight(self) -> list[asyncio.Task[None]]:
+        """Agent messages being applied now (shutdown lets them finish before the store closes)."""
+        return list(self._applying)
 
     async def receive(self, session: Session, sequence: int, msg: link.Inbound | None) -> None:
         """Take one agent message off the stream. Messages about a job are applied in order, but concurrently
@@ -88,7 +117,7 @@ class DispatcherInbound(DispatcherOutbox):
             elif isinstance(msg, link.WorkloadReport):
                 await self._workload(session, msg)
             elif msg.gone:
-                await self.apply(
+                await self.outbox.apply(
                     job_events.AttemptEnded(
                         msg.job_id, msg.attempt, AttemptOutcome.CANCELLED, None, msg.message or "deleted"
                     )
@@ -135,12 +164,14 @@ class DispatcherInbound(DispatcherOutbox):
 
     async def _dispatch_ack(self, session: Session, ack: link.DispatchReply) -> None:
         if ack.accepted:
-            await self.apply(job_events.DispatchAccepted(ack.job_id, ack.attempt, ack.namespace))
+            await self.outbox.apply(job_events.DispatchAccepted(ack.job_id, ack.attempt, ack.namespace))
             return
         self.catalog.exclude_nodes(session.cluster, ack.nodes)
         if self.metrics is not None:
             self.metrics.rejected(session.cluster)
-        job = await self.apply(job_events.DispatchRejected(ack.job_id, ack.attempt, ack.reason, ack.message, ack.nodes))
+        job = await self.outbox.apply(
+            job_events.DispatchRejected(ack.job_id, ack.attempt, ack.reason, ack.message, ack.nodes)
+        )
         if job is not None:
             self.send(CapacityChanged(session.cluster, "dispatch rejected"))  # re-plan at once, without those nodes
 
@@ -154,21 +185,23 @@ class DispatcherInbound(DispatcherOutbox):
         if w.replicas or w.rendezvous:
             await self.store.record_workload(w.job_id, w.attempt, w.replicas, w.rendezvous)
         if w.replicas:
-            self._all_bound[(w.job_id, w.attempt)] = all(r.phase in _BOUND for r in w.replicas)
+            self.all_bound[(w.job_id, w.attempt)] = all(r.phase in _BOUND for r in w.replicas)
         phase = w.phase
         if phase == "GATED":
-            await self.apply(job_events.WorkloadReady(w.job_id, w.attempt))
+            await self.outbox.apply(job_events.WorkloadReady(w.job_id, w.attempt))
         elif phase == "RUNNING":
             # min-available is a dispatch-time property: after start any replica failure fails the attempt
             # (one Indexed Job per pod set, backoffLimit 0), which the agent reports as FAILED.
             if job.state is S.ACCEPTED:
-                await self.apply(job_events.WorkloadReady(w.job_id, w.attempt))
-            await self.apply(job_events.AllRunning(w.job_id, w.attempt))
+                await self.outbox.apply(job_events.WorkloadReady(w.job_id, w.attempt))
+            await self.outbox.apply(job_events.AllRunning(w.job_id, w.attempt))
         elif phase in ("SUCCEEDED", "FAILED"):
             outcome = w.outcome or (AttemptOutcome.SUCCEEDED if phase == "SUCCEEDED" else AttemptOutcome.INFRA_FAILED)
-            await self.apply(job_events.AttemptEnded(w.job_id, w.attempt, outcome, w.exit_code, w.message))
+            await self.outbox.apply(job_events.AttemptEnded(w.job_id, w.attempt, outcome, w.exit_code, w.message))
         elif phase == "DELETED":
-            await self.apply(job_events.AttemptEnded(w.job_id, w.attempt, AttemptOutcome.CANCELLED, None, w.message))
+            await self.outbox.apply(
+                job_events.AttemptEnded(w.job_id, w.attempt, AttemptOutcome.CANCELLED, None, w.message)
+            )
 
     async def _feedback(self, session: Session, f: link.Feedback) -> None:
         """Keep the extender's latest verdict per attempt (the newest pod's line wins), for GetJob."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.clusters import link
-from broker.clusters.session import Session
+from broker.clusters.session import Session, Sessions
 from broker.config import BrokerConfig
 from broker.domain import errors, job_events
 from broker.domain.events import HoldReleased, JobChanged, NodesHeld, ToDispatcher, ToPlacer
@@ -18,28 +18,41 @@ from broker.domain.states import JobState
 from broker.store.base import Delivery, Store
 from fleetplan import catalog as cat
 
-__all__ = ["DispatcherOutbox"]
+__all__ = ["Outbox"]
 
 _log = logging.getLogger("tandem.broker.dispatcher")  # the dispatcher's logger: these are its deliveries
 S = JobState
 
 
-class DispatcherOutbox:
-    """Applies lifecycle events and delivers the orders they write, in outbox order, per cluster. The base
-    of `Dispatcher` (broker.clusters.dispatcher), whose `__init__` sets the state declared here."""
+class Outbox:
+    """Applies lifecycle events and delivers the orders they write, in outbox order, per cluster, on the
+    clusters' live sessions (the registry is the dispatcher's, shared with this outbox)."""
 
-    store: Store
-    catalog: cat.Catalog
-    specs: SpecReader
-    send: Callable[[ToPlacer], None]
-    cfg: BrokerConfig
-    clock: Callable[[], float]
-    metrics: Any
-    sessions: dict[str, Session]
-    _deliver_locks: dict[str, asyncio.Lock]
-    _kicked: set[str]
-    _all_bound: dict[tuple[str, int], bool]
-    _tasks: set[asyncio.Task[None]]
+    def __init__(
+        self,
+        store: Store,
+        catalog: cat.Catalog,
+        sessions: Sessions,
+        config: BrokerConfig,
+        *,
+        specs: SpecReader,
+        send: Callable[[ToPlacer], None],
+        clock: Callable[[], float],
+        metrics: Any = None,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.sessions = sessions
+        self.cfg = config
+        self.specs = specs
+        self.send = send
+        """Where job changes go (the hub hands them to the placer)."""
+        self.clock = clock
+        self.metrics = metrics
+        self._deliver_locks: dict[str, asyncio.Lock] = {}
+        self._kicked: set[str] = set()
+        """Clusters with a delivery pass scheduled and not yet started."""
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle events (both ways end here)
 
@@ -148,9 +161,10 @@ class DispatcherOutbox:
                     out[d.order.job_id] = prev[0]
         return out
 
-    def _dispatch_out(
+    def dispatch_out(
         self, session: Session, job: JobRecord, attempt: AttemptRecord, previous: AttemptRecord | None = None
     ) -> link.DispatchOut:
+        """The Dispatch for an attempt (the dispatcher resends it to a reconnecting cluster that lacks it)."""
         timeout = self.specs.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
         entry = self.catalog.clusters.get(session.cluster)
         return link.DispatchOut(
@@ -178,7 +192,7 @@ class DispatcherOutbox:
         if order.kind is OrderKind.DISPATCH:
             if job.attempt != order.attempt or job.state not in (S.RESERVED, S.DISPATCHED) or attempt is None:
                 return None  # superseded before it went out
-            return self._dispatch_out(session, job, attempt, (history or {}).get(job.job_id))
+            return self.dispatch_out(session, job, attempt, (history or {}).get(job.job_id))
         if order.kind is OrderKind.START:
             # Start only for the live attempt, and only on a live stream (fencing).
             if job.attempt == order.attempt and job.state is S.STARTING:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from broker.clusters import link
 
-__all__ = ["Session"]
+__all__ = ["Session", "Sessions"]
 
 
 @dataclass
@@ -48,3 +49,7 @@ class Session:
             self.closed = True
             self.aborted = aborted
             self.out.put_nowait(None)
+
+
+Sessions: TypeAlias = dict[str, Session]
+"""The live session per cluster: the dispatcher opens and closes them; its outbox and watchdog send on them."""

@@ -9,25 +9,24 @@ import time
 from collections.abc import Callable, Mapping
 
 from broker.domain import errors, job_events
-from broker.domain.events import ReservationMade, ToDispatcher
+from broker.domain.events import JobChanged, ReservationMade, ToDispatcher, ToPlacer
 from broker.domain.records import JobRecord
 from broker.domain.specs import SpecReader
 from broker.scheduling import fairness
 from broker.scheduling import queue as q
 from broker.scheduling.drains import DrainHolds
-
-# What the placer knows about jobs and the holds it keeps live in their own modules (bases of Placer);
-# the records stay importable from here.
-from broker.scheduling.placer_book import Held, PreemptionHold, WaitInfo
-from broker.scheduling.placer_holds import PlacerHolds, preempting_wait
+from broker.scheduling.placer_book import Held, JobBook, WaitHint
+from broker.scheduling.placer_holds import Holds, PreemptionHold, preempting_wait
 from broker.store.base import Store
 from broker.tenancy.policy import PolicyFile
 from fleetplan import catalog as cat
 from fleetplan.choice import ClusterChoice, TandemChoice
-from fleetplan.decide import Decision, WaitReason
+from fleetplan.decide import Choice, ClusterPredicate, ClusterVerdict, Decision, WaitReason
+from fleetplan.drain import DrainDomain
 from fleetplan.view import FleetView
+from placement.model import JobRequest
 
-__all__ = ["Placer", "Held", "WaitInfo", "PreemptionHold"]
+__all__ = ["Placer"]
 
 _log = logging.getLogger("tandem.broker.placer")
 
@@ -35,8 +34,10 @@ _SNAPSHOT_SHARE = 5
 """A step waits at least this many times its last snapshot build: rebuilds take at most ~1/(1+5) of the loop."""
 
 
-class Placer(PlacerHolds):
-    """Owns the in-memory queue view (QUEUED jobs) and usage; `step()` places what it can now."""
+class Placer:
+    """The scheduling loop: `step()` places what it can now. Owns the job book (what it knows about jobs and
+    the queue's order over them) and the holds (capacity kept for waiting jobs); the rest of the broker reads
+    and tells it through the methods below."""
 
     def __init__(
         self,
@@ -68,28 +69,123 @@ class Placer(PlacerHolds):
         self.batch = batch
         self.reservation_ttl_s = reservation_ttl_s
         self.metrics = metrics
-        self.model_weights = dict(model_weights or {})
-        self.book = q.QueueBook(q.policy_from_tenancy(policy.current(), model_weights=self.model_weights))
-        self.decayed = fairness.DecayedUsage(usage_half_life_s)
-        """Tenants' decayed usage: orders the queue between tenants (never quota, never preemption)."""
-        self._policy_seen = policy.current()
-        self._version = 0
-        self._snap = None
-        self.queued = {}
-        self.requests = {}
-        self.held = {}
-        self.waits = {}
         self.start_timeout_s = start_timeout_s
         """Default gang start bound: with max runtime, what a backfill job's enforced end is counted from."""
-        self.drains = DrainHolds(catalog)
-        """Domains held for long-waiting gangs while they drain (see broker.scheduling.drains)."""
-        self.preempting = {}
-        """Waiting jobs whose victims are leaving: the nodes they will get are held for them meanwhile."""
-        self._todo = set()
-        self._wake = asyncio.Event()
+        drains = DrainHolds(catalog)
+        self.book = JobBook(
+            store,
+            catalog,
+            policy,
+            specs=specs,
+            drains=drains,
+            clock=clock,
+            model_weights=model_weights,
+            usage_half_life_s=usage_half_life_s,
+        )
+        self.holds = Holds(self.book, drains, catalog=catalog, send=send, clock=clock, metrics=metrics)
         self._stopped = False
         self.snapshot_cost_s = 0.0
         """Seconds the last step spent building the queue snapshot."""
+
+    # ------------------------------------------------------------------ what the book and the holds keep
+    # (read by the preemptor, the metrics and the API; owned and kept by the book and the holds)
+
+    @property
+    def queued(self) -> dict[str, JobRecord]:
+        return self.book.queued
+
+    @property
+    def requests(self) -> dict[str, JobRequest]:
+        return self.book.requests
+
+    @property
+    def held(self) -> dict[str, Held]:
+        return self.book.held
+
+    @property
+    def waits(self) -> dict[str, WaitHint]:
+        return self.book.waits
+
+    @property
+    def preempting(self) -> dict[str, PreemptionHold]:
+        return self.holds.preempting
+
+    @property
+    def drains(self) -> DrainHolds:
+        return self.holds.drains
+
+    # ------------------------------------------------------------------ told by the rest of the broker
+
+    async def load(self) -> None:
+        """After a restart: queued jobs, holds and reservations come back from the store (inventory does not)."""
+        await self.book.load()
+
+    def observe(self, job: JobRecord) -> None:
+        """Every committed job change passes here: keeps the holds, the queue and the overlay in step with the
+        store (the holds first: a job that left the queue gives its held domain back before it is charged)."""
+        self.holds.observe(job)
+        self.book.observe(job)
+
+    def on_event(self, event: ToPlacer) -> None:
+        """An event from the dispatcher: a job change it committed, or capacity that changed."""
+        if isinstance(event, JobChanged):
+            self.observe(event.job)
+        else:
+            self.capacity_changed()
+
+    def capacity_changed(self) -> None:
+        """Inventory, cordon or holds changed: every waiting job deserves another look."""
+        self.book.capacity_changed()
+
+    def remember(self, job: JobRecord, req: JobRequest) -> None:
+        """The request parsed at submission, so the placer does not decode the spec again."""
+        self.book.remember(job, req)
+
+    def hold_for_preemption(self, job: JobRecord, choice: Choice, victims: frozenset[str], deadline: float) -> None:
+        """Hold the nodes `job` will get once `victims` have left (the preemptor's plan, FLEET-NOTES F-5)."""
+        self.holds.hold_for_preemption(job, choice, victims, deadline)
+
+    def hold_domain(self, job: JobRecord, domain: DrainDomain, now: float, max_hold_s: float) -> None:
+        """Hold `domain` for the waiting gang `job` while it drains (see broker.scheduling.drains)."""
+        self.holds.hold_domain(job, domain, now, max_hold_s)
+
+    # ------------------------------------------------------------------ read by the rest of the broker
+
+    def snapshot(self, now: float | None = None) -> q.QueueSnapshot:
+        """The queue's view (reused for a quarter second while no job changed)."""
+        return self.book.snapshot(now)
+
+    def shares(self, now: float | None = None) -> tuple[q.QueueSnapshot, fairness.Shares]:
+        """The queue's snapshot and every tenant's usage, demand and fair share of the fleet's capacity now."""
+        return self.book.shares(now)
+
+    def ordered(self) -> list[JobRecord]:
+        """QUEUED jobs in the queue's order: band, weighted fair share, priority, arrival."""
+        return self.book.ordered()
+
+    def position(self, job_id: str) -> int | None:
+        """Jobs ahead of this one in its tenant's own queue order (never reveals other tenants' jobs)."""
+        return self.book.position(job_id)
+
+    def why(self, job_id: str) -> q.WaitInfo:
+        """Position and why it waits: the queue's reasons plus the placer's last capacity verdict."""
+        return self.book.why(job_id)
+
+    def why_all(self, snap: q.QueueSnapshot | None = None) -> dict[str, q.WaitInfo]:
+        """`why` for every QUEUED job, from one snapshot (`snap`, or the current one)."""
+        return self.book.why_all(snap)
+
+    async def cluster_verdicts(self, job: JobRecord) -> tuple[ClusterVerdict, ...]:
+        """Each allowed cluster's verdict on a queued job now (the core's fit over its reported inventory)."""
+        return await self.book.cluster_verdicts(job)
+
+    def request_of(self, job: JobRecord) -> JobRequest:
+        """The job's request as placement sees it under the current policy (cached until it ends)."""
+        return self.book.request_of(job)
+
+    def allows(self, job: JobRecord) -> ClusterPredicate:
+        """Which clusters the tenancy policy lets the job's tenant use."""
+        return self.book.allows(job)
 
     # ------------------------------------------------------------------ the step
 
@@ -104,13 +200,13 @@ class Placer(PlacerHolds):
                 WaitReason.NOT_ALLOWED,
                 f"the tenancy policy no longer allows tenant {job.tenant} in band {job.priority_band or 'default'}",
             )
-        req = self._request(job)
+        req = self.book.request_of(job)
         now = view.now
         if job.not_before > now:
             return Decision(None, WaitReason.RETRY_BACKOFF, f"retry back-off until {job.not_before:.0f}")
-        d = self.choice.decide(view, req, policy_allows=self._allows(job))
+        d = self.choice.decide(view, req, policy_allows=self.book.allows(job))
         if d.choice is not None:
-            snap = snap or self.snapshot(now)
+            snap = snap or self.book.snapshot(now)
             adm = snap.admit(job.tenant, d.choice.gpu_model, d.choice.gpus, preemptible=job.preemptible, usage=usage)
             if not adm.allowed and adm.violation is not None:
                 v = adm.violation
@@ -124,21 +220,22 @@ class Placer(PlacerHolds):
 
         Decisions run over a fleet view taken when the step starts and again after each yield to the event
         loop (reports and releases may land then); the step's own holds go through the view."""
+        book, holds = self.book, self.holds
         now = self.clock()
         self.catalog.sweep(now)
-        for job_id in self.drains.refresh(now):
-            if job_id in self.queued:
-                self._entry(self.queued[job_id])
-        self._tell_drains(now)
+        for job_id in holds.drains.refresh(now):
+            if job_id in book.queued:
+                book.refresh_entry(book.queued[job_id])
+        holds.tell_clusters(now)
         view = FleetView(self.catalog, now)
         t_snap = time.perf_counter()
-        snap = self.snapshot(now)
+        snap = book.snapshot(now)
         self.snapshot_cost_s = time.perf_counter() - t_snap
         usage = snap.usage
         # Only the first `batch` waiting jobs are materialised (the order itself is the snapshot's).
         order = list(
             itertools.islice(
-                (self.queued[e.job_id] for e in snap.order() if e.job_id in self._todo and e.job_id in self.queued),
+                (book.queued[e.job_id] for e in snap.order() if e.job_id in book.todo and e.job_id in book.queued),
                 self.batch,
             )
         )
@@ -153,18 +250,18 @@ class Placer(PlacerHolds):
                     pending = []
                 await asyncio.sleep(0)  # let RPCs in between decisions; every hold is already in the overlay
                 view = FleetView(self.catalog, now)
-            if job.job_id not in self.queued:
+            if job.job_id not in book.queued:
                 continue  # cancelled (or otherwise moved) while we yielded
-            self._todo.discard(job.job_id)
-            hold = self.preempting.get(job.job_id)
+            book.todo.discard(job.job_id)
+            hold = holds.preempting.get(job.job_id)
             if hold is not None:
-                if now < hold.deadline and not self._victims_gone(hold, snap):
-                    self.waits[job.job_id] = preempting_wait(hold.victims, now)
+                if now < hold.deadline and not holds.victims_gone(hold, snap):
+                    book.waits[job.job_id] = preempting_wait(hold.victims, now)
                     continue
                 self.catalog.drop_reservation(hold.reservation.key)  # decided below over what is free now
                 view = FleetView(self.catalog, now)
             lifted = (
-                self.drains.lifted_for(
+                holds.drains.lifted_for(
                     job.job_id,
                     job.max_runtime_s,
                     self.specs.start_timeout_s(job.spec, self.start_timeout_s)
@@ -172,40 +269,40 @@ class Placer(PlacerHolds):
                     else 0.0,
                     now,
                 )
-                if self.drains.holds
+                if holds.drains.holds
                 else []
             )
             if lifted:
                 view = FleetView(self.catalog, now)
             t0 = time.perf_counter()
-            d = self.decide_one(job, view, snap, self._without_own_drain(job, snap, usage))
+            d = self.decide_one(job, view, snap, holds.usage_without_own_drain(job, snap, usage))
             if self.metrics is not None:
                 self.metrics.decision_seconds.observe(time.perf_counter() - t0)  # type: ignore[attr-defined]
             if hold is not None:
-                self._after_hold(job, hold, d, view, now)
+                holds.after_decision(job, hold, d, view, now)
             if lifted:
                 if d.choice is not None:
                     view.hold(
                         (
-                            self._reservation(
+                            book.reservation(
                                 job, d.choice.cluster, job.attempt + 1, d.choice.assignments, d.choice.gpu_model
                             ),
                         )
                     )
-                    self.drains.end(job.job_id)
-                self.drains.restore([h for h in lifted if h.job_id in self.drains.holds], now)
+                    holds.drains.end(job.job_id)
+                holds.drains.restore([h for h in lifted if h.job_id in holds.drains.holds], now)
                 view = FleetView(self.catalog, now)
             if d.choice is None:
-                self.waits[job.job_id] = WaitInfo(d.wait or WaitReason.INSUFFICIENT_CAPACITY, d.message, now)
+                book.waits[job.job_id] = WaitHint(d.wait or WaitReason.INSUFFICIENT_CAPACITY, d.message, now)
                 if d.wait is WaitReason.RETRY_BACKOFF:
-                    self._todo.add(job.job_id)
+                    book.todo.add(job.job_id)
                 continue
             c = d.choice
             usage = snap.charge(usage, job.tenant, c.gpu_model, c.gpus)
             # Hold it in the overlay now so the next decision in this batch sees it taken.
-            view.hold((self._reservation(job, c.cluster, job.attempt + 1, c.assignments, c.gpu_model),))
-            self.held[job.job_id] = Held(job.tenant, c.gpu_model, c.gpus)
-            self.queued.pop(job.job_id, None)
+            view.hold((book.reservation(job, c.cluster, job.attempt + 1, c.assignments, c.gpu_model),))
+            book.held[job.job_id] = Held(job.tenant, c.gpu_model, c.gpus)
+            book.queued.pop(job.job_id, None)
             ev = job_events.Reserve(
                 job.job_id,
                 job.attempt,
@@ -217,9 +314,9 @@ class Placer(PlacerHolds):
                 expires_at=now + self.reservation_ttl_s,
             )
             pending.append((job, ev))
-        if self._todo:
-            self._wake.set()
-        self._tell_drains(now)
+        if book.todo:
+            book.wake.set()
+        holds.tell_clusters(now)
         placed = await self._commit(pending, now)
         for n in await asyncio.gather(*commits):
             placed += n
@@ -235,11 +332,11 @@ class Placer(PlacerHolds):
             if isinstance(res, BaseException) or res[1].transition is None:
                 # Lost the race (cancelled meanwhile) or the commit failed: give the capacity back.
                 self.catalog.drop_reservation(key)
-                self.held.pop(job.job_id, None)
+                self.book.held.pop(job.job_id, None)
                 if isinstance(res, errors.TandemError) and res.retryable:
-                    self.queued[job.job_id] = job
-                    self._todo.add(job.job_id)
-                    self._wake.set()
+                    self.book.queued[job.job_id] = job
+                    self.book.todo.add(job.job_id)
+                    self.book.wake.set()
                 elif not isinstance(res, BaseException):
                     self.observe(res[0])
                 else:
@@ -247,7 +344,7 @@ class Placer(PlacerHolds):
                 continue
             placed += 1
             self.observe(res[0])  # RESERVED: the queue book stops counting it as waiting
-            self.waits.pop(job.job_id, None)
+            self.book.waits.pop(job.job_id, None)
             if self.metrics is not None:
                 self.metrics.placed(job, now)  # type: ignore[attr-defined]
             self.send(ReservationMade(ev.cluster, job.job_id, job.attempt + 1))
@@ -260,13 +357,13 @@ class Placer(PlacerHolds):
         (one queue snapshot) instead of one step each."""
         while not self._stopped:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=idle_s)
+                await asyncio.wait_for(self.book.wake.wait(), timeout=idle_s)
                 # Rebuilding the queue order costs O(active jobs) per step: with a long queue, gather longer
                 # so that rebuilds stay a bounded share of the loop (not a cost per submission).
                 await asyncio.sleep(max(coalesce_s, _SNAPSHOT_SHARE * self.snapshot_cost_s))
             except TimeoutError:
-                self._todo.update(j.job_id for j in self.queued.values() if j.not_before <= self.clock())
-            self._wake.clear()
+                self.book.todo.update(j.job_id for j in self.book.queued.values() if j.not_before <= self.clock())
+            self.book.wake.clear()
             try:
                 await self.step()
             except Exception:
@@ -275,4 +372,4 @@ class Placer(PlacerHolds):
 
     def stop(self) -> None:
         self._stopped = True
-        self._wake.set()
+        self.book.wake.set()

@@ -1,4 +1,4 @@
-"""What the placer knows about jobs: the queued ones, their requests, held capacity, why they wait."""
+"""What the placer knows about jobs: the queued ones, their requests, held capacity, why they wait, their order."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from broker.domain.events import HoldReleased, JobChanged, ToDispatcher, ToPlacer
 from broker.domain.records import JobRecord
 from broker.domain.specs import SpecReader
 from broker.domain.states import HOLDS_CAPACITY, JobState
@@ -15,14 +14,14 @@ from broker.scheduling import fairness
 from broker.scheduling import queue as q
 from broker.scheduling.drains import DrainHolds
 from broker.store.base import Store
-from broker.tenancy.policy import Policy, PolicyFile
+from broker.tenancy.policy import PolicyFile
 from fleetplan import catalog as cat
 from fleetplan.catalog import ReplicaPlacement
 from fleetplan.decide import ClusterPredicate, ClusterVerdict, WaitReason, cluster_verdicts, within_policy
 from fleetplan.view import FleetView
 from placement.model import JobRequest
 
-__all__ = ["PlacerBook", "Held", "WaitInfo", "PreemptionHold"]
+__all__ = ["JobBook", "Held", "WaitHint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,48 +34,53 @@ class Held:
 
 
 @dataclass(frozen=True, slots=True)
-class PreemptionHold:
-    """Nodes held for a waiting job while the jobs preempted for it leave (FLEET-NOTES F-5).
+class WaitHint:
+    """Why the placer's last look left a job waiting (the queue's own reasons are added to it)."""
 
-    The hold is a reservation in the catalog overlay, so no other placement takes the freed GPUs; it is
-    given back when its job is decided (placed, or, past the deadline, planned again from scratch)."""
-
-    reservation: cat.Reservation
-    victims: frozenset[str]
-    deadline: float
-
-
-@dataclass(frozen=True, slots=True)
-class WaitInfo:
     reason: WaitReason
     message: str
     evaluated_at: float
 
 
-class PlacerBook:
-    """The placer's bookkeeping, kept in step with the store by `observe` and read by the queue's views and
-    GetJob. A base of `Placer` (broker.scheduling.placer), whose `__init__` sets the state declared here."""
+class JobBook:
+    """The placer's bookkeeping, kept in step with the store by `observe`: queued jobs, their requests as
+    placement sees them, the capacity attempts hold, the last verdicts, and the queue's order over them.
+    Also which queued jobs deserve another look (`todo`) and the event that wakes the placer's loop."""
 
-    store: Store
-    catalog: cat.Catalog
-    policy: PolicyFile
-    specs: SpecReader
-    send: Callable[[ToDispatcher], None]
-    clock: Callable[[], float]
-    model_weights: dict[str, float]
-    book: q.QueueBook
-    decayed: fairness.DecayedUsage
-    queued: dict[str, JobRecord]
-    requests: dict[str, JobRequest]
-    held: dict[str, Held]
-    waits: dict[str, WaitInfo]
-    drains: DrainHolds
-    preempting: dict[str, PreemptionHold]
-    _policy_seen: Policy
-    _version: int
-    _snap: tuple[int, float, q.QueueSnapshot] | None
-    _todo: set[str]
-    _wake: asyncio.Event
+    def __init__(
+        self,
+        store: Store,
+        catalog: cat.Catalog,
+        policy: PolicyFile,
+        *,
+        specs: SpecReader,
+        drains: DrainHolds,
+        clock: Callable[[], float],
+        model_weights: Mapping[str, float] | None = None,
+        usage_half_life_s: float = 0.0,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.policy = policy
+        self.specs = specs
+        self.drains = drains
+        """Read here, owned by the placer's holds: a queued job is charged the idle GPUs its held domain keeps."""
+        self.clock = clock
+        self.model_weights = dict(model_weights or {})
+        self.queue = q.QueueBook(q.policy_from_tenancy(policy.current(), model_weights=self.model_weights))
+        self.decayed = fairness.DecayedUsage(usage_half_life_s)
+        """Tenants' decayed usage: orders the queue between tenants (never quota, never preemption)."""
+        self.queued: dict[str, JobRecord] = {}
+        self.requests: dict[str, JobRequest] = {}
+        self.held: dict[str, Held] = {}
+        self.waits: dict[str, WaitHint] = {}
+        self.todo: set[str] = set()
+        """Queued jobs the next step looks at."""
+        self.wake = asyncio.Event()
+        """Set when the placer's loop has something to look at."""
+        self._policy_seen = policy.current()
+        self._version = 0
+        self._snap: tuple[int, float, q.QueueSnapshot] | None = None
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -89,15 +93,16 @@ class PlacerBook:
             a = attempts.get(job.job_id)
             if a is not None and job.state in HOLDS_CAPACITY:
                 self.held[job.job_id] = Held(job.tenant, a.gpu_model, a.gpus)
-                self._entry(job)
+                self.refresh_entry(job)
         for a in attempts.values():  # each open attempt is the reservation it was persisted with
             held_job = jobs.get(a.job_id)
             if held_job is not None:
                 self.catalog.add_reservation(
-                    self._reservation(held_job, a.cluster, a.number, a.assignments, a.gpu_model)
+                    self.reservation(held_job, a.cluster, a.number, a.assignments, a.gpu_model)
                 )
 
-    def _request(self, job: JobRecord) -> JobRequest:
+    def request_of(self, job: JobRecord) -> JobRequest:
+        """The job's request as placement sees it under the current policy (cached until it ends)."""
         req = self.requests.get(job.job_id)
         if req is None:
             req = self._placeable(job, self.specs.request(job))
@@ -117,40 +122,42 @@ class PlacerBook:
         if job.job_id not in self.requests:
             self.requests[job.job_id] = self._placeable(job, req)
 
-    def _reservation(
+    def allows(self, job: JobRecord) -> ClusterPredicate:
+        """Which clusters the tenancy policy lets the job's tenant use."""
+        tenant = self.policy.current().tenants.get(job.tenant)
+        if tenant is None:
+            return lambda _c: False
+        return lambda entry: tenant.allows_place(entry.name, entry.meta.region, entry.meta.role)
+
+    def reservation(
         self, job: JobRecord, cluster: str, attempt: int, assignments: tuple[ReplicaPlacement, ...], gpu_model: str
     ) -> cat.Reservation:
-        req = self._request(job)
+        """The catalog overlay's reservation for `job`'s attempt on these nodes."""
+        req = self.request_of(job)
         shapes = {ps.name: ps.shape for ps in req.pod_sets}
         replicas = tuple(cat.ReservedReplica(a.pod_set, a.index, a.node) for a in assignments)
         return cat.Reservation(job.job_id, attempt, cluster, replicas, shapes, gpu_model)
 
-    def _entry(self, job: JobRecord) -> None:
+    def refresh_entry(self, job: JobRecord) -> None:
+        """The job's queue entry again, charged for what its attempt holds or, while queued, its held domain."""
         self._version += 1
         held = self.held.get(job.job_id) if job.state in HOLDS_CAPACITY else None
         drain = self.drains.holds.get(job.job_id) if job.state is JobState.QUEUED else None
         model, gpus = (
             (held.gpu_model, held.gpus) if held else (drain.gpu_model, float(drain.idle_gpus)) if drain else ("", 0.0)
         )
-        self.book.upsert(q.QueueEntry.charging(job, model, gpus, drain_hold=drain is not None))
+        self.queue.upsert(q.QueueEntry.charging(job, model, gpus, drain_hold=drain is not None))
 
     def observe(self, job: JobRecord) -> None:
-        """Every committed job change passes here: keeps the queue, holds and overlay in step with the store."""
+        """A committed job change: keeps the queue, held capacity and the catalog overlay in step with the store."""
         if job.state is JobState.QUEUED:
             if job.job_id not in self.queued:
-                self._todo.add(job.job_id)
+                self.todo.add(job.job_id)
             self.queued[job.job_id] = job
         else:
             self.queued.pop(job.job_id, None)
             self.waits.pop(job.job_id, None)
-            gone = self.preempting.pop(job.job_id, None)
-            if gone is not None and job.state is not JobState.RESERVED:
-                self._release_hold(gone)  # cancelled (or failed) while its victims were leaving
-            self.drains.end(job.job_id)
         if job.state not in HOLDS_CAPACITY:
-            for holder, hold in self.preempting.items():
-                if job.job_id in hold.victims:
-                    self._todo.add(holder)  # one of its victims has left: look at it again
             if self.held.pop(job.job_id, None) is not None:
                 self.capacity_changed()
             # The attempt ended: its reservation no longer holds anything.
@@ -158,28 +165,13 @@ class PlacerBook:
                 self.catalog.drop_reservation(key)
         if job.terminal:
             self.requests.pop(job.job_id, None)
-        self._entry(job)
-        self._wake.set()
-
-    def on_event(self, event: ToPlacer) -> None:
-        """An event from the dispatcher: a job change it committed, or capacity that changed."""
-        if isinstance(event, JobChanged):
-            self.observe(event.job)
-        else:
-            self.capacity_changed()
+        self.refresh_entry(job)
+        self.wake.set()
 
     def capacity_changed(self) -> None:
         """Inventory, cordon or holds changed: every waiting job deserves another look."""
-        self._todo.update(self.queued)
-        self._wake.set()
-
-    def kick(self) -> None:
-        self._wake.set()
-
-    def _release_hold(self, hold: PreemptionHold) -> None:
-        # here, not with the other holds: `observe` gives a hold back when its job leaves the queue
-        r = hold.reservation
-        self.send(HoldReleased(r.cluster, r.job_id, r.attempt))
+        self.todo.update(self.queued)
+        self.wake.set()
 
     # ------------------------------------------------------------------ ordering (the queue's)
 
@@ -188,7 +180,7 @@ class PlacerBook:
         pol = self.policy.current()
         if pol is not self._policy_seen:
             self._policy_seen = pol
-            self.book.set_policy(q.policy_from_tenancy(pol, model_weights=self.model_weights))
+            self.queue.set_policy(q.policy_from_tenancy(pol, model_weights=self.model_weights))
             self._version += 1
             self.requests.clear()  # band priorities and allowed models are the policy's: derive them again
             self.capacity_changed()
@@ -196,7 +188,7 @@ class PlacerBook:
         cached = self._snap
         if cached is not None and cached[0] == self._version and 0 <= t - cached[1] < 0.25:
             return cached[2]
-        snap = self.book.snapshot(t, self._ordering_cost if self.decayed.half_life_s > 0 else None)
+        snap = self.queue.snapshot(t, self._ordering_cost if self.decayed.half_life_s > 0 else None)
         self._snap = (self._version, t, snap)
         return snap
 
@@ -239,25 +231,9 @@ class PlacerBook:
         One cluster per turn of the event loop, each over a view taken for it: an exact gang fit costs
         tens of milliseconds at 1,000 nodes, so a hundred clusters in one go would stall placement and
         every other call for seconds."""
-        req, allows = self._request(job), self._allows(job)
+        req, allows = self.request_of(job), self.allows(job)
         out: list[ClusterVerdict] = []
         for name in sorted(self.catalog.clusters):
             out.extend(cluster_verdicts(FleetView(self.catalog, self.clock()), req, policy_allows=allows, only=name))
             await asyncio.sleep(0)
         return tuple(out)
-
-    # ------------------------------------------------------------------ the policy's view of a job
-
-    def _allows(self, job: JobRecord) -> ClusterPredicate:
-        tenant = self.policy.current().tenants.get(job.tenant)
-        if tenant is None:
-            return lambda _c: False
-        return lambda entry: tenant.allows_place(entry.name, entry.meta.region, entry.meta.role)
-
-    def request_of(self, job: JobRecord) -> JobRequest:
-        """The job's request as placement sees it under the current policy (cached until it ends)."""
-        return self._request(job)
-
-    def allows(self, job: JobRecord) -> ClusterPredicate:
-        """Which clusters the tenancy policy lets the job's tenant use."""
-        return self._allows(job)

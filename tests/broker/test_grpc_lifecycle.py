@@ -163,7 +163,7 @@ async def test_a_gang_whose_pods_are_not_bound_soon_after_start_is_torn_down_soo
         w.replicas.add(pod_set="workers", index=0, node="n2", phase=common_pb2.REPLICA_PHASE_BOUND)
         a.send(workload_status=w)
         a.status(stuck.job_id, 1, cs.WORKLOAD_PHASE_STARTING, replicas=1)  # still pending (not bound)
-        bound = b.hub.dispatcher._all_bound
+        bound = b.hub.dispatcher.inbox.all_bound
         await eventually(lambda: bound.get((pulling.job_id, 1)) is True and bound.get((stuck.job_id, 1)) is False)
         clock.advance(31)
         a.heartbeat()

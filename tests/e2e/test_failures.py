@@ -401,7 +401,7 @@ async def test_a_duplicate_dispatch_is_accepted_again_and_creates_nothing_twice(
         job = await hub.store.get_job(j.job_id)
         [attempt] = await hub.store.list_attempts(j.job_id)
         session = hub.dispatcher.sessions["b"]
-        session.send(hub.dispatcher._dispatch_out(session, job, attempt))  # the very same order again
+        session.send(hub.dispatcher.outbox.dispatch_out(session, job, attempt))  # the very same order again
 
         async def accepted_twice() -> bool:
             return await _agent_metric(b, 'tandem_agent_dispatches_total{outcome="accepted"}') == 2.0
