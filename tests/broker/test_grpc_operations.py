@@ -136,7 +136,8 @@ async def test_export_counts_the_gpu_hours_of_a_job_that_ran(broker: Broker) -> 
     assert [r.tenant for r in (await broker.client("admin").export_usage()).records] == ["alpha"]
     half = (a.running_time + a.end_time) / 2
     clipped = await broker.client("admin").export_usage(since=half)
-    assert clipped.records[0].gpu_hours == pytest.approx((a.end_time - half) * a.gpus / 3600, abs=1e-11)
+    # `since` crosses the wire as a Timestamp and an epoch float holds it to ~0.2 µs: allow a microsecond of GPU time
+    assert clipped.records[0].gpu_hours == pytest.approx((a.end_time - half) * a.gpus / 3600, abs=a.gpus * 1e-6 / 3600)
     assert (await broker.client("admin").export_usage(since=a.end_time + 1)).records == []
 
     err = await _refused(broker.client("admin").export_usage(since=a.end_time, until=a.running_time))
