@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from fleetplan.arrays import ClusterArrays, Fleet
 from placement import overlay as core_overlay
+from placement.allocation import allocate
 from placement.errors import CapacityError
-from placement.fit import allocate
 from placement.model import Node, PodShape
 
 __all__ = [

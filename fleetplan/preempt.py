@@ -8,7 +8,7 @@ minimal-set pass). Cheapest means: gated before starting before running, then th
 then the lowest priority, then the tenant most over its fair share. The plan with the fewest GPU-hours lost
 across clusters and domains wins. A gang is one victim: its every replica is freed, never a part.
 
-Removal is simulated on the overlaid nodes with ``placement.fit.vacate``; the result is a plan, and the
+Removal is simulated on the overlaid nodes with ``placement.allocation.vacate``; the result is a plan, and the
 cluster's own check of the preemptor's dispatch is what holds it to the truth.
 """
 
@@ -26,7 +26,7 @@ from fleetplan.decide import (
     level_index,
 )
 from fleetplan.view import ClusterState, FleetView
-from placement.fit import vacate
+from placement.allocation import vacate
 from placement.model import JobRequest, Node, PodShape, TopologyLevels
 from placement.topology import GangPlacement, fit_gang
 

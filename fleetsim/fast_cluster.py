@@ -2,7 +2,7 @@
 schedulers that bind pods there (kube-scheduler with the extender's scores for unpinned pods, the default
 scheduler's least-allocated rule for background pods).
 
-Capacity is taken and given back only through the core (`placement.fit.allocate` / `release`), so the true
+Capacity is taken and given back only through the core (`placement.allocation.allocate` / `release`), so the true
 state is exact; the broker sees it only through the inventory reports fast mode builds from it.
 """
 
@@ -18,7 +18,8 @@ from extender.config import LEVEL_NAMES
 from fleetplan.catalog import Level as CatalogLevel
 from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup
 from placement import mig
-from placement.fit import Allocation, allocate, capacity, release
+from placement.allocation import Allocation, allocate, release
+from placement.fit import capacity
 from placement.gpuarrays import GpuArrays, PodDemand, fresh_versions
 from placement.model import (
     CLIQUE_LABEL,

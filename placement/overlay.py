@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from placement.allocation import allocate
 from placement.dra import DraEvaluator
-from placement.fit import Fit, allocate, capacity
+from placement.fit import Fit, capacity
 from placement.model import JobRequest, Node, PodShape
 from placement.reasons import Reason
 from placement.topology import GangPlacement

@@ -7,8 +7,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from placement.allocation import allocate
 from placement.dra import DraEvaluator
-from placement.fit import allocate, capacity
+from placement.fit import capacity
 from placement.model import WHOLE_GPU_MILLI, JobRequest, Node, PodSet, TopologyLevels
 from placement.reasons import Reason
 from placement.usage import allocation_usage, merge_usage

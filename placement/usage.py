@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from placement import mig
-from placement.fit import Allocation
+from placement.allocation import Allocation
 from placement.model import WHOLE_GPU_MILLI, DraDevice, Node, PodShape
 from placement.podspec import mig_profile_of
 

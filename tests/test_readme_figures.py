@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -18,19 +18,21 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_script() -> ModuleType:
-    name = "tandem_readme_figures_script"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / "readme_figures.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+SCRIPTS = REPO_ROOT / "scripts"
 
 
-figures = _load_script()
+def _load_scripts() -> tuple[ModuleType, ModuleType, ModuleType]:
+    """The script and the two modules beside it, imported as running it imports them (its directory on sys.path)."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    return (
+        importlib.import_module("readme_figures"),
+        importlib.import_module("bench_results"),
+        importlib.import_module("readme_rows"),
+    )
+
+
+figures, bench_results, readme_rows = _load_scripts()
 
 
 def test_readme_table_matches_committed_results() -> None:
@@ -39,20 +41,20 @@ def test_readme_table_matches_committed_results() -> None:
 
 
 def test_every_benchmark_has_a_row() -> None:
-    table = figures.render_table(figures.load_results())
-    for name in figures.BENCHMARKS:
+    table = figures.render_table(bench_results.load_results())
+    for name in bench_results.BENCHMARKS:
         assert f"| `{name}`" in table, name
 
 
 def test_worst_and_best_pick_the_extremes() -> None:
     rows = [{"scenario": "a", "p99": 4.7}, {"scenario": "b", "p99": 17.0}, {"scenario": "c", "p99": 2.4}]
-    assert figures.worst(rows, "p99")["scenario"] == "b"
-    assert figures.best(rows, "p99")["scenario"] == "c"
+    assert bench_results.worst(rows, "p99")["scenario"] == "b"
+    assert bench_results.best(rows, "p99")["scenario"] == "c"
     rates = [{"mode": "batched", "per_s": 2184.3}, {"mode": "single", "per_s": 446.2}]
-    assert figures.worst(rates, "per_s", higher_is_better=True)["mode"] == "single"
-    assert figures.best(rates, "per_s", higher_is_better=True)["mode"] == "batched"
-    with pytest.raises(figures.FiguresError):
-        figures.worst([], "p99")
+    assert bench_results.worst(rates, "per_s", higher_is_better=True)["mode"] == "single"
+    assert bench_results.best(rates, "per_s", higher_is_better=True)["mode"] == "batched"
+    with pytest.raises(bench_results.FiguresError):
+        bench_results.worst([], "p99")
 
 
 def _extender_row(
@@ -85,10 +87,10 @@ def test_extender_row_names_the_worst_scenario() -> None:
         "decide_in_process": [{"nodes": 5000, "pair_p50_ms": 1.9, "pair_p99_ms": 2.3}],
         "churn_in_process": [{"nodes": 5000, "pair_after_bind_p50_ms": 3.5, "pair_after_bind_p99_ms": 6.6}],
     }
-    results = figures.Results(
+    results = bench_results.Results(
         json={"extender": extender}, md={"extender": "Goal: pair p99 <= 5 ms at 5,000 nodes in names mode."}
     )
-    label, text = figures.extender_row(results)
+    label, text = readme_rows.extender_row(results)
     assert "5,000 candidate nodes" in label
     assert "mixed cluster, a new pod shape per request (worst p99): p50 13.4 ms, p99 14.6 ms, 74 pairs/s" in text
     assert "mixed cluster, same pod shape (best): p50 3.2 ms, p99 4.7 ms" in text
@@ -98,7 +100,7 @@ def test_extender_row_names_the_worst_scenario() -> None:
 
 
 def test_missing_markers_are_an_error() -> None:
-    with pytest.raises(figures.FiguresError):
+    with pytest.raises(bench_results.FiguresError):
         figures.splice("# README without markers\n", "| a | b |\n")
 
 

@@ -176,9 +176,7 @@ class Following:
         if feedback and self.outbox.is_open:
             # Stamped when seen: the condition's lastTransitionTime stays at the pod's creation while its
             # status stays False (SchedulingGated -> Unschedulable), older than the broker's last transition.
-            now = self.state.clock()
-            items = [wire.PodFeedback(key, f.pod_set, f.index, f.pod, f.reason, f.message, now) for f in feedback]
-            if self.outbox.send(scheduling_feedback=wire.scheduling_feedback(items)):
+            if self.outbox.send(scheduling_feedback=wire.scheduling_feedback(key, feedback, self.state.clock())):
                 a.feedback.update({f.pod: f.message for f in feedback})
 
     async def acknowledged(self, sequence: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from extender.agent.config import AgentConfig
 from extender.agent.model import Order
-from extender.agent.render import GATE
+from extender.agent.podtemplate import GATE
 from extender.podreq import INDEX_LABEL, POD_SET_LABEL
 
 __all__ = [

@@ -36,7 +36,8 @@ from typing import Any
 
 from extender.agent.config import AgentConfig
 from extender.agent.model import Order
-from extender.agent.render import GATE, IndexedJobRenderer
+from extender.agent.podtemplate import GATE
+from extender.agent.render import IndexedJobRenderer
 from extender.agent.replicas import (
     MESSAGE_LIMIT,
     Pod,
@@ -358,15 +359,15 @@ def attempt_view(
 
 @dataclass(frozen=True, slots=True)
 class PodFeedback:
-    """kube-scheduler's verdict on an ungated, unbound Tandem pod (A-10): what the broker shows."""
+    """kube-scheduler's verdict on an ungated, unbound Tandem pod (A-10): what the broker shows. It carries no
+    time: the agent stamps it when seen (`wire.scheduling_feedback`), as the condition's lastTransitionTime stays
+    at the pod's creation while its status stays False (SchedulingGated -> Unschedulable)."""
 
     pod_set: str
     index: int
     pod: str
     reason: str
     message: str
-    time: float
-    """The condition's lastTransitionTime (else the pod's creation)."""
 
 
 def scheduling_feedback(pods: Iterable[Pod]) -> list[PodFeedback]:
@@ -386,7 +387,6 @@ def scheduling_feedback(pods: Iterable[Pod]) -> list[PodFeedback]:
             or _status(pod).get("phase", "Pending") != "Pending"
         ):
             continue
-        when = parse_time(cond.get("lastTransitionTime")) or parse_time(_meta(pod).get("creationTimestamp")) or 0.0
         out.append(
             PodFeedback(
                 key[0],
@@ -394,7 +394,6 @@ def scheduling_feedback(pods: Iterable[Pod]) -> list[PodFeedback]:
                 str(_meta(pod).get("name", "")),
                 str(cond.get("reason", "")),
                 truncate(str(cond.get("message", "")), FEEDBACK_LIMIT),
-                when,
             )
         )
     return sorted(out, key=lambda f: (f.pod_set, f.index, f.pod))
@@ -408,7 +407,7 @@ class PinTarget:
     node: str
     """The node the broker assigned."""
     manifest: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    """The pod as read (what `render.pin_patch` needs)."""
+    """The pod as read (what `pods.pin_patch` needs)."""
 
 
 @dataclass(frozen=True, slots=True)

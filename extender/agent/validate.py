@@ -12,8 +12,9 @@ from __future__ import annotations
 from extender.agent.model import Order
 from extender.agent.wire import NodeResult, Rejection
 from extender.snapshot import Snapshot
+from placement.allocation import allocate
 from placement.errors import CapacityError
-from placement.fit import allocate, capacity
+from placement.fit import capacity
 from placement.reasons import Reason
 
 __all__ = ["validate_order"]

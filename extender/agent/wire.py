@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from extender.agent.config import AgentConfig
 from extender.agent.model import AttemptKey, DeviceRequestSpec, NodeCount, Order, PodSetOrder
-from extender.agent.status import ReplicaView
+from extender.agent.status import PodFeedback, ReplicaView
 from placement.errors import PodSpecError
 from placement.model import WHOLE_GPU_MILLI, DraRequest, PodShape
 from placement.podspec import shape_from_pod
@@ -35,7 +35,6 @@ __all__ = [
     "NodeResult",
     "KnownAttempt",
     "WorkloadReport",
-    "PodFeedback",
     "PROTOCOL_VERSION",
     "Outbox",
     "inbound",
@@ -299,19 +298,6 @@ class WorkloadReport:
     message: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class PodFeedback:
-    """kube-scheduler's verdict on one pending pod (its PodScheduled=False condition)."""
-
-    key: AttemptKey
-    pod_set: str
-    index: int
-    pod: str
-    reason: str
-    message: str
-    time: float
-
-
 def _ts(t: float) -> timestamp_pb2.Timestamp:
     out = timestamp_pb2.Timestamp()
     out.FromNanoseconds(int(t * 1e9))
@@ -416,12 +402,13 @@ def workload_status(w: WorkloadReport, now: float) -> cs.WorkloadStatus:
     return out
 
 
-def scheduling_feedback(items: Sequence[PodFeedback]) -> cs.SchedulingFeedback:
+def scheduling_feedback(key: AttemptKey, items: Sequence[PodFeedback], seen_at: float) -> cs.SchedulingFeedback:
+    """The attempt's pods' verdicts, each stamped `seen_at` (when the agent saw them)."""
     out = cs.SchedulingFeedback()
     for f in items:
         p = out.pods.add(pod_set=f.pod_set, index=f.index, pod_name=f.pod, reason=f.reason, message=f.message[:2048])
-        _ref(p.attempt, f.key)
-        p.time.CopyFrom(_ts(f.time))
+        _ref(p.attempt, key)
+        p.time.CopyFrom(_ts(seen_at))
     return out
 
 

@@ -28,7 +28,8 @@ import orjson
 from extender.agent import render
 from extender.agent.config import AgentConfig
 from extender.agent.model import AttemptKey, Order, PodSetOrder
-from extender.agent.render import MANAGED_BY
+from extender.agent.pods import admitted_shape_problem, pin_patch, pod_for_dry_run, ungate_patch
+from extender.agent.render import DISPATCH_ANNOTATION, MANAGED_BY
 from extender.agent.wire import Rejection
 from extender.kube import KubeClient, KubeError, NotLeader, api_path
 from extender.reservations import reservation_configmap
@@ -47,7 +48,6 @@ __all__ = [
 
 log = logging.getLogger("tandem.agent.workloads")
 
-DISPATCH_ANNOTATION = "tandem.dev/dispatch"
 ASSIGNMENT_ANNOTATION = "tandem.dev/assignment"
 """On each Job: JSON list, the node of every replica index (the pins survive an agent restart)."""
 DEADLINE_ANNOTATION = "tandem.dev/start-deadline"
@@ -264,14 +264,14 @@ class Workloads:
         """One pod per pod set created with dryRun=All: what admission makes of it must still be the shape
         the broker planned (A-8)."""
         for job, ps in zip(jobs, order.pod_sets):
-            pod = render.pod_for_dry_run(job, 0)
+            pod = pod_for_dry_run(job, 0)
             try:
                 admitted = await self.kube.create(api_path("", "v1", "pods", namespace), pod, dry_run=True)
             except KubeError as e:
                 if isinstance(e, NotLeader):
                     raise _Refused(Rejection("AGENT_NOT_READY", "not the leader")) from e
                 raise _Refused(_rejection_for(e, f"pod set {ps.name}: admission (dry run)")) from e
-            problem = render.admitted_shape_problem(admitted, ps.shape)
+            problem = admitted_shape_problem(admitted, ps.shape)
             if problem:
                 raise _Refused(Rejection("TEMPLATE_INVALID", f"pod set {ps.name}: {problem}"))
 
@@ -316,12 +316,12 @@ class Workloads:
 
     async def pin(self, pods: Iterable[tuple[Mapping[str, Any], str]]) -> list[str]:
         """Pin each gated pod to its node (one JSON Patch per pod); the errors, per pod."""
-        results = await asyncio.gather(*(self._pod_patch(p, render.pin_patch(dict(p), node)) for p, node in pods))
+        results = await asyncio.gather(*(self._pod_patch(p, pin_patch(dict(p), node)) for p, node in pods))
         return [r for r in results if r]
 
     async def ungate(self, pods: Iterable[Mapping[str, Any]]) -> list[str]:
         """Lift Tandem's gate from each pod (other controllers' gates stay); the errors, per pod."""
-        patches = [(p, render.ungate_patch(dict(p))) for p in pods]
+        patches = [(p, ungate_patch(dict(p))) for p in pods]
         results = await asyncio.gather(*(self._pod_patch(p, patch) for p, patch in patches if patch))
         return [r for r in results if r]
 

@@ -12,15 +12,9 @@ import pytest
 
 from extender.agent.config import AgentConfig
 from extender.agent.model import INDEX_MAX, DeviceRequestSpec, NodeCount, Order, PodSetOrder, check_name_budget
-from extender.agent.render import (
-    GATE,
-    IndexedJobRenderer,
-    admitted_shape_problem,
-    json_pointer,
-    pin_patch,
-    pod_for_dry_run,
-    ungate_patch,
-)
+from extender.agent.pods import admitted_shape_problem, json_pointer, pin_patch, pod_for_dry_run, ungate_patch
+from extender.agent.podtemplate import GATE
+from extender.agent.render import IndexedJobRenderer
 from extender.podreq import INDEX_LABEL, pinned_node
 from extender.reservations import parse_reservation
 from placement.model import DraRequest, PodShape

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from extender.agent import wire
 from extender.agent.model import Order
-from extender.agent.render import GATE, pin_patch
+from extender.agent.pods import pin_patch
+from extender.agent.podtemplate import GATE
 from extender.agent.status import (
     MESSAGE_LIMIT,
     Outcome,
@@ -555,7 +557,7 @@ def _scheduled(pod: Pod) -> Pod:
 @pytest.mark.parametrize(
     ("make", "expected"),
     [
-        (lambda p: ungated(p, UNSCHEDULABLE), [("workers", 1, "Unschedulable", UNSCHEDULABLE, T0 + 60)]),
+        (lambda p: ungated(p, UNSCHEDULABLE), [("workers", 1, "Unschedulable", UNSCHEDULABLE)]),
         (lambda p: p, []),  # SchedulingGated is not a verdict
         (_other_gate, []),  # still gated by another controller: kube-scheduler has not judged it
         (bound, []),
@@ -564,11 +566,26 @@ def _scheduled(pod: Pod) -> Pod:
     ],
 )
 def test_scheduling_feedback_is_kube_schedulers_verdict_on_ungated_unbound_pods(
-    make: Callable[[Pod], Pod], expected: list[tuple[str, int, str, str, float]]
+    make: Callable[[Pod], Pod], expected: list[tuple[str, int, str, str]]
 ) -> None:
     got = scheduling_feedback([A, make(B)])
-    assert [(f.pod_set, f.index, f.reason, f.message, f.time) for f in got] == expected
+    assert [(f.pod_set, f.index, f.reason, f.message) for f in got] == expected
     assert all(f.pod == B["metadata"]["name"] for f in got)
+
+
+def test_scheduling_feedback_goes_to_the_broker_stamped_when_seen() -> None:
+    [verdict] = scheduling_feedback([A, ungated(B, UNSCHEDULABLE)])
+    msg = wire.scheduling_feedback(("j1", 3), [verdict], NOW)
+    [p] = msg.pods
+    assert (p.attempt.job_id, p.attempt.attempt) == ("j1", 3)
+    assert (p.pod_set, p.index, p.pod_name, p.reason, p.message) == (
+        "workers",
+        1,
+        B["metadata"]["name"],
+        "Unschedulable",
+        UNSCHEDULABLE,
+    )
+    assert p.time.ToDatetime(dt.UTC).timestamp() == pytest.approx(NOW)  # not the condition's time, an hour old
 
 
 # ----------------------------------------------------------------------------------------- pins at Start

@@ -588,7 +588,7 @@ def admit(
 
 def gang_objects() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """A Job as the agent renders it, its pod as the Job controller creates it (gated), and that pod pinned."""
-    from extender.agent.render import pin_patch, pod_for_dry_run
+    from extender.agent.pods import pin_patch, pod_for_dry_run
     from sim.kubeapi.patch import json_patch
     from tests.extender.test_agent_render import render
 
@@ -606,7 +606,7 @@ def with_(obj: dict[str, Any], change: Any) -> dict[str, Any]:
 
 
 def _ungated(pod: dict[str, Any]) -> dict[str, Any]:
-    from extender.agent.render import ungate_patch
+    from extender.agent.pods import ungate_patch
     from sim.kubeapi.patch import json_patch
 
     ops = ungate_patch(pod)

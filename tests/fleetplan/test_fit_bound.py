@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from fleetplan.arrays import ClusterArrays, Fleet
 from fleetplan.decide import demands_of
 from placement import mig, overlay
-from placement.fit import allocate, capacity, node_admits
+from placement.allocation import allocate
+from placement.fit import capacity, node_admits
 from placement.model import (
     DEFAULT_RACK_LABEL,
     GPU_PRODUCT_LABEL,

@@ -2,9 +2,10 @@
 
 import pytest
 
+from placement.allocation import allocate, release
 from placement.dra import DraEvaluator
 from placement.errors import CapacityError
-from placement.fit import Fit, allocate, capacity, release
+from placement.fit import Fit, capacity
 from placement.model import DraDevice, DraRequest, LabelRequirement, Node, PodShape, Taint
 from placement.reasons import Reason
 from tests.placement.builders import GIB, h200_device, mig_inst, node, shape

@@ -8,9 +8,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from placement.allocation import allocate, release
 from placement.dra import device_slices
 from placement.errors import CapacityError
-from placement.fit import allocate, capacity, release
+from placement.fit import capacity
 from placement.model import DraDevice, DraRequest, Gpu, MigInstance, Node, PodShape
 from placement.overlay import BoundReplicas, InventoryReport, Reservation, ReservedPart, effective_nodes
 from placement.topology import GangPlacement, domain_of, fit_gang

@@ -2,7 +2,7 @@
 
 import pytest
 
-from placement.fit import allocate
+from placement.allocation import allocate
 from placement.model import DraDevice, DraRequest, PodShape
 from placement.topology import GangPlacement, fit_gang
 from placement.usage import allocation_usage, merge_usage, mig_fraction, mig_gpus, shape_gpus

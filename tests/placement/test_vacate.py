@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement.fit import allocate, capacity, vacate
+from placement.allocation import allocate, vacate
+from placement.fit import capacity
 from placement.model import MigInstance, PodShape
 from tests.placement.builders import node
 
