@@ -64,6 +64,8 @@ class ClusterArrays:
         self.row: dict[str, int] = {node.name: i for i, node in enumerate(self.nodes)}
         self.free_gpu = np.zeros(n, np.int64)
         self.milli_free = np.zeros(n, np.int64)
+        self.partial_milli_free = np.zeros(n, np.int64)
+        """Share still free on GPUs already partly in use: where held shares go before they take a whole GPU."""
         self.cpu_free = np.zeros(n, np.int64)
         self.mem_free = np.zeros(n, np.int64)
         self.pods_free = np.zeros(n, np.int64)
@@ -72,7 +74,10 @@ class ClusterArrays:
         self.schedulable = np.zeros(n, np.bool_)
         self.excluded = np.zeros(n, np.bool_)
         self.pend_gpu = np.zeros(n, np.int64)
+        """Whole GPUs held by reserved-but-unbound replicas of whole-GPU shapes."""
         self.pend_milli = np.zeros(n, np.int64)
+        self.pend_share_milli = np.zeros(n, np.int64)
+        """The part of `pend_milli` held by GPU-share shapes (under a whole GPU per device)."""
         self.pend_cpu = np.zeros(n, np.int64)
         self.pend_mem = np.zeros(n, np.int64)
         self.pend_pods = np.zeros(n, np.int64)
@@ -112,6 +117,7 @@ class ClusterArrays:
     def _fill(self, i: int, node: Node) -> None:
         self.free_gpu[i] = node.free_whole_gpus
         self.milli_free[i] = sum(g.milli_free for g in node.gpus)
+        self.partial_milli_free[i] = self.milli_free[i] - WHOLE_GPU_MILLI * node.free_whole_gpus
         self.cpu_free[i] = node.cpu_milli_free
         self.mem_free[i] = node.memory_free
         self.pods_free[i] = node.pods_free
@@ -137,7 +143,14 @@ class ClusterArrays:
 
     def set_pending(self, pending: Iterable[tuple[Any, Any]]) -> None:
         """Overlay from scratch: subtract what reserved-but-unbound replicas will take on their nodes."""
-        for col in (self.pend_gpu, self.pend_milli, self.pend_cpu, self.pend_mem, self.pend_pods):
+        for col in (
+            self.pend_gpu,
+            self.pend_milli,
+            self.pend_share_milli,
+            self.pend_cpu,
+            self.pend_mem,
+            self.pend_pods,
+        ):
             col.fill(0)
         self.add_pending(pending, +1)
 
@@ -149,7 +162,10 @@ class ClusterArrays:
             if i is None:
                 continue
             shape: PodShape = res.shapes[rep.pod_set]
-            self.pend_gpu[i] += sign * shape.gpus
+            if shape.gpu_milli >= WHOLE_GPU_MILLI:
+                self.pend_gpu[i] += sign * shape.gpus
+            else:
+                self.pend_share_milli[i] += sign * shape.gpus * shape.gpu_milli
             self.pend_milli[i] += sign * shape.gpus * shape.gpu_milli
             self.pend_cpu[i] += sign * shape.cpu_milli
             self.pend_mem[i] += sign * shape.memory
@@ -169,7 +185,7 @@ class ClusterArrays:
             return
         old = self._eff[rows]
         eff = self._eff.copy()  # copies: an array handed out earlier never changes under its holder
-        eff[rows] = np.where(self.usable[rows], np.maximum(self.free_gpu[rows] - self.pend_gpu[rows], 0), 0)
+        eff[rows] = self._free_whole_after_overlay(rows)
         self._eff = eff
         new = eff[rows]
         if self._dsum:
@@ -221,9 +237,18 @@ class ClusterArrays:
         return self._usable
 
     def eff_free_gpu(self) -> I64:
+        """Per node, the most whole GPUs still free once the overlay's held replicas are in place."""
         if self._eff is None:
-            self._eff = np.where(self.usable, np.maximum(self.free_gpu - self.pend_gpu, 0), 0)
+            self._eff = self._free_whole_after_overlay(slice(None))
         return self._eff
+
+    def _free_whole_after_overlay(self, at: Any) -> I64:
+        """Whole GPUs free after the holds, as an upper bound: held shares fill the partly used GPUs first
+        and only their remainder takes whole GPUs (the fewest any packing can take), as the exact fit's
+        best-fit packing of shares on one device may leave the other GPUs whole."""
+        share_spill = np.maximum(self.pend_share_milli[at] - self.partial_milli_free[at], 0)
+        taken = self.pend_gpu[at] + (share_spill + WHOLE_GPU_MILLI - 1) // WHOLE_GPU_MILLI
+        return np.where(self.usable[at], np.maximum(self.free_gpu[at] - taken, 0), 0)
 
     def capacity(self, shape: PodShape) -> I64:
         """Replicas of `shape` each node could hold: exact for whole GPUs/CPU/memory, an upper bound otherwise."""

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetplan.arrays import ClusterArrays, ModelTable
+from fleetplan.catalog import Reservation, ReservedReplica
 from fleetplan.occupancy import occupancy, picture_depth
 from placement.model import HOSTNAME_LABEL, Gpu, Node, PodShape
 
 ZONE, RACK = "topology.kubernetes.io/zone", "network.example.com/rack"
 LEVELS = (ZONE, RACK, HOSTNAME_LABEL)
-
-
-@dataclass(frozen=True)
-class _Res:
-    shapes: dict[str, PodShape]
-
-
-@dataclass(frozen=True)
-class _Rep:
-    node: str
-    pod_set: str = "w"
 
 
 def _node(i: int, zone: str, rack: str | None, gpus: int, busy: int, model: str, ready: bool, pods: int) -> Node:
@@ -56,7 +44,10 @@ nodes_st = st.lists(
 def test_counts_add_up_and_match_a_recount_per_node(raw: list[tuple], holds: list[tuple[int, int]], probe: int) -> None:
     nodes = [_node(i, z, r, g, min(b, g), m, ready, pods) for i, (z, r, g, b, m, ready, pods) in enumerate(raw)]
     arrays = ClusterArrays(nodes, LEVELS, ModelTable())
-    pending = [(_Res({"w": PodShape(gpus=g)}), _Rep(nodes[i % len(nodes)].name)) for i, g in holds]
+    pending = [
+        (Reservation(f"j{h}", 1, "c", (), {"w": PodShape(gpus=g)}), ReservedReplica("w", 0, nodes[i % len(nodes)].name))
+        for h, (i, g) in enumerate(holds)
+    ]
     arrays.set_pending(pending)
     occ = occupancy(arrays, probe)
 
@@ -81,6 +72,7 @@ def test_counts_add_up_and_match_a_recount_per_node(raw: list[tuple], holds: lis
         of_model = [n for n in nodes if n.gpus and n.gpu_model == model_counts.model]
         assert model_counts.total == sum(len(n.gpus) for n in of_model)
         assert model_counts.free == sum(free[n.name] for n in of_model)
+        assert model_counts.reserved == sum(min(held_gpus[n.name], n.free_whole_gpus) for n in of_model if n.ready)
     assert sum(d.nodes for d in occ.domains) == len(nodes)
     assert sum(d.gpus.total for d in occ.domains) == sum(len(n.gpus) for n in nodes)
 
