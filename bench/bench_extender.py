@@ -17,6 +17,7 @@ Run: python -m bench.bench_extender [--quick]   -> bench/results/extender.{md,js
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import http.client
 import itertools
@@ -34,6 +35,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO)]  # the bench also runs as a plain script
+
+from fleetsim.processes import free_port, http_ok, spawn, wait_for  # noqa: E402
+
 RESULTS = REPO / "bench" / "results"
 FIXTURES = REPO / "tests" / "fixtures"
 """The tests' real-format fixtures (a path, not an import: the bench also runs as a plain script)."""
@@ -108,45 +113,17 @@ def go_json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(inventory_file: Path, port: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "extender.main",
-            "serve",
-            "--inventory-file",
-            str(inventory_file),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/readyz")
-            if c.getresponse().status == 200:
-                return proc
-        except OSError:
-            time.sleep(0.1)
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-    proc.kill()
-    raise RuntimeError("server did not become ready")
+    """`tandem-extender serve` on the inventory file, once it answers /readyz; its log lands beside the file."""
+    address = f"127.0.0.1:{port}"
+    serve = ["serve", "--inventory-file", str(inventory_file), "--listen", address, "--log-level", "WARNING"]
+    proc = spawn("extender", serve, inventory_file.with_suffix(".log"))
+    try:
+        asyncio.run(wait_for(lambda: http_ok(f"http://{address}/readyz"), 120, "the extender ready", [proc]))
+    except BaseException:
+        proc.popen.kill()
+        raise
+    return proc.popen
 
 
 def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
@@ -247,7 +224,6 @@ def run_pairs(
 
 def pairs_in_process(size: int, only: tuple[str, ...], pod: dict[str, Any], rounds: int) -> dict[str, Any]:
     """The decision work alone (parse + decide + encode, no HTTP, no event loop) for names mode."""
-    sys.path.insert(0, str(REPO))
     from extender.config import ExtenderConfig
     from extender.decide import decide_filter, decide_prioritize
     from extender.inventory import Inventory
@@ -285,7 +261,6 @@ def pairs_in_process(size: int, only: tuple[str, ...], pod: dict[str, Any], roun
 def churn_in_process(size: int, pod: dict[str, Any], rounds: int) -> dict[str, Any]:
     """In-process (no HTTP): a pod binds before every pair, so each pair sees a new inventory
     version, as in a busy cluster; shows what carrying verdicts over between versions costs."""
-    sys.path.insert(0, str(REPO))
     from extender.config import ExtenderConfig
     from extender.decide import decide_filter, decide_prioritize
     from extender.inventory import Inventory

@@ -30,8 +30,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fleetsim.fast import run_fast
 from fleetsim.model import FleetSpec, RunResult, WorkItem
-from fleetsim.report import summarise, summary_table, write_report
-from fleetsim.spec import default_fleet, load_fleet, node_objects
+from fleetsim.node_objects import node_objects
+from fleetsim.report import write_report
+from fleetsim.report_markdown import summary_table
+from fleetsim.spec import default_fleet, load_fleet
+from fleetsim.summary import summarise
 from fleetsim.wire import run_wire
 from fleetsim.workload import flood_then_mix, training_mix
 

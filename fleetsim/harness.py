@@ -1,8 +1,8 @@
-"""A fleet on one machine: the real broker as its own process, and per cluster a local Kubernetes API server with
-its Job controller, kube-scheduler stand-in and kubelet stand-in (`sim.cluster.SimCluster`), the real extender
-and the real agent as separate processes, started the way the manifests start them
-(`tandem-extender serve --kube`, `tandem-extender agent --kube`) and reaching their cluster through
-`kubernetes.aio` with their own ServiceAccount tokens and the shipped RBAC.
+"""One cluster of a fleet on one machine: a local Kubernetes API server with its Job controller, kube-scheduler
+stand-in and kubelet stand-in (`sim.cluster.SimCluster`), the real extender and the real agent as separate processes,
+started the way the manifests start them (`tandem-extender serve --kube`, `tandem-extender agent --kube`) and reaching
+their cluster through `kubernetes.aio` with their own ServiceAccount tokens and the shipped RBAC, connected to a
+broker (`fleetsim.broker_process`).
 
 Used by wire mode (`fleetsim.wire`), the end-to-end tests and the fleet benchmark.
 """
@@ -10,46 +10,23 @@ Used by wire mode (`fleetsim.wire`), the end-to-end tests and the fleet benchmar
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import aiohttp
 import yaml
 
-from broker.launcher.client import BrokerClient
-from fleetsim.model import Level, TenantSpec
-from fleetsim.pki import Pki
+from fleetsim.broker_process import BrokerEndpoint
+from fleetsim.model import Level
+from fleetsim.processes import REPO, Proc, free_port, http_ok, spawn, wait_for
 from sim.cluster import SimCluster
 from sim.realcluster import RealCluster
 
-__all__ = [
-    "MANIFESTS",
-    "REPO",
-    "TENANT_NAMESPACE_LABELS",
-    "BrokerEndpoint",
-    "BrokerProcess",
-    "Cluster",
-    "Proc",
-    "WaitFailed",
-    "free_port",
-    "http_ok",
-    "spawn",
-    "start_cluster",
-    "tenancy_policy",
-    "topology_keys",
-    "wait_for",
-]
+__all__ = ["MANIFESTS", "TENANT_NAMESPACE_LABELS", "Cluster", "start_cluster", "topology_keys"]
 
-REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "manifests"
 TENANT_NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "baseline", "tandem.dev/tenant-namespace": "true"}
 """What the agent's start checks want on a tenant namespace (FLEET-NOTES H-1, H-2)."""
@@ -64,218 +41,6 @@ _TOPOLOGY_FIELDS = {
 }
 """Level name -> the agent's `extender.topology` field holding its label key (the agent reports the levels
 under its own names: zone, block, rack, nvlink, host)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class WaitFailed(AssertionError):
-    """A condition was not reached in time, or a process it needs exited (an AssertionError, so a test that
-    waits on it fails rather than errors)."""
-
-
-@dataclass
-class Proc:
-    """A child process with its output in a log file (shown when a wait fails)."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    stopped: bool = False
-    """Stopped on purpose (a crash of it is not a failure)."""
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, lines: int = 60) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    async def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
-        self.stopped = True
-        if self.alive():
-            self.popen.send_signal(sig)
-        deadline = time.monotonic() + timeout_s
-        while self.alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if self.alive():
-            self.popen.kill()
-            await asyncio.sleep(0.1)
-        return self.popen.wait()
-
-
-def spawn(name: str, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> Proc:
-    """`tandem-extender <args>` as a child process, its output appended to `log`."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    with log.open("ab") as out:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "extender.main", *args], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT
-        )
-    return Proc(name, popen, log)
-
-
-async def http_ok(url: str) -> bool:
-    try:
-        async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
-            return r.status == 200
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        return False
-
-
-async def wait_for(
-    check: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition", procs: Iterable[Proc] = ()
-) -> Any:
-    """Poll an async or sync predicate until truthy (and return its value); WaitFailed with the processes'
-    last log lines on timeout or when one of them exits."""
-    procs = list(procs)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        for p in procs:
-            if not p.alive() and not p.stopped:
-                raise WaitFailed(f"{p.name} exited ({p.popen.returncode}) while waiting for {what}:\n{p.tail()}")
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.name}\n{p.tail()}" for p in procs)
-            raise WaitFailed(f"timed out waiting for {what}\n{logs}")
-        await asyncio.sleep(0.05)
-
-
-class BrokerEndpoint(Protocol):
-    """What a cluster needs of a broker: its CA, its agent listener, and whether a cluster is connected."""
-
-    @property
-    def pki(self) -> Pki: ...
-
-    @property
-    def agent_addr(self) -> str: ...
-
-    def cluster_ready(self, name: str) -> Awaitable[bool]: ...
-
-
-def tenancy_policy(tenants: Sequence[TenantSpec], tokens: Mapping[str, str], admin_token: str) -> dict[str, Any]:
-    """The broker's policy document for these tenants (weights, quotas), each with its bearer token."""
-    docs: list[dict[str, Any]] = []
-    for t in tenants:
-        doc: dict[str, Any] = {
-            "name": t.name,
-            "token_sha256": [_sha256(tokens[t.name])],
-            "weight": t.weight,
-            "priority_bands": ["default", "high"],
-            "rate_limit": {"rate_per_s": 10000, "burst": 10000},
-        }  # launchers submit in bursts
-        if t.quota:
-            doc["quotas"] = {model: float(gpus) for model, gpus in t.quota}
-        docs.append(doc)
-    return {"tenants": docs, "admins": {"token_sha256": [_sha256(admin_token)]}}
-
-
-def _sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-class BrokerProcess:
-    """The broker as its own process (`tandem-broker`), on fixed ports so agents find it again after a
-    restart, with the agents' mutual-TLS listener and the database kept across restarts.
-
-    `tokens` maps principal names (tenants, and `admin`) to bearer tokens; `policy` is the tenancy policy
-    document that authorises them (see `tenancy_policy`)."""
-
-    def __init__(
-        self, tmp: Path, policy: Mapping[str, Any], tokens: Mapping[str, str], *, admin: str = "admin", **config: Any
-    ) -> None:
-        self.dir = tmp / "broker"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.tokens = dict(tokens)
-        self.admin = admin
-        self.pki = Pki.create(self.dir)
-        cert, key = self.pki.issue("broker", server=True)
-        (self.dir / "policy.yaml").write_text(yaml.safe_dump(dict(policy)))
-        self.tenant_port, agent_port = free_port(), free_port()
-        self.tenant_addr = f"127.0.0.1:{self.tenant_port}"
-        self.agent_addr = f"127.0.0.1:{agent_port}"
-        self.config = {
-            "tenant_listener": {"address": self.tenant_addr},
-            "agent_listener": {
-                "address": self.agent_addr,
-                "max_message_bytes": 64 << 20,
-                "tls": {
-                    "cert_file": str(cert),
-                    "key_file": str(key),
-                    "client_ca_file": str(self.pki.ca_file),
-                    "require_client_cert": True,
-                },
-            },
-            "db_path": str(self.dir / "broker.db"),
-            "policy_path": str(self.dir / "policy.yaml"),
-            "metrics_port": 0,
-            "heartbeat_interval_s": 1.0,
-            **config,
-        }
-        (self.dir / "broker.yaml").write_text(yaml.safe_dump(self.config))
-        self.log = self.dir / "broker.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.clients: list[BrokerClient] = []
-
-    async def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "broker.main", "--config", str(self.dir / "broker.yaml")],
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        await wait_for(self._serving, 60, "the broker serving", [self.as_proc()])
-
-    def as_proc(self) -> Proc:
-        """The running broker seen as a `Proc` (for `wait_for`'s crash check and log tail)."""
-        assert self.proc is not None
-        return Proc("broker", self.proc, self.log)
-
-    async def _serving(self) -> bool:
-        try:
-            async with BrokerClient(self.tenant_addr, token=self.tokens[self.admin], timeout_s=2) as c:
-                await c.list_clusters()
-            return True
-        except Exception:
-            return False
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    async def stop(self) -> None:
-        for c in self.clients:
-            await c.close()
-        self.clients.clear()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                await asyncio.to_thread(self.proc.wait, 15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                await asyncio.to_thread(self.proc.wait, 5)
-
-    def client(self, who: str, **kw: Any) -> BrokerClient:
-        """A client acting as `who` (closed with the broker)."""
-        c = BrokerClient(self.tenant_addr, token=self.tokens[who], **{"timeout_s": 10.0, **kw})
-        self.clients.append(c)
-        return c
-
-    async def cluster_ready(self, name: str) -> bool:
-        try:
-            listed = await self.client(self.admin).list_clusters()
-        except Exception:
-            return False
-        return any(c.name == name and c.connected and not c.stale and c.nodes for c in listed.clusters)
 
 
 @dataclass

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.launcher.client import BrokerClient
-from fleetsim.harness import BrokerEndpoint, BrokerProcess, free_port, tenancy_policy, wait_for
+from fleetsim.broker_process import BrokerEndpoint, BrokerProcess, tenancy_policy
 from fleetsim.model import TenantSpec
+from fleetsim.processes import free_port, wait_for
 from fleetsim.scale_agent import AGENT_VERSION, FleetTally, Placement, SyntheticAgent
 from fleetsim.scale_inventory import FIXTURE, REPLICA_CPU_MILLI, FleetLayout, RecordedInventory, record_inventory
 from fleetsim.scale_jobs import DEFAULT_MIX, JobKind, Submission, job_specs, submit_steady

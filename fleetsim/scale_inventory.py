@@ -14,7 +14,7 @@ from typing import Any
 from extender.agent.encode import LabelFilter, ReportBuilder
 from extender.config import ExtenderConfig
 from extender.inventory import KINDS, Inventory
-from fleetsim.harness import REPO
+from fleetsim.processes import REPO
 from placement.podspec import GPU_RESOURCE
 from tandem.v1 import inventory_pb2 as inv
 

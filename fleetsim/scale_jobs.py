@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from broker.launcher.client import BrokerClient, SubmitItem
 from fleetsim.model import WorkItem
 from fleetsim.scale_inventory import REPLICA_CPU_MILLI, REPLICA_GPUS, REPLICA_MEMORY
-from fleetsim.wire import job_spec
+from fleetsim.wire_jobs import job_spec
 from tandem.v1 import job_pb2
 
 __all__ = [

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import yaml
 
 from broker.api import serde
@@ -18,6 +19,7 @@ from broker.hub import Hub
 from broker.launcher.client import BrokerClient
 from broker.server import Servers, serve
 from fleetsim.pki import Pki
+from fleetsim.processes import wait_for
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import cluster_service_pb2_grpc as cs_grpc
 from tandem.v1 import common_pb2, job_pb2
@@ -232,6 +234,14 @@ async def start_broker(
     return Broker(servers, pki, tmp, cfg)
 
 
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
+    """A running broker with the default policy, closed after the test."""
+    b = await start_broker(tmp_path)
+    yield b
+    await b.close()
+
+
 # ----------------------------------------------------------------------------- a scripted agent
 
 
@@ -443,17 +453,8 @@ class ScriptedAgent:
 
 
 async def eventually(pred: Callable[[], Any], timeout: float = 10.0, every: float = 0.02) -> Any:
-    """Poll an async or sync predicate until it is truthy (condition wait, not a timed assertion)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = pred()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(every)
+    """Poll an async or sync predicate until it is truthy (condition wait, not a timed assertion), and return it."""
+    return await wait_for(pred, timeout, "a condition", interval_s=every)
 
 
 class AutoCluster:

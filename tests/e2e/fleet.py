@@ -1,6 +1,6 @@
-"""The end-to-end tests' fleet: `fleetsim.harness` (one real broker, and per cluster a simulated control plane
-with the real extender and agent processes) with the tests' tenants and tokens, an in-process broker seen
-through the same calls, and the tests' own nodes, gangs and pod watch.
+"""The end-to-end tests' fleet: `fleetsim.harness` and `fleetsim.broker_process` (one real broker, and per
+cluster a simulated control plane with the real extender and agent processes) with the tests' tenants and tokens,
+an in-process broker seen through the same calls, and the tests' own nodes, gangs and pod watch.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 
 from broker.launcher.client import BrokerClient
 from extender.podreq import pinned_node
-from fleetsim import harness
-from fleetsim.harness import MANIFESTS, REPO, Cluster, Proc, free_port, http_ok, spawn, wait_for
+from fleetsim import broker_process, harness
+from fleetsim.harness import MANIFESTS, Cluster
+from fleetsim.processes import REPO, Proc, free_port, http_ok, spawn, wait_for
 from sim import kuberesources as kr
 from sim.kubeclient import KubeApiError
 from tandem.v1 import job_pb2
@@ -79,7 +80,7 @@ def gpu_node(
     return node
 
 
-class BrokerProcess(harness.BrokerProcess):
+class BrokerProcess(broker_process.BrokerProcess):
     """The broker as its own process, with the tests' tenants (alpha, beta) and admin."""
 
     def __init__(self, tmp: Path, **config: Any) -> None:

@@ -2,84 +2,43 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
-import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from extender.app import make_app, ssl_context
 from extender.config import ExtenderConfig, load_config
 from extender.inventory import Inventory
+from fleetsim.pki import Pki
+from fleetsim.processes import free_port, http_ok, spawn, wait_for
 from tests.extender.extender_support import FIXTURES, cluster_items, fixture_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(port: int, path: str, scheme: str = "http") -> int:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}{path}", timeout=2) as r:
-            return int(r.status)
-    except OSError:
-        return 0
-
-
-def test_serve_file_mode_answers_filter(tmp_path: Path) -> None:
-    port = _free_port()
+async def test_serve_file_mode_answers_filter(tmp_path: Path) -> None:
+    port = free_port()
     cfg = tmp_path / "extender.yaml"
     cfg.write_text("url_prefix: /tandem\nreservation_namespace: tandem-system\n")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "extender.main",
-            "serve",
-            "--inventory-file",
-            str(FIXTURES / "cluster.json"),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--config",
-            str(cfg),
-        ],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        stderr=subprocess.PIPE,
-    )
+    inventory = str(FIXTURES / "cluster.json")
+    serve = ["serve", "--inventory-file", inventory, "--listen", f"127.0.0.1:{port}", "--config", str(cfg)]
+    proc = spawn("extender", serve, tmp_path / "extender.log")
     try:
-        deadline = time.monotonic() + 60
-        while _get(port, "/readyz") != 200:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        import urllib.request
-
+        await wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60, "the extender ready", [proc])
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/tandem/filter", data=fixture_bytes("args-want-8-allnodes.json"), method="POST"
         )
         with urllib.request.urlopen(req, timeout=5) as r:
             assert json.loads(r.read())["NodeNames"] == ["h100-r1-n2"]
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        await proc.stop()
 
 
 def test_config_file_and_overrides(tmp_path: Path) -> None:
@@ -97,33 +56,9 @@ def test_config_file_and_overrides(tmp_path: Path) -> None:
         raise AssertionError("unknown config field accepted")
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    import ipaddress
-
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp / "tls.crt", tmp / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return cert_path, key_path
-
-
 async def test_tls(tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    pki = Pki.create(tmp_path)
+    cert, key = pki.issue("extender", server=True)
     cfg = ExtenderConfig(tls_cert_file=cert, tls_key_file=key)
     inv = Inventory(cfg)
     inv.load_list({"kind": "List", "items": cluster_items()})
@@ -133,7 +68,7 @@ async def test_tls(tmp_path: Path) -> None:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        client_ctx = ssl.create_default_context(cafile=str(cert))
+        client_ctx = ssl.create_default_context(cafile=str(pki.ca_file))
         async with aiohttp.ClientSession() as s:
             async with s.post(
                 f"https://127.0.0.1:{port}/filter", data=fixture_bytes("args-want-8-names.json"), ssl=client_ctx

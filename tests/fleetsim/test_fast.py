@@ -372,12 +372,12 @@ def test_two_tenants_weighted_one_to_three_share_a_saturated_cluster_one_to_thre
 
 
 def test_nodes_of_matches_what_the_extender_reads_from_the_fleets_node_objects() -> None:
-    from fleetsim import spec
+    from fleetsim.node_objects import node_objects
     from placement import inventory
 
     for c in _busy_fleet().clusters:
         levels = TopologyLevels(tuple(lv.key for lv in agent_levels(c)))
-        real = [inventory.node_from_k8s(obj, levels=levels) for obj in spec.node_objects(c)]
+        real = [inventory.node_from_k8s(obj, levels=levels) for obj in node_objects(c)]
         mine = nodes_of(c)
         assert [n.name for n in mine] == [n.name for n in real]
         for a, b in zip(mine, real):

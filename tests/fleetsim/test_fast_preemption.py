@@ -5,9 +5,10 @@ again, gangs go whole, and the flood experiment's workload."""
 from __future__ import annotations
 
 from fleetsim.fast import FastParams, FastSim
+from fleetsim.mix_shapes import declared_max_runtime
 from fleetsim.model import TenantSpec, WorkItem
 from fleetsim.spec import default_fleet
-from fleetsim.workload import PREEMPTIBLE_KINDS, declared_max_runtime, flood_then_mix
+from fleetsim.workload import PREEMPTIBLE_KINDS, flood_then_mix
 from tests.fleetsim.test_fast import cluster, fleet, group, item, outcome
 
 TENANTS = (TenantSpec("owner", quota=(("*", 32),)), TenantSpec("borrower", quota=(("*", 0),)))

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, Outcome, RunResult, TenantSpec, WorkItem
-from fleetsim.report import gang_bucket, percentile, summarise, summary_table, time_weighted_allocation, write_report
+from fleetsim.report import write_report
+from fleetsim.report_markdown import summary_table
+from fleetsim.summary import gang_bucket, percentile, summarise, time_weighted_allocation
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RACK = Level("rack", "network.example.com/rack")

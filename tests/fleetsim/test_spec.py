@@ -19,19 +19,11 @@ from extender.config import ExtenderConfig
 from extender.decide import decide_filter
 from extender.inventory import Inventory
 from extender.protocol import parse_extender_args
+from fleetsim.fleet_schema import DEFAULT_LEVEL_KEYS
 from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, TenantSpec
-from fleetsim.spec import (
-    DEFAULT_LEVEL_KEYS,
-    FleetSpecError,
-    alibaba_fleet,
-    check_fleet,
-    default_fleet,
-    load_fleet,
-    mig_layout,
-    node_locations,
-    node_objects,
-    parse_fleet,
-)
+from fleetsim.node_objects import mig_layout, node_locations, node_objects
+from fleetsim.openb_fleet import alibaba_fleet
+from fleetsim.spec import FleetSpecError, check_fleet, default_fleet, load_fleet, parse_fleet
 from sim.kubeapi.schema import decode, root_node
 from sim.trace import NODE_LIST, trace_dir
 from tests.extender.extender_builders import args, pod

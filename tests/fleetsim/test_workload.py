@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from fleetsim.domains import domain_capacity, fits_some_domain
 from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, TenantSpec, WorkItem
-from fleetsim.workload import (
-    alibaba_workload,
-    domain_capacity,
-    expected_gpu_hours,
-    fits_some_domain,
-    training_mix,
-)
+from fleetsim.openb_workload import alibaba_workload
+from fleetsim.workload import expected_gpu_hours, training_mix
 from sim.trace import trace_dir
 
 ZONE = Level("zone", "topology.kubernetes.io/zone")
@@ -76,21 +73,17 @@ def mixed_fleet() -> FleetSpec:
     )
 
 
+def small_racks(name: str, nodes: int) -> NodeGroup:
+    """`H100` nodes with 96 cores and 1 TiB, 4 to a rack and 2 racks to a block."""
+    return dataclasses.replace(
+        H100, name=name, nodes=nodes, cpu_cores=96, memory_gib=1024, nodes_per_rack=4, racks_per_block=2
+    )
+
+
 def plain_fleet() -> FleetSpec:
     """Two H100 clusters with racks of 4 and 8 nodes, no cliques, no MIG."""
-    small_racks = NodeGroup(
-        "h100s",
-        H100.gpu_model,
-        nodes=16,
-        gpus_per_node=8,
-        gpu_memory_mib=81559,
-        cpu_cores=96,
-        memory_gib=1024,
-        nodes_per_rack=4,
-        racks_per_block=2,
-    )
     return fleet(
-        ClusterSpec("a", "eu-west", "training", (ZONE, BLOCK, RACK), (small_racks,)),
+        ClusterSpec("a", "eu-west", "training", (ZONE, BLOCK, RACK), (small_racks("h100s", 16),)),
         ClusterSpec("b", "eu-north", "training", (ZONE, BLOCK, RACK), (H100,)),
     )
 
@@ -154,18 +147,7 @@ def test_a_clique_level_named_nvlink_is_asked_for_by_that_name() -> None:
 
 def test_sizes_no_cluster_holds_are_never_emitted() -> None:
     # Blocks of 2 racks x 4 nodes hold at most 8 pods: no 16-, 32- or 64-pod gangs.
-    tiny = NodeGroup(
-        "h",
-        H100.gpu_model,
-        nodes=8,
-        gpus_per_node=8,
-        gpu_memory_mib=81559,
-        cpu_cores=96,
-        memory_gib=1024,
-        nodes_per_rack=4,
-        racks_per_block=2,
-    )
-    f = fleet(ClusterSpec("only", "r", "training", (BLOCK, RACK), (tiny,)))
+    f = fleet(ClusterSpec("only", "r", "training", (BLOCK, RACK), (small_racks("h", 8),)))
     items = training_mix(f, hours=200, load=0.8, seed=1)
     assert max(i.replicas for i in items) == 8
     assert all(fits_some_domain(f, i) for i in items)

@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 
+from fleetsim.processes import wait_for
+
 __all__ = ["KubeHTTP", "Reply", "WatchStream", "eventually", "expect"]
 
 JSON = "application/json"
@@ -168,18 +170,9 @@ class KubeHTTP:
         return WatchStream(resp)
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    """Poll an async or sync check until it returns a truthy value; the last value is returned."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
-        await asyncio.sleep(interval)
+async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Poll an async or sync check until it returns a truthy value, and return it (`fleetsim.processes.wait_for`)."""
+    return await wait_for(check, timeout, f"a condition, {timeout:g} s")
 
 
 def expect(reply: Reply, status: int) -> dict[str, Any]:
