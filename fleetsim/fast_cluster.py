@@ -8,15 +8,15 @@ state is exact; the broker sees it only through the inventory reports fast mode 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from extender.config import LEVEL_NAMES
 from fleetplan.catalog import Level as CatalogLevel
-from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup
+from fleetsim.model import ClusterSpec, FleetSpec
+from fleetsim.node_objects import mig_layout, node_locations
 from placement import mig
 from placement.allocation import Allocation, allocate, release
 from placement.fit import capacity
@@ -49,13 +49,12 @@ __all__ = [
     "agent_levels",
     "demand_of",
     "merged_nodes",
-    "mig_instances",
     "nodes_of",
     "owners",
 ]
 
 GPU_TAINT = Taint(GPU_RESOURCE, "present", "NoSchedule")
-"""The taint every GPU node carries (as fleetsim.spec's Node objects): every pod here tolerates it. Its key is
+"""The taint every GPU node carries (as fleetsim.node_objects' Node objects): every pod here tolerates it. Its key is
 the GPU resource name, as Kubernetes' ExtendedResourceToleration admission expects."""
 GPU_TOLERATION = Toleration(GPU_RESOURCE, "Exists", "", "NoSchedule")
 
@@ -68,59 +67,6 @@ ReplicaKey = tuple[str, int]
 # --------------------------------------------------------------------------- nodes
 
 
-def _node_name(cluster: str, group: str, i: int, count: int) -> str:
-    # as fleetsim.spec names them: at least three digits, more when the group needs them
-    return f"{cluster}-{group}-{i:0{max(3, len(str(count - 1)))}d}"
-
-
-def mig_instances(gpu_model: str, layout: str) -> dict[str, int]:
-    """MIG instances per GPU under a mig-manager layout: "all-<profile>" fills the GPU with one profile,
-    "all-balanced" is mig-parted's default (two 1g, one 2g and, on 8-slice GPUs, one 3g)."""
-    family = mig.family_of(gpu_model)
-    if family is None:
-        raise ValueError(f"{gpu_model!r} has no MIG")
-    profiles = mig.FAMILY_PROFILES[family]
-    classes = mig.CLASSES_A30 if family == "A30" else mig.CLASSES_8
-    if layout == "all-balanced":
-        by_class: dict[str, str] = {}
-        for profile, cls in profiles.items():
-            by_class.setdefault(cls, profile)
-        wanted = {"1g": 2, "2g": 1} if family == "A30" else {"1g": 2, "2g": 1, "3g": 1}
-        return {by_class[c]: n for c, n in wanted.items()}
-    profile = layout.removeprefix("all-")
-    cls_name = profiles.get(profile)
-    if not layout.startswith("all-") or cls_name is None:
-        raise ValueError(f"unknown MIG layout {layout!r} for {gpu_model}")
-    return {profile: classes[cls_name].max_count}
-
-
-def _level_values(cluster: ClusterSpec) -> Iterable[tuple[NodeGroup, int, str, dict[str, str]]]:
-    """Every node of the cluster with its value per level name, numbered as fleetsim.spec labels them: each
-    group starts a new block and rack, racks and blocks are numbered through the cluster, cliques per group."""
-    racks = blocks = 0
-    for g in cluster.groups:
-        fabric = uuid.uuid5(uuid.NAMESPACE_DNS, f"{g.name}.{cluster.name}.fleetsim")  # GFD: <ClusterUUID>.<CliqueId>
-        zone = g.zone or f"{cluster.region}-a"
-        for i in range(g.nodes):
-            rack = i // g.nodes_per_rack
-            name = _node_name(cluster.name, g.name, i, g.nodes)
-            yield (
-                g,
-                i,
-                name,
-                {
-                    "zone": zone,
-                    "block": f"b{blocks + rack // g.racks_per_block + 1}",
-                    "rack": f"r{racks + rack + 1}",
-                    "nvlink": f"{fabric}.{i // g.clique_nodes + 1}" if g.clique_nodes else "",
-                    "host": name,
-                },
-            )
-        group_racks = -(-g.nodes // g.nodes_per_rack)
-        racks += group_racks
-        blocks += -(-group_racks // g.racks_per_block)
-
-
 def agent_levels(cluster: ClusterSpec) -> tuple[CatalogLevel, ...]:
     """The levels the cluster's agent reports: the cluster's own, then `host` (the agent always has it)."""
     levels = tuple(CatalogLevel(lv.name, lv.key) for lv in cluster.levels)
@@ -130,30 +76,31 @@ def agent_levels(cluster: ClusterSpec) -> tuple[CatalogLevel, ...]:
 
 
 def nodes_of(cluster: ClusterSpec) -> list[Node]:
-    """The cluster's nodes, empty, as the core sees them after the extender read fleetsim.spec's Node objects:
+    """The cluster's nodes, empty, as the core sees them after the extender read fleetsim.node_objects' Node objects:
     topology = the values of `agent_levels` (None where a node has no such label, e.g. outside any clique), MIG
     GPUs published as mixed-strategy extended resources (counts, no whole GPUs), the GPU taint."""
     levels = agent_levels(cluster)
     out: list[Node] = []
-    for g, _, name, values in _level_values(cluster):
+    for loc in node_locations(cluster):
+        g, name = loc.group, loc.name
         labels = {
             HOSTNAME_LABEL: name,
             "topology.kubernetes.io/region": cluster.region,
-            ZONE_LABEL: values["zone"],
+            ZONE_LABEL: loc.zone,
             GPU_PRODUCT_LABEL: g.gpu_model,
         }
         if g.gpu_memory_mib:
             labels[GPU_MEMORY_LABEL] = str(g.gpu_memory_mib)
         for level in cluster.levels:
-            if values.get(level.name, ""):
-                labels[level.key] = values[level.name]
-        if values["nvlink"]:
-            labels[CLIQUE_LABEL] = values["nvlink"]
-        topology = tuple(values.get(level.name) or None for level in levels)
+            if loc.level_value(level.name):
+                labels[level.key] = loc.level_value(level.name)
+        if loc.clique:
+            labels[CLIQUE_LABEL] = loc.clique
+        topology = tuple(loc.level_value(level.name) or None for level in levels)
         extended: dict[str, int] = {}
         gpus: tuple[Gpu, ...] = ()
         if g.mig:
-            for profile, per_gpu in mig_instances(g.gpu_model, g.mig).items():
+            for profile, per_gpu in mig_layout(g.gpu_model, g.mig).items():
                 extended[mig.resource_name(profile)] = per_gpu * g.gpus_per_node
         else:
             gpus = tuple(Gpu(k, g.gpu_model, g.gpu_memory_mib) for k in range(g.gpus_per_node))

@@ -121,7 +121,7 @@ class FastParams:
 
 
 def shape_of(item: WorkItem) -> PodShape:
-    """One replica of `item` as the core sees the pod template wire mode submits (fleetsim.wire.job_spec)."""
+    """One replica of `item` as the core sees the pod template wire mode submits (fleetsim.wire_jobs.job_spec)."""
     gpus, milli = item.gpus, 1000
     if item.mig_profile:
         gpus = 0
