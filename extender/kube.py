@@ -201,8 +201,8 @@ class KubeClient:
             raise await error_from_reply(resp)
         raise KubeError(0, "unreachable")  # pragma: no cover - the loop returns or raises
 
-    def _write_query(self) -> list[tuple[str, str]]:
-        """Every write names its field manager and has unknown or duplicate fields refused."""
+    def write_query(self) -> list[tuple[str, str]]:
+        """The query of every write: it names the field manager and has unknown or duplicate fields refused."""
         return [("fieldManager", self.field_manager), ("fieldValidation", "Strict")]
 
     async def get(self, path: str) -> dict[str, Any] | None:
@@ -233,17 +233,17 @@ class KubeClient:
                 return items
 
     async def create(self, path: str, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
-        query = self._write_query()
+        query = self.write_query()
         if dry_run:
             query.append(("dryRun", "All"))
         return await self.request("POST", path, body=body, query=query)
 
     async def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.request("PUT", path, body=body, query=self._write_query())
+        return await self.request("PUT", path, body=body, query=self.write_query())
 
     async def patch(self, path: str, patch: Any, *, content_type: str) -> dict[str, Any]:
         """A patch of an explicit media type (JSON Patch for lists; never a merge patch on lists)."""
-        return await self.request("PATCH", path, body=patch, query=self._write_query(), content_type=content_type)
+        return await self.request("PATCH", path, body=patch, query=self.write_query(), content_type=content_type)
 
     async def delete(
         self,

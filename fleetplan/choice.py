@@ -24,6 +24,7 @@ from fleetplan.decide import (
     ClusterPredicate,
     Decision,
     WaitReason,
+    allow_every_cluster,
     cluster_allowed,
     decide,
     decide_in,
@@ -41,13 +42,7 @@ __all__ = [
     "CHOICES",
     "make_choice",
     "usable_clusters",
-    "allow_every_cluster",
 ]
-
-
-def allow_every_cluster(_cluster: ClusterState) -> bool:
-    """The policy predicate when no tenancy policy narrows the clusters."""
-    return True
 
 
 class ClusterChoice(ABC):

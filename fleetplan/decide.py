@@ -35,10 +35,17 @@ __all__ = [
     "within_policy",
     "NO_ALLOWED_MODEL",
     "ClusterPredicate",
+    "allow_every_cluster",
 ]
 
 ClusterPredicate = Callable[[ClusterState], bool]
 """Whether the tenancy policy lets the job's tenant use a cluster (its name, region and role)."""
+
+
+def allow_every_cluster(_cluster: ClusterState) -> bool:
+    """The policy predicate when no tenancy policy narrows the clusters."""
+    return True
+
 
 _PRUNE_ABOVE = 4
 """Usable clusters above which the fleet-wide summary prune runs before the per-cluster checks."""
@@ -243,7 +250,7 @@ def decide(
     view: FleetView,
     req: JobRequest,
     *,
-    policy_allows: ClusterPredicate = lambda _c: True,
+    policy_allows: ClusterPredicate = allow_every_cluster,
     excluded_clusters: Collection[str] = (),
     limit: int = 8,
     max_feasible: int = 2,
@@ -348,7 +355,7 @@ def cluster_verdicts(
     view: FleetView,
     req: JobRequest,
     *,
-    policy_allows: ClusterPredicate = lambda _c: True,
+    policy_allows: ClusterPredicate = allow_every_cluster,
     only: str | None = None,
 ) -> tuple[ClusterVerdict, ...]:
     """Why a queued job goes to none of its allowed clusters now: per cluster, the core's own gang fit over

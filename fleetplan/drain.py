@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from fleetplan.catalog import ReservedReplica, empty_node
-from fleetplan.decide import ClusterPredicate, cluster_allowed, core_request, level_index
+from fleetplan.decide import ClusterPredicate, allow_every_cluster, cluster_allowed, core_request, level_index
 from fleetplan.view import FleetView
 from placement.model import JobRequest, Node, PodShape, TopologyLevels
 from placement.topology import GangPlacement, fit_gang
@@ -58,7 +58,7 @@ def choose_drain_domain(
     *,
     now: float,
     hold_until: float,
-    policy_allows: ClusterPredicate = lambda _c: True,
+    policy_allows: ClusterPredicate = allow_every_cluster,
     model_ok: Callable[[str], bool] = lambda _m: True,
 ) -> DrainDomain | None:
     """The domain that would hold the gang empty and drains soonest, or None (see the module docstring).

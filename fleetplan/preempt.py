@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fleetplan.decide import (
     Choice,
     ClusterPredicate,
+    allow_every_cluster,
     choice_of,
     cluster_allowed,
     core_request,
@@ -139,7 +140,7 @@ def plan_preemption(
     req: JobRequest,
     candidates: Sequence[VictimCandidate],
     *,
-    policy_allows: ClusterPredicate = lambda _c: True,
+    policy_allows: ClusterPredicate = allow_every_cluster,
 ) -> PreemptionPlan | None:
     """The cheapest feasible set of victims for `req` over every allowed, usable cluster, or None."""
     best: PreemptionPlan | None = None

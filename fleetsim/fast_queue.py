@@ -7,8 +7,8 @@ from typing import cast
 
 from broker.domain.states import JobState
 from broker.scheduling.queue import QueueEntry, QueueSnapshot, Usage
-from fleetplan.choice import AggregateChoice, allow_every_cluster, usable_clusters
-from fleetplan.decide import Choice, could_ever_fit, within_policy
+from fleetplan.choice import AggregateChoice, usable_clusters
+from fleetplan.decide import Choice, allow_every_cluster, could_ever_fit, within_policy
 from fleetplan.view import FleetView
 from fleetsim.fast_records import JOB_NEVER, JOB_QUEUED, JobRecord, only_cluster
 from fleetsim.fast_state import FastState

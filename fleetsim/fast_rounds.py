@@ -7,8 +7,8 @@ import time
 from broker.scheduling.drains import DrainHold
 from broker.scheduling.queue import QueueSnapshot
 from fleetplan.catalog import Reservation, ReservedReplica
-from fleetplan.choice import RoundRobinChoice, allow_every_cluster, usable_clusters
-from fleetplan.decide import Choice, Decision
+from fleetplan.choice import RoundRobinChoice, usable_clusters
+from fleetplan.decide import Choice, Decision, allow_every_cluster
 from fleetplan.view import ClusterState, FleetView
 from fleetsim.fast_fair import FastFairness
 from fleetsim.fast_records import EVENT_DISPATCH, JOB_RESERVED, POD_SET, JobRecord

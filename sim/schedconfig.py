@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "DEFAULT_SCORE_WEIGHTS",
     "ExtenderSettings",
     "SchedulerProfile",
     "load_profile",

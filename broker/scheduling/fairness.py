@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from broker.domain.states import JobState
 from broker.scheduling.queue import QueueEntry, QueueSnapshot, banded_priority, job_cost
-from fleetplan.decide import ClusterPredicate
+from fleetplan.decide import ClusterPredicate, allow_every_cluster
 from fleetplan.preempt import PreemptionPlan, VictimCandidate, plan_preemption
 from fleetplan.view import FleetView
 from placement.model import JobRequest, PodShape
@@ -335,7 +335,7 @@ def choose_preemption(
     knobs: TenantKnobs,
     *,
     min_runtime_s: float,
-    policy_allows: ClusterPredicate = lambda _c: True,
+    policy_allows: ClusterPredicate = allow_every_cluster,
     may_take: Callable[[str], bool] = lambda _victim: True,
 ) -> PreemptionChoice | None:
     """Whom the waiting `preemptor` (its request `req`) should preempt now, and where it goes then, or None.

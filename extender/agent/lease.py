@@ -273,7 +273,9 @@ class LeaderElector:
                 "metadata": {"name": self._config.name, "namespace": self._config.namespace},
                 "spec": spec,
             }
-            write = self._client.request("POST", self._collection, body=body, query=self._write_query(), mutating=False)
+            write = self._client.request(
+                "POST", self._collection, body=body, query=self._client.write_query(), mutating=False
+            )
         else:
             write = self._put(spec)
         written = await self._bounded(write, sent + deadline_s)
@@ -387,9 +389,6 @@ class LeaderElector:
             self._observed_at = self._clock()
         self._record = obj
 
-    def _write_query(self) -> list[tuple[str, str]]:
-        return [("fieldManager", self._client.field_manager), ("fieldValidation", "Strict")]
-
     async def _put(self, spec: dict[str, Any]) -> dict[str, Any]:
         """PUT our spec over the observed record, conditional on its resourceVersion."""
         meta = (self._record or {}).get("metadata") or {}
@@ -397,7 +396,9 @@ class LeaderElector:
         metadata.setdefault("name", self._config.name)
         metadata.setdefault("namespace", self._config.namespace)
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Lease", "metadata": metadata, "spec": spec}
-        return await self._client.request("PUT", self._path, body=body, query=self._write_query(), mutating=False)
+        return await self._client.request(
+            "PUT", self._path, body=body, query=self._client.write_query(), mutating=False
+        )
 
     async def _bounded(self, aw: Awaitable[_T], until: float) -> _T:
         """Await `aw` until the monotonic time `until` (measured with the injected sleep); past it the

@@ -166,6 +166,16 @@ def per_kind(control: str, name: str, suffix: str, value: Any, reported: str = "
     ]
 
 
+# Refused at both levels with the same field, so it is a case of both lists.
+SECCOMP_UNCONFINED_PER_KIND = per_kind(
+    "Seccomp",
+    "Unconfined",
+    "securityContext.seccompProfile",
+    {"type": "Unconfined"},
+    "securityContext.seccompProfile.type",
+)
+
+
 # (control, id, changes to baseline_spec(), fields reported[, fields reported at restricted when they differ])
 BASELINE_REFUSED: list[tuple[Any, ...]] = [
     (
@@ -301,13 +311,7 @@ BASELINE_REFUSED: list[tuple[Any, ...]] = [
             *(f"spec.{k}[0].securityContext.seccompProfile.type" for k in KINDS),
         },
     ),
-    *per_kind(
-        "Seccomp",
-        "Unconfined",
-        "securityContext.seccompProfile",
-        {"type": "Unconfined"},
-        "securityContext.seccompProfile.type",
-    ),
+    *SECCOMP_UNCONFINED_PER_KIND,
     *[
         (
             "Sysctls",
@@ -470,13 +474,7 @@ RESTRICTED_REFUSED: list[tuple[Any, ...]] = [
             *(f"spec.{k}[0].securityContext.seccompProfile.type" for k in KINDS),
         },
     ),
-    *per_kind(
-        "Seccomp",
-        "Unconfined",
-        "securityContext.seccompProfile",
-        {"type": "Unconfined"},
-        "securityContext.seccompProfile.type",
-    ),
+    *SECCOMP_UNCONFINED_PER_KIND,
     *per_kind("Capabilities", "drop ALL missing", "securityContext.capabilities.drop", ["NET_RAW"]),
     *per_kind(
         "Capabilities",

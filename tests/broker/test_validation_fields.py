@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 import grpc
 import pytest
@@ -14,16 +13,9 @@ from broker.api import validation
 from broker.launcher.client import status_details
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
-from tests.broker.hub_builders import Broker, spec, start_broker, template
+from tests.broker.hub_builders import Broker, broker, spec, template  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
-    b = await start_broker(tmp_path)
-    yield b
-    await b.close()
 
 
 def _set(path: str, value: object) -> Callable[[job_pb2.JobSpec], None]:

@@ -9,6 +9,18 @@ from typing import Any
 
 from tests.fixtures import fixture_json
 
+RESERVATION_CONFIGMAP: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "ConfigMap",
+    "metadata": {
+        "name": "reservation-job-7-1",
+        "namespace": "tandem-system",
+        "labels": {"tandem.dev/reservation": "job-7"},
+    },
+    "data": {"reservation.json": '{"job": "job-7", "attempt": 1}'},
+}
+"""A reservation ConfigMap as the agent writes it (no resourceVersion: the server gives one)."""
+
 
 def fixture_items(name: str, kind: str | None = None) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = fixture_json(name)["items"]

@@ -261,6 +261,17 @@ MakeClient = Callable[..., Awaitable[RecordingClient]]
 MakeCandidate = Callable[..., Awaitable[Candidate]]
 
 
+async def a_leads_b_follows(make: MakeCandidate) -> tuple[Candidate, Candidate]:
+    """Candidate a starts alone and takes the Lease, then b joins; both run 4 s with at most one writer."""
+    a, b = await make("a"), await make("b")
+    a.start()
+    await settle(a)
+    b.start()
+    await settle(a, b)
+    await drive([a, b], 4, check=lambda: one_writer(a, b))
+    return a, b
+
+
 @pytest.fixture
 async def server() -> AsyncIterator[KubeAPIServer]:
     srv = KubeAPIServer(rbac_paths=[AGENT_RBAC], seed=7)
@@ -392,12 +403,7 @@ async def test_two_candidates_exactly_one_leads_and_the_epoch_rises_on_takeover(
 async def test_a_partitioned_leader_steps_down_before_the_other_can_take_over(
     make: MakeCandidate, cluster: Cluster
 ) -> None:
-    a, b = await make("a"), await make("b")
-    a.start()
-    await settle(a)
-    b.start()
-    await settle(a, b)
-    await drive([a, b], 4, check=lambda: one_writer(a, b))
+    a, b = await a_leads_b_follows(make)
     assert a.elector.epoch == 0
 
     cluster.drop_requests_from(a.token)  # A's requests hang; it may still be connected to the broker
@@ -459,12 +465,7 @@ async def test_may_write_turns_false_at_the_deadline_while_the_renew_hangs(
 
 
 async def test_a_paused_leader_finds_it_lost_and_never_writes_after(make: MakeCandidate) -> None:
-    a, b = await make("a"), await make("b")
-    a.start()
-    await settle(a)
-    b.start()
-    await settle(a, b)
-    await drive([a, b], 4, check=lambda: one_writer(a, b))
+    a, b = await a_leads_b_follows(make)
     last = a.last_write()
 
     await drive([b], 20)  # A is paused (GC, SIGSTOP, a starved node): its clock and loop stand still

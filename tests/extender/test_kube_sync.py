@@ -15,6 +15,7 @@ from kubernetes.aio import client as kclient
 
 from extender import kube
 from tests.extender.kube_fakes import (
+    RESERVATION_CONFIGMAP,
     RecordingInventory,
     SleepRecorder,
     event,
@@ -30,17 +31,7 @@ PODS = fixture_items("cluster.json", "Pod")
 SLICES = fixture_items("cluster.json", "ResourceSlice")
 CLAIMS = fixture_items("cluster.json", "ResourceClaim")
 
-RESERVATION_CM = {
-    "apiVersion": "v1",
-    "kind": "ConfigMap",
-    "metadata": {
-        "name": "reservation-job-7-1",
-        "namespace": "tandem-system",
-        "resourceVersion": "42",
-        "labels": {"tandem.dev/reservation": "job-7"},
-    },
-    "data": {"reservation.json": '{"job": "job-7", "attempt": 1}'},
-}
+RESERVATION_CM = with_rv(RESERVATION_CONFIGMAP, "42")
 DEVICE_CLASS = {
     "apiVersion": "resource.k8s.io/v1",
     "kind": "DeviceClass",

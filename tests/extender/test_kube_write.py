@@ -11,17 +11,8 @@ import pytest
 from kubernetes.aio import client as kclient
 
 from extender import kube
+from tests.extender.kube_fakes import RESERVATION_CONFIGMAP
 
-RESERVATION = {
-    "apiVersion": "v1",
-    "kind": "ConfigMap",
-    "metadata": {
-        "name": "reservation-job-7-1",
-        "namespace": "tandem-system",
-        "labels": {"tandem.dev/reservation": "job-7"},
-    },
-    "data": {"reservation.json": '{"job": "job-7", "attempt": 1}'},
-}
 JOB = {
     "apiVersion": "batch/v1",
     "kind": "Job",
@@ -62,7 +53,7 @@ def posts(kmock: Any) -> list[Any]:
     return [r for r in list(kmock) if r.method == kmock_lib.method.POST]
 
 
-@pytest.mark.parametrize("body", [RESERVATION, JOB], ids=["configmap", "job"])
+@pytest.mark.parametrize("body", [RESERVATION_CONFIGMAP, JOB], ids=["configmap", "job"])
 async def test_create_then_get_existing(kmock: Any, api: kclient.ApiClient, body: dict[str, Any]) -> None:
     sent = copy.deepcopy(body)
     obj, created = await kube.create_or_get(api, sent)
@@ -98,6 +89,6 @@ async def test_other_errors_raise_with_the_status(kmock: Any, api: kclient.ApiCl
         }
     )
     with pytest.raises(kube.KubeError) as err:
-        await kube.create_or_get(api, copy.deepcopy(RESERVATION))
+        await kube.create_or_get(api, copy.deepcopy(RESERVATION_CONFIGMAP))
     assert err.value.status == 403
     assert "forbidden" in str(err.value)

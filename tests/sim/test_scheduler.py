@@ -19,6 +19,7 @@ from sim import schedplugins as sp
 from sim.cluster import SimCluster, eventually
 from sim.kubeclient import KubeClient
 from sim.schedconfig import (
+    DEFAULT_SCORE_WEIGHTS,
     combine_scores,
     fit_error_message,
     load_profile,
@@ -372,14 +373,10 @@ def test_shipped_configuration_is_read_as_kube_scheduler_reads_it() -> None:
     profile = load_profile(SHIPPED_CONFIG, "tandem-scheduler")
     assert profile.fit_strategy == "MostAllocated"
     assert profile.fit_resources == (("cpu", 1), ("memory", 1), ("nvidia.com/gpu", 10))
-    assert dict(profile.score_weights) == {
-        "TaintToleration": 3,
-        "NodeAffinity": 2,
-        "NodeResourcesFit": 1,
-        "VolumeBinding": 1,
-        "PodTopologySpread": 2,
-        "InterPodAffinity": 2,
-    }
+    # kube-scheduler's defaults with the two plugins the profile disables taken out (VolumeBinding is kept,
+    # though the profile does not list it); every weight the profile does list is the default one.
+    disabled = {"NodeResourcesBalancedAllocation", "ImageLocality"}
+    assert dict(profile.score_weights) == {n: w for n, w in DEFAULT_SCORE_WEIGHTS.items() if n not in disabled}
     assert profile.percentage_of_nodes_to_score == 100
     (ext,) = profile.extenders
     assert (ext.path_prefix, ext.filter_verb, ext.prioritize_verb) == ("/tandem", "filter", "prioritize")
