@@ -66,11 +66,11 @@ async def convergence(tmp: Path, jobs: int) -> dict[str, Any]:
             for t, c in clients.items():
                 if alone and t != "alpha":
                     continue
-                queued = sum(1 for j in b.hub.placer.queued.values() if j.tenant == t)
+                queued = sum(1 for j in b.hub.placer.book.queued.values() if j.tenant == t)
                 for _ in range(max(0, 4 - queued)):
                     submitted[t] += 1
                     await c.submit("s", [SubmitItem(f"{t}-{submitted[t]}", spec(gpus=8))])
-            _, shares = b.hub.placer.shares()
+            _, shares = b.hub.placer.book.shares()
             if not alone:
                 samples.append((loop.time() - t0 - ALONE_S, {t: shares.usage.get(t, 0.0) for t in FAIR}))
             await asyncio.sleep(0.05)

@@ -292,8 +292,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         try:
             setup_s = time.perf_counter() - t0
             await asyncio.sleep(2.0)  # let the placer's first passes over the queue settle
-            queued = [j for j, e in broker.hub.placer.snapshot().entries.items() if e.state.value == "QUEUED"]
-            entries = broker.hub.placer.snapshot().entries
+            queued = [j for j, e in broker.hub.placer.book.snapshot().entries.items() if e.state.value == "QUEUED"]
+            entries = broker.hub.placer.book.snapshot().entries
             waiting = next(j for j in ids if j in set(queued) and entries[j].gpus == 64)
             # queued gangs among the first page's jobs (the list is in submission order)
             cancellable = [j for j in ids[:100] if j in set(queued) and j != waiting][: args.runs]

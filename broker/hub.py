@@ -6,8 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 
 from broker.clusters.dispatcher import Dispatcher
 from broker.config import BrokerConfig
@@ -21,7 +20,7 @@ from broker.scheduling.preemptor import Preemptor
 from broker.store.base import Store, StoreOptions
 from broker.tenancy import auth
 from broker.tenancy.policy import PolicyFile
-from fleetplan.catalog import Catalog, ClusterEntry
+from fleetplan.catalog import Catalog
 from fleetplan.choice import make_choice
 from fleetplan.view import FleetView
 
@@ -54,8 +53,6 @@ class Hub:
         self.audit = auth.AuditLog(audit_path, clock=clock)
         self.catalog = Catalog(stale_after_s=cfg.cluster_stale_after_s)
         self.cordon_reasons: dict[str, str] = {}
-        self.cluster_records: Mapping[str, ClusterEntry] = MappingProxyType(self.catalog.clusters)
-        """Every cluster's record, read-only: what the API renders (only the catalog changes them)."""
         # The placer and the dispatcher hold no reference to each other: each sends the other events.
         self.placer = Placer(
             store,
@@ -124,7 +121,7 @@ class Hub:
     # ------------------------------------------------------------------ what the API reads and asks for
 
     def fleet_view(self) -> FleetView:
-        """The catalog frozen now: how the API reads cluster facts (usability, reservations, metadata)."""
+        """The catalog frozen now: how the API, the fleet view and the metrics read the fleet (never the catalog)."""
         return FleetView(self.catalog, self.clock())
 
     async def set_cordon(self, cluster: str, reason: str | None, actor: str) -> None:
@@ -145,7 +142,7 @@ class Hub:
     def reprioritised(self, job: JobRecord) -> None:
         """A job's priority or band changed: the placer's cached request carries the old one, and the queue's
         order changed, so waiting jobs deserve another look."""
-        self.placer.requests.pop(job.job_id, None)
+        self.placer.book.forget_request(job.job_id)
         self.placer.observe(job)
         self.placer.capacity_changed()
 
@@ -166,9 +163,9 @@ class Hub:
         while True:
             await asyncio.sleep(every_s)
             with contextlib.suppress(Exception):
-                self.metrics.refresh_queue(self.placer)
-                self.metrics.refresh_shares(self.placer)
-                self.metrics.staleness(self.catalog, self.clock())
+                self.metrics.refresh_queue(self.placer.book)
+                self.metrics.refresh_shares(self.placer.book, self.placer.holds)
+                self.metrics.staleness(self.fleet_view())
                 stats = getattr(self.store, "commit_stats", None)
                 for size, count in dict(getattr(stats, "sizes", {}) or {}).items():
                     for _ in range(count - seen.get(size, 0)):

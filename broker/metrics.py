@@ -1,4 +1,9 @@
-"""Prometheus metrics of the broker (own registry, served on a side port)."""
+"""Prometheus metrics of the broker (own registry, served on a side port).
+
+The gauges refreshed at scrape cadence read the fleet from a `FleetView` taken for the refresh and the
+queue from the placer's job book and holds, never the catalog: they run between placement cycles, but a
+reader outside the decision seam gets the same frozen snapshot the API does.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from broker.scheduling.fairness import tenant_usage
+from broker.scheduling.placer_book import JobBook
+from broker.scheduling.placer_holds import Holds
+from fleetplan.view import FleetView
 
 __all__ = ["Metrics"]
 
@@ -113,22 +121,24 @@ class Metrics:
     def rejected(self, cluster: str) -> None:
         self.dispatch_rejections.labels(cluster).inc()
 
-    def staleness(self, catalog: Any, now: float) -> None:
-        for name, entry in catalog.clusters.items():
-            self.staleness_seconds.labels(name).set(max(0.0, now - entry.last_report) if entry.last_report else -1)
+    def staleness(self, fleet: FleetView) -> None:
+        """Age of each cluster's last report at the snapshot's time (-1: none yet)."""
+        for name, state in fleet.clusters.items():
+            age = max(0.0, fleet.now - state.last_report) if state.last_report else -1
+            self.staleness_seconds.labels(name).set(age)
 
-    def refresh_queue(self, placer: Any, now: float | None = None) -> None:
-        """Recompute queue gauges from the placer's view (called on scrape cadence by the hub).
+    def refresh_queue(self, book: JobBook, now: float | None = None) -> None:
+        """Recompute queue gauges from the placer's job book (called on scrape cadence by the hub).
 
         Tenants with nothing queued drop out of every per-tenant queue gauge (cleared, not set to 0)."""
-        now = placer.clock() if now is None else now
+        now = book.clock() if now is None else now
         self.queue_length.clear()
         self.pending_gpus.clear()
         self.oldest_wait.clear()
         counts: dict[str, int] = {}
         oldest: dict[str, float] = {}
         demand: dict[tuple[str, str], float] = {}
-        for job in placer.queued.values():
+        for job in book.queued.values():
             counts[job.tenant] = counts.get(job.tenant, 0) + 1
             oldest[job.tenant] = min(oldest.get(job.tenant, job.create_time), job.create_time)
             for model in job.gpu_models or ("any",):
@@ -140,21 +150,17 @@ class Metrics:
             self.oldest_wait.labels(tenant).set(max(0.0, now - since))
         for (tenant, model), gpus in demand.items():
             self.pending_gpus.labels(tenant, model).set(gpus)
-        per_cluster: dict[str, float] = {}
-        for res in placer.catalog.reservations.values():
-            held = placer.held.get(res.job_id)
-            per_cluster[res.cluster] = per_cluster.get(res.cluster, 0.0) + (held.gpus if held else 0.0)
         self.reserved_gpus.clear()
-        for cluster, gpus in per_cluster.items():
+        for cluster, gpus in book.held_gpus_by_cluster().items():
             self.reserved_gpus.labels(cluster).set(gpus)
 
     def preempted(self, reason: str, tenant: str, lost_gpu_hours: float) -> None:
         self.preemptions.labels(reason).inc()
         self.preemption_lost.labels(tenant).inc(lost_gpu_hours)
 
-    def refresh_shares(self, placer: Any) -> None:
+    def refresh_shares(self, book: JobBook, holds: Holds) -> None:
         """Fair share, usage, demand and borrowed GPUs per tenant, and preemption holds (scrape cadence)."""
-        snap, shares = placer.shares()
+        snap, shares = book.shares()
         for g in (self.fair_share, self.actual_share, self.demand, self.borrowed_gpus):
             g.clear()
         for row in tenant_usage(snap, shares):
@@ -163,9 +169,9 @@ class Metrics:
             self.demand.labels(row.tenant).set(row.demand_cost)
             for model, gpus in row.borrowed.items():
                 self.borrowed_gpus.labels(row.tenant, model).set(gpus)
-        self.preemption_holds.set(len(placer.preempting))
-        self.held_domains.set(len(placer.drains))
-        self.held_idle_gpus.set(sum(h.idle_gpus for h in placer.drains.holds.values()))
+        self.preemption_holds.set(len(holds.preempting))
+        self.held_domains.set(len(holds.drains))
+        self.held_idle_gpus.set(sum(h.idle_gpus for h in holds.drains.holds.values()))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

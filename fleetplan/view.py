@@ -7,6 +7,10 @@ holds go through the view (`hold`), so the next decision in the same cycle sees 
 change to the catalog makes the view stale, and using it then raises `StaleView` instead of deciding
 over a mix of two states. In the broker a cycle is the run of decisions between two yields of the
 event loop; in the fleet simulator's fast mode it is one virtual-time scheduling round.
+
+The API and the fleet view read the fleet through a view taken per call too: the per-cluster facts are
+frozen when it is taken, and the pictures they draw of a cluster's GPUs (`gpus`, `occupancy`) are frozen
+records computed through it, so nothing outside the decision seam holds the catalog's live state.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from types import MappingProxyType
 
 from fleetplan.arrays import ClusterArrays
 from fleetplan.catalog import Catalog, ClusterMeta, Reservation, Usability
+from fleetplan.occupancy import ClusterOccupancy
+from fleetplan.pictures import ClusterGpus, OccupancyMemo, cluster_gpus
 from placement.model import Node, PodShape
 
 __all__ = ["ClusterState", "FleetView", "StaleView"]
@@ -34,15 +40,23 @@ class ClusterState:
     meta: ClusterMeta
     usability: Usability
     cordoned: bool
+    connected: bool
+    """Its agent's stream is open."""
     sequence: int
     last_report: float
-    has_nodes: bool
+    """When its latest report was applied (0: never)."""
+    nodes: int
+    """Nodes in its latest report."""
     reservations: int
     """Reservations held on it when the view was taken (the ranking's queue length)."""
 
     @property
     def usable(self) -> bool:
         return self.usability is Usability.USABLE
+
+    @property
+    def has_nodes(self) -> bool:
+        return self.nodes > 0
 
 
 class FleetView:
@@ -63,9 +77,10 @@ class FleetView:
                     e.meta,
                     e.usability(now, catalog.stale_after_s),
                     e.cordoned,
+                    e.connected,
                     e.sequence,
                     e.last_report,
-                    bool(e.nodes),
+                    len(e.nodes),
                     catalog.reservation_count(e.name),
                 )
                 for e in catalog.clusters.values()
@@ -116,6 +131,16 @@ class FleetView:
             for model, n in (arrays.gpu_totals() if arrays is not None else {}).items():
                 totals[model] = totals.get(model, 0) + n
         return totals
+
+    def gpus(self, cluster: str, depths: Iterable[int] = ()) -> ClusterGpus | None:
+        """GPUs and free whole GPUs per model (and per domain of each level in `depths`); None: no report yet."""
+        arrays = self.arrays(cluster)
+        return None if arrays is None else cluster_gpus(arrays, depths)
+
+    def occupancy(self, cluster: str, memo: OccupancyMemo) -> ClusterOccupancy | None:
+        """What the cluster's GPUs are doing now (fleetplan.occupancy), through `memo`; None: no report yet."""
+        arrays = self.arrays(cluster)
+        return None if arrays is None else memo.of(arrays)
 
     def reservation_count(self, cluster: str) -> int:
         state = self.clusters.get(cluster)

@@ -1,8 +1,9 @@
 """What the API's handlers get instead of the hub: one small bundle per family of calls (`broker.server` builds them).
 
 Each bundle carries only what its calls use. The fleet is read through a `FleetView` taken per call (the
-same snapshot a placement cycle decides over) and read-only cluster records; changes to the catalog,
-the placer and the dispatcher go through the hub's named operations, never their internals.
+same snapshot a placement cycle decides over: frozen cluster facts, GPU pictures computed through it),
+never the live catalog; the queue is read from the placer's job book; changes to the catalog, the placer
+and the dispatcher go through the hub's named operations, never their internals.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from broker.scheduling.queue import QueueSnapshot, WaitInfo
 from broker.store.base import Store
 from broker.tenancy.auth import AuditLog, Authorizer, Caller
 from broker.tenancy.policy import PolicyFile
-from fleetplan.catalog import ClusterEntry
 from fleetplan.decide import ClusterVerdict
 from fleetplan.view import FleetView
 from placement.model import JobRequest
@@ -40,7 +40,7 @@ __all__ = [
 
 
 class QueueReads(Protocol):
-    """The placer's queue as the API reads it: order, why jobs wait, fair shares, per-cluster verdicts."""
+    """The placer's job book as the API reads it: queue order, why jobs wait, fair shares, per-cluster verdicts."""
 
     def snapshot(self, now: float | None = None) -> QueueSnapshot: ...
 
@@ -101,8 +101,7 @@ class JobPorts:
     """Send the job's clusters what they are owed about it now."""
     deliver_all: Callable[[], Awaitable[None]]
     fleet_view: Callable[[], FleetView]
-    cluster_records: Mapping[str, ClusterEntry]
-    """Every cluster's record, read-only (what a summary renders)."""
+    """The fleet now, frozen (the clusters' log link templates)."""
     submissions: Counter
     """Submitted items by outcome."""
 
@@ -124,8 +123,7 @@ class ClusterPorts:
     policy: PolicyFile
     clock: Callable[[], float]
     fleet_view: Callable[[], FleetView]
-    cluster_records: Mapping[str, ClusterEntry]
-    """Every cluster's record, read-only (what a summary renders)."""
+    """The fleet now, frozen: what the cluster calls and the fleet picture read."""
     cordon_reasons: Mapping[str, str]
     set_cordon: Callable[[str, str | None, str], Awaitable[None]]
     """(cluster, reason or None to uncordon, actor): durable first, then in effect for the placer."""

@@ -12,7 +12,9 @@ from broker.api.serde_inventory import node_from_proto
 from broker.clusters import link
 from broker.domain.records import ReplicaRecord
 from broker.domain.states import AttemptOutcome
-from fleetplan.catalog import ClusterEntry, ClusterMeta, InventoryReport, Level, ReplicaPlacement
+from fleetplan.catalog import ClusterMeta, InventoryReport, Level, ReplicaPlacement
+from fleetplan.pictures import ClusterGpus
+from fleetplan.view import ClusterState
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import common_pb2, job_pb2
 from tandem.v1 import inventory_pb2 as inv
@@ -338,60 +340,38 @@ def broker_message(sequence: int, now: float, out: link.Outbound) -> cs.BrokerMe
 
 
 def cluster_summary(
-    entry: ClusterEntry,
+    state: ClusterState,
+    gpus: ClusterGpus | None,
     now: float,
     stale: bool,
     active_attempts: int,
     cordon_reason: str = "",
-    with_domains: bool = False,
-    models: Sequence[str] = (),
 ) -> cs.ClusterSummary:
+    """One cluster's facts from a fleet snapshot, and its GPUs as read through that snapshot (None: no report)."""
     out = cs.ClusterSummary(
-        name=entry.name,
-        region=entry.meta.region,
-        role=entry.meta.role,
-        connected=entry.connected,
-        cordoned=entry.cordoned,
+        name=state.name,
+        region=state.meta.region,
+        role=state.meta.role,
+        connected=state.connected,
+        cordoned=state.cordoned,
         cordon_reason=cordon_reason,
         stale=stale,
-        nodes=len(entry.nodes),
+        nodes=state.nodes,
         active_attempts=active_attempts,
     )
-    for lvl in entry.meta.levels:
+    for lvl in state.meta.levels:
         out.topology_levels.add(name=lvl.name, label_key=lvl.key)
-    if entry.last_report:
-        out.last_report_time.CopyFrom(ts(entry.last_report))
-        out.last_report_age.CopyFrom(_dur(max(0.0, now - entry.last_report)))
-    arrays = entry.arrays
-    if arrays is None:
+    if state.last_report:
+        out.last_report_time.CopyFrom(ts(state.last_report))
+        out.last_report_age.CopyFrom(_dur(max(0.0, now - state.last_report)))
+    if gpus is None:
         return out
-    free = arrays.eff_free_gpu()
-    totals: dict[str, list[int]] = {}
-    for i, node in enumerate(arrays.nodes):
-        model = node.gpu_model or ""
-        if not node.gpus:
-            continue
-        acc = totals.setdefault(model, [0, 0])
-        acc[0] += node.total_gpus
-        acc[1] += int(free[i])
-    for model in sorted(totals):
-        out.gpus.add(model=model, total=totals[model][0], free=totals[model][1])
-    if with_domains:
-        for depth, level in enumerate(entry.meta.levels[:-1] if len(entry.meta.levels) > 1 else entry.meta.levels):
-            groups: dict[int, list[int]] = {}
-            for i, d in enumerate(arrays.dom[depth]):
-                groups.setdefault(int(d), []).append(i)
-            for d, rows in sorted(groups.items()):
-                ds = out.domains.add(level=level.name, nodes=len(rows))
-                for seg in arrays.dom_paths[depth][d]:
-                    ds.path.segments.add(value=seg) if seg is not None else ds.path.segments.add()
-                per: dict[str, list[int]] = {}
-                for i in rows:
-                    node = arrays.nodes[i]
-                    if node.gpus:
-                        acc = per.setdefault(node.gpu_model or "", [0, 0])
-                        acc[0] += node.total_gpus
-                        acc[1] += int(free[i])
-                for model in sorted(per):
-                    ds.gpus.add(model=model, total=per[model][0], free=per[model][1])
+    for g in gpus.gpus:
+        out.gpus.add(model=g.model, total=g.total, free=g.free)
+    for d in gpus.domains:
+        ds = out.domains.add(level=state.meta.levels[d.depth].name, nodes=d.nodes)
+        for seg in d.path:
+            ds.path.segments.add(value=seg) if seg is not None else ds.path.segments.add()
+        for g in d.gpus:
+            ds.gpus.add(model=g.model, total=g.total, free=g.free)
     return out

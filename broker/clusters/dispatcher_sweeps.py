@@ -17,6 +17,7 @@ from broker.domain.specs import SpecReader
 from broker.domain.states import PRE_START, AttemptOutcome, JobState
 from broker.store.base import Store
 from fleetplan import catalog as cat
+from fleetplan.view import FleetView
 
 __all__ = ["Watchdog"]
 
@@ -66,7 +67,7 @@ class Watchdog:
             if e.silent_for(now) > self.cfg.cluster_stale_after_s
         }
         if self.metrics is not None:
-            self.metrics.staleness(self.catalog, now)
+            self.metrics.staleness(FleetView(self.catalog, now))
         runs = await self.store.active_runs()  # one read, not one per attempt
         for job, a in runs:
             silent = stale.get(a.cluster)

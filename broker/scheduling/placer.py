@@ -12,17 +12,15 @@ from broker.domain import errors, job_events
 from broker.domain.events import JobChanged, ReservationMade, ToDispatcher, ToPlacer
 from broker.domain.records import JobRecord
 from broker.domain.specs import SpecReader
-from broker.scheduling import fairness
 from broker.scheduling import queue as q
 from broker.scheduling.drains import DrainHolds
 from broker.scheduling.placer_book import Held, JobBook, WaitHint
-from broker.scheduling.placer_holds import Holds, PreemptionHold, preempting_wait
+from broker.scheduling.placer_holds import Holds, preempting_wait
 from broker.store.base import Store
 from broker.tenancy.policy import PolicyFile
 from fleetplan import catalog as cat
 from fleetplan.choice import ClusterChoice, TandemChoice
-from fleetplan.decide import Choice, ClusterPredicate, ClusterVerdict, Decision, WaitReason
-from fleetplan.drain import DrainDomain
+from fleetplan.decide import Decision, WaitReason
 from fleetplan.view import FleetView
 from placement.model import JobRequest
 
@@ -36,8 +34,8 @@ _SNAPSHOT_SHARE = 5
 
 class Placer:
     """The scheduling loop: `step()` places what it can now. Owns the job book (what it knows about jobs and
-    the queue's order over them) and the holds (capacity kept for waiting jobs); the rest of the broker reads
-    and tells it through the methods below."""
+    the queue's order over them) and the holds (capacity kept for waiting jobs); the rest of the broker tells
+    it through the methods below, and reads the book and the holds themselves (`book`, `holds`)."""
 
     def __init__(
         self,
@@ -82,37 +80,13 @@ class Placer:
             model_weights=model_weights,
             usage_half_life_s=usage_half_life_s,
         )
+        """Jobs, their requests, held capacity, why they wait, the queue's order: what the API, the preemptor
+        and the metrics read."""
         self.holds = Holds(self.book, drains, catalog=catalog, send=send, clock=clock, metrics=metrics)
+        """Preemption holds and held domains: the preemptor starts them, the step consults them."""
         self._stopped = False
         self.snapshot_cost_s = 0.0
         """Seconds the last step spent building the queue snapshot."""
-
-    # ------------------------------------------------------------------ what the book and the holds keep
-    # (read by the preemptor, the metrics and the API; owned and kept by the book and the holds)
-
-    @property
-    def queued(self) -> dict[str, JobRecord]:
-        return self.book.queued
-
-    @property
-    def requests(self) -> dict[str, JobRequest]:
-        return self.book.requests
-
-    @property
-    def held(self) -> dict[str, Held]:
-        return self.book.held
-
-    @property
-    def waits(self) -> dict[str, WaitHint]:
-        return self.book.waits
-
-    @property
-    def preempting(self) -> dict[str, PreemptionHold]:
-        return self.holds.preempting
-
-    @property
-    def drains(self) -> DrainHolds:
-        return self.holds.drains
 
     # ------------------------------------------------------------------ told by the rest of the broker
 
@@ -140,52 +114,6 @@ class Placer:
     def remember(self, job: JobRecord, req: JobRequest) -> None:
         """The request parsed at submission, so the placer does not decode the spec again."""
         self.book.remember(job, req)
-
-    def hold_for_preemption(self, job: JobRecord, choice: Choice, victims: frozenset[str], deadline: float) -> None:
-        """Hold the nodes `job` will get once `victims` have left (the preemptor's plan, FLEET-NOTES F-5)."""
-        self.holds.hold_for_preemption(job, choice, victims, deadline)
-
-    def hold_domain(self, job: JobRecord, domain: DrainDomain, now: float, max_hold_s: float) -> None:
-        """Hold `domain` for the waiting gang `job` while it drains (see broker.scheduling.drains)."""
-        self.holds.hold_domain(job, domain, now, max_hold_s)
-
-    # ------------------------------------------------------------------ read by the rest of the broker
-
-    def snapshot(self, now: float | None = None) -> q.QueueSnapshot:
-        """The queue's view (reused for a quarter second while no job changed)."""
-        return self.book.snapshot(now)
-
-    def shares(self, now: float | None = None) -> tuple[q.QueueSnapshot, fairness.Shares]:
-        """The queue's snapshot and every tenant's usage, demand and fair share of the fleet's capacity now."""
-        return self.book.shares(now)
-
-    def ordered(self) -> list[JobRecord]:
-        """QUEUED jobs in the queue's order: band, weighted fair share, priority, arrival."""
-        return self.book.ordered()
-
-    def position(self, job_id: str) -> int | None:
-        """Jobs ahead of this one in its tenant's own queue order (never reveals other tenants' jobs)."""
-        return self.book.position(job_id)
-
-    def why(self, job_id: str) -> q.WaitInfo:
-        """Position and why it waits: the queue's reasons plus the placer's last capacity verdict."""
-        return self.book.why(job_id)
-
-    def why_all(self, snap: q.QueueSnapshot | None = None) -> dict[str, q.WaitInfo]:
-        """`why` for every QUEUED job, from one snapshot (`snap`, or the current one)."""
-        return self.book.why_all(snap)
-
-    async def cluster_verdicts(self, job: JobRecord) -> tuple[ClusterVerdict, ...]:
-        """Each allowed cluster's verdict on a queued job now (the core's fit over its reported inventory)."""
-        return await self.book.cluster_verdicts(job)
-
-    def request_of(self, job: JobRecord) -> JobRequest:
-        """The job's request as placement sees it under the current policy (cached until it ends)."""
-        return self.book.request_of(job)
-
-    def allows(self, job: JobRecord) -> ClusterPredicate:
-        """Which clusters the tenancy policy lets the job's tenant use."""
-        return self.book.allows(job)
 
     # ------------------------------------------------------------------ the step
 

@@ -117,6 +117,10 @@ class JobBook:
         models = None if tenant is None or "*" in tenant.gpu_models else tenant.gpu_models
         return within_policy(dataclasses.replace(req, job_id=job.job_id, priority=priority), models)
 
+    def forget_request(self, job_id: str) -> None:
+        """Drop the job's cached request: the next look derives it again (its priority or band changed)."""
+        self.requests.pop(job_id, None)
+
     def remember(self, job: JobRecord, req: JobRequest) -> None:
         """The request parsed at submission, so the placer does not decode the spec again."""
         if job.job_id not in self.requests:
@@ -164,7 +168,7 @@ class JobBook:
             for key in self.catalog.reservations_of_job(job.job_id):
                 self.catalog.drop_reservation(key)
         if job.terminal:
-            self.requests.pop(job.job_id, None)
+            self.forget_request(job.job_id)
         self.refresh_entry(job)
         self.wake.set()
 
@@ -172,6 +176,14 @@ class JobBook:
         """Inventory, cordon or holds changed: every waiting job deserves another look."""
         self.todo.update(self.queued)
         self.wake.set()
+
+    def held_gpus_by_cluster(self) -> dict[str, float]:
+        """GPUs held by placed jobs, per cluster their reservation is on (preemption holds count none)."""
+        out: dict[str, float] = {}
+        for res in self.catalog.reservations.values():
+            held = self.held.get(res.job_id)
+            out[res.cluster] = out.get(res.cluster, 0.0) + (held.gpus if held else 0.0)
+        return out
 
     # ------------------------------------------------------------------ ordering (the queue's)
 

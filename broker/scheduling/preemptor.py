@@ -6,7 +6,7 @@ blocked jobs in queue order (the placer's last verdict said capacity or topology
 For each, the rules of ``broker.scheduling.fairness`` say which running jobs it may preempt and why; the victim search
 (``fleetplan.preempt``) finds the cheapest set that lets the core's gang fit place it, in one cluster and
 one domain. Then, in this order: the placer holds the preemptor's nodes (no other placement can take them,
-``Placer.hold_for_preemption``), and every victim gets ``PreemptRequested``: the cluster's agent deletes its
+``Holds.hold_for_preemption``), and every victim gets ``PreemptRequested``: the cluster's agent deletes its
 pods after the grace period (SIGTERM; the workload checkpoints), and the victim is re-queued with its
 original arrival, no retry spent. The preemptor is placed by the placer once every victim has left, on the
 nodes a fresh report shows free.
@@ -69,6 +69,10 @@ class Preemptor:
     ) -> None:
         self.store = store
         self.placer = placer
+        self.book = placer.book
+        """What the placer knows of the queue: its order, why jobs wait, their requests."""
+        self.holds = placer.holds
+        """Where the nodes and domains the preemptor frees are held for their jobs."""
         self.policy = policy
         self.cfg = cfg
         self.apply = apply
@@ -103,14 +107,14 @@ class Preemptor:
     async def round(self) -> list[Preemption]:
         """Look at the blocked jobs once; start at most ``max_plans`` preemptions."""
         now = self.clock()
-        snap, shares = self.placer.shares(now)
-        holding = {v for h in self.placer.preempting.values() for v in h.victims}
+        snap, shares = self.book.shares(now)
+        holding = {v for h in self.holds.preempting.values() for v in h.victims}
         blocked = [
             e
             for e in snap.order()
-            if e.job_id in self.placer.queued
-            and e.job_id not in self.placer.preempting
-            and (w := self.placer.waits.get(e.job_id)) is not None
+            if e.job_id in self.book.queued
+            and e.job_id not in self.holds.preempting
+            and (w := self.book.waits.get(e.job_id)) is not None
             and w.reason in _BLOCKED
         ]
         pool = [
@@ -130,7 +134,7 @@ class Preemptor:
         for e in blocked[: self.cfg.max_searches]:
             if len(started) >= self.cfg.max_plans or not running:
                 break
-            job = self.placer.queued.get(e.job_id)
+            job = self.book.queued.get(e.job_id)
             if job is None:
                 continue
 
@@ -142,19 +146,19 @@ class Preemptor:
                 snap,
                 shares,
                 e,
-                self.placer.request_of(job),
+                self.book.request_of(job),
                 [r for r in running if r.entry.job_id not in taken],
                 self._knobs(e.tenant),
                 min_runtime_s=self.cfg.min_runtime_s,
-                policy_allows=self.placer.allows(job),
+                policy_allows=self.book.allows(job),
                 may_take=may_take,
             )
             if choice is not None and self._within_rate(choice, now):
                 started.append(await self._start(job, choice, now))
                 taken.update(r.entry.job_id for r, _ in choice.victims)
         for e in to_hold:
-            job = self.placer.queued.get(e.job_id)
-            if job is not None and e.job_id not in self.placer.preempting:
+            job = self.book.queued.get(e.job_id)
+            if job is not None and e.job_id not in self.holds.preempting:
                 self._hold(job, snap, runs, now)
         return started
 
@@ -167,7 +171,7 @@ class Preemptor:
         job, attempt = run
         since = attempt.running_time or attempt.start_time
         running_s = max(0.0, now - since) if since is not None else 0.0
-        shapes = {ps.name: ps.shape for ps in self.placer.request_of(job).pod_sets}
+        shapes = {ps.name: ps.shape for ps in self.book.request_of(job).pod_sets}
         replicas = tuple((a.node, shapes[a.pod_set]) for a in attempt.assignments if a.pod_set in shapes)
         # The broker does not know a job's checkpoints: all work since it started counts as lost.
         return fairness.RunningJob(
@@ -176,15 +180,15 @@ class Preemptor:
 
     def _hold_candidates(self, blocked: list[q.QueueEntry], now: float) -> list[q.QueueEntry]:
         """Blocked gangs, big enough and waiting past the bound, while fewer domains than the cap are held."""
-        room = self.cfg.max_held_domains - len(self.placer.drains)
+        room = self.cfg.max_held_domains - len(self.holds.drains)
         if room <= 0:
             return []
         out = []
         for e in blocked:
-            job = self.placer.queued.get(e.job_id)
+            job = self.book.queued.get(e.job_id)
             if (
                 job is not None
-                and e.job_id not in self.placer.drains.holds
+                and e.job_id not in self.holds.drains.holds
                 and e.gpus >= self.cfg.hold_min_gpus
                 and now - job.update_time >= self.cfg.hold_after_s
             ):
@@ -210,15 +214,15 @@ class Preemptor:
         hold_until = now + self.cfg.max_hold_s
         domain = choose_drain_domain(
             FleetView(self.placer.catalog, now),
-            self.placer.request_of(job),
+            self.book.request_of(job),
             busy,
             now=now,
             hold_until=hold_until,
-            policy_allows=self.placer.allows(job),
+            policy_allows=self.book.allows(job),
             model_ok=lambda m: snap.admit(job.tenant, m, job.gpus, preemptible=job.preemptible).allowed,
         )
         if domain is not None:
-            self.placer.hold_domain(job, domain, now, self.cfg.max_hold_s)
+            self.holds.hold_domain(job, domain, now, self.cfg.max_hold_s)
             if self.metrics is not None:
                 self.metrics.domain_holds.inc()  # type: ignore[attr-defined]
 
@@ -226,7 +230,7 @@ class Preemptor:
         plan = choice.plan
         victims = tuple((r.entry.job_id, why) for r, why in choice.victims)
         deadline = now + self.grace_s + self.cfg.release_timeout_s
-        self.placer.hold_for_preemption(job, plan.choice, frozenset(v for v, _ in victims), deadline)
+        self.holds.hold_for_preemption(job, plan.choice, frozenset(v for v, _ in victims), deadline)
         for r, why in choice.victims:
             # Another tenant's victim learns why, never which job took its place.
             who = f" for {job.job_id}" if r.entry.tenant == job.tenant else ""

@@ -17,8 +17,8 @@ from broker.api.handlers.queues import QueueCounts, queue_counts, usage
 from broker.api.ports import ClusterPorts, QueuePorts
 from broker.api.serde import ts
 from broker.tenancy.auth import Caller
-from fleetplan.catalog import ClusterEntry
-from fleetplan.occupancy import ClusterOccupancy, GpuCounts, by_model, occupancy
+from fleetplan.occupancy import GpuCounts, by_model
+from fleetplan.pictures import OccupancyMemo
 from placement.topology import level_name
 
 __all__ = ["FleetPicture", "queues_document", "rfc3339"]
@@ -29,53 +29,38 @@ def rfc3339(t: float) -> str:
 
 
 class FleetPicture:
-    """Each cluster's occupancy, computed again only when its arrays changed (the catalog replaces or
-    patches them on every report and reservation; in between, every poll of every browser reads the
-    cached one)."""
+    """Every visible cluster's facts and occupancy, read from one fleet snapshot per document; a cluster's
+    occupancy is computed again only when its capacity moved (in between, every poll of every browser reads
+    the cached one)."""
 
     def __init__(self, clusters: ClusterPorts, probe_gpus: int) -> None:
         self.clusters = clusters
         self.probe_gpus = probe_gpus
-        self._cache: dict[str, tuple[object, object, ClusterOccupancy]] = {}
-
-    def occupancy(self, entry: ClusterEntry) -> ClusterOccupancy | None:
-        arrays = entry.arrays
-        if arrays is None:
-            self._cache.pop(entry.name, None)
-            return None
-        free = arrays.eff_free_gpu()  # a new array object whenever the columns or the overlay moved
-        hit = self._cache.get(entry.name)
-        if hit is not None and hit[0] is arrays and hit[1] is free:
-            return hit[2]
-        occ = occupancy(arrays, self.probe_gpus)
-        self._cache[entry.name] = (arrays, free, occ)
-        return occ
+        self.memo = OccupancyMemo(probe_gpus)
 
     def document(self, caller: Caller) -> dict[str, Any]:
         now = self.clusters.clock()
-        for name in set(self._cache) - set(self.clusters.cluster_records):
-            self._cache.pop(name, None)  # a cluster the catalog forgot
         seen: list[GpuCounts] = []
         clusters = []
         for view in list_clusters(self.clusters, caller):
-            entry = view.entry
-            occ = self.occupancy(entry)
+            state = view.state
+            occ = view.fleet.occupancy(state.name, self.memo)
             seen.extend(occ.gpus if occ else ())
-            names = {lvl.key: lvl.name for lvl in entry.meta.levels}
+            names = {lvl.key: lvl.name for lvl in state.meta.levels}
             level = names.get(occ.level, level_name(occ.level)) if occ and occ.level else ""
             clusters.append(
                 {
-                    "name": entry.name,
-                    "region": entry.meta.region,
-                    "role": entry.meta.role,
-                    "connected": entry.connected,
+                    "name": state.name,
+                    "region": state.meta.region,
+                    "role": state.meta.role,
+                    "connected": state.connected,
                     "stale": view.stale,
-                    "cordoned": entry.cordoned,
+                    "cordoned": state.cordoned,
                     "cordon_reason": view.cordon_reason,
-                    "last_report_age_s": round(max(now - entry.last_report, 0.0), 1) if entry.last_report else None,
-                    "nodes": len(entry.nodes),
+                    "last_report_age_s": round(max(now - state.last_report, 0.0), 1) if state.last_report else None,
+                    "nodes": state.nodes,
                     "active_attempts": view.active_attempts,
-                    "levels": [lvl.name for lvl in entry.meta.levels],
+                    "levels": [lvl.name for lvl in state.meta.levels],
                     "gpus": [asdict(c) for c in occ.gpus] if occ else [],
                     "largest_probe_replicas": occ.largest_probe_replicas if occ else 0,
                     "domains": [

@@ -74,7 +74,7 @@ async def test_submit_dry_run_get_list_cancel(broker: Broker, tmp_path: Path) ->
     job_id = text.strip()
     code, again = await tandem(broker, "submit", "-f", str(path))
     assert again.startswith(job_id) and "already submitted" in again
-    await eventually(lambda: job_id in broker.hub.placer.waits)
+    await eventually(lambda: job_id in broker.hub.placer.book.waits)
     code, text = await tandem(broker, "get", job_id)
     assert code == 0
     assert "state:    QUEUED" in text and "position: 0" in text and "NO_FRESH_INVENTORY" in text

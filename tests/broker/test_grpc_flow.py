@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from broker.launcher.client import SubmitItem
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
-from tests.broker.hub_builders import Broker, eventually, node, spec, start_broker
+from tests.broker.hub_builders import Broker, broker, eventually, node, spec  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
-    b = await start_broker(tmp_path)
-    yield b
-    await b.close()
 
 
 async def _state(b: Broker, job_id: str) -> int:
@@ -152,8 +143,8 @@ async def test_report_showing_reservation_bound_is_not_double_counted(broker: Br
     assert d2.attempt.job_id == r2.job_id and d2.pod_sets[0].nodes[0].node == other
     # And the reservation still holds what is not yet bound: a third 8-GPU job waits.
     [r3] = await c.submit("run-6", [SubmitItem("k3", spec(gpus=8))])
-    await eventually(lambda: r3.job_id in broker.hub.placer.waits)
-    assert broker.hub.placer.waits[r3.job_id].reason.value == "INSUFFICIENT_CAPACITY"
+    await eventually(lambda: r3.job_id in broker.hub.placer.book.waits)
+    assert broker.hub.placer.book.waits[r3.job_id].reason.value == "INSUFFICIENT_CAPACITY"
     await a.close()
 
 
@@ -201,7 +192,7 @@ async def test_cordoned_cluster_gets_nothing_new(broker: Broker) -> None:
     assert summary.cordoned
     c = broker.client("alpha")
     [res] = await c.submit("run-9", [SubmitItem("k", spec(gpus=8))])
-    await eventually(lambda: res.job_id in broker.hub.placer.waits)
+    await eventually(lambda: res.job_id in broker.hub.placer.book.waits)
     job = await c.get(res.job_id)
     assert job.status.state == job_pb2.JOB_STATE_QUEUED
     assert job.status.queue_info.reason == job_pb2.WAIT_REASON_CLUSTERS_CORDONED

@@ -73,8 +73,8 @@ async def test_stale_cluster_is_excluded_and_unstarted_work_replanned(tmp_path: 
         assert job.status.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_LOST
         # The stale cluster is excluded, never counted as empty: a job only it could hold waits.
         [only_c1] = await c.submit("s", [SubmitItem("k2", spec(gpus=8, clusters=["c1"]))])
-        await eventually(lambda: only_c1.job_id in b.hub.placer.waits)
-        assert b.hub.placer.waits[only_c1.job_id].reason.value == "NO_FRESH_INVENTORY"
+        await eventually(lambda: only_c1.job_id in b.hub.placer.book.waits)
+        assert b.hub.placer.book.waits[only_c1.job_id].reason.value == "NO_FRESH_INVENTORY"
         await c1.close()
         await c2.close()
     finally:
@@ -313,8 +313,8 @@ async def test_restart_places_nothing_until_fresh_snapshots_and_keeps_reservatio
         assert [(x.job_id, x.attempt) for x in welcome.current_attempts] == [(j1.job_id, 1)]
         c = b.client("alpha")
         [j2] = await c.submit("s", [SubmitItem("k2", spec(gpus=8))])
-        await eventually(lambda: j2.job_id in b.hub.placer.waits)
-        assert b.hub.placer.waits[j2.job_id].reason.value == "NO_FRESH_INVENTORY"
+        await eventually(lambda: j2.job_id in b.hub.placer.book.waits)
+        assert b.hub.placer.book.waits[j2.job_id].reason.value == "NO_FRESH_INVENTORY"
         # The snapshot does not show j1 bound yet: its reloaded reservation keeps its node taken.
         a.snapshot([node("n1"), node("n2", rack="r2")])
         d2 = await a.expect("dispatch")
@@ -336,9 +336,9 @@ async def test_metrics_follow_the_flow(tmp_path: Path) -> None:
         a.reject(d, [d.pod_sets[0].nodes[0].node])
         await a.expect("dispatch")
         [waiting] = await c.submit("s", [SubmitItem("k2", spec(gpus=8, replicas=2))])
-        await eventually(lambda: waiting.job_id in b.hub.placer.waits)
+        await eventually(lambda: waiting.job_id in b.hub.placer.book.waits)
         m = b.hub.metrics
-        b.hub.metrics.refresh_queue(b.hub.placer)
+        b.hub.metrics.refresh_queue(b.hub.placer.book)
         sample = m.registry.get_sample_value
         assert sample("tandem_broker_dispatch_rejections_total", {"cluster": "c1"}) == 1
         assert sample("tandem_broker_queue_length", {"tenant": "alpha"}) == 1
@@ -476,7 +476,7 @@ async def test_read_only_cluster_is_listed_never_placed_on_and_each_cluster_says
         )
         c = b.client("alpha")
         [j] = await c.submit("s", [SubmitItem("k", spec(gpus=4, replicas=2, level="rack"))])
-        await eventually(lambda: j.job_id in b.hub.placer.waits)
+        await eventually(lambda: j.job_id in b.hub.placer.book.waits)
         job = await c.get(j.job_id)
         assert job.status.state == job_pb2.JOB_STATE_QUEUED
         verdicts = {v.cluster: v for v in job.status.queue_info.clusters}
@@ -507,7 +507,7 @@ async def test_a_cluster_that_maps_no_namespace_to_the_tenant_is_never_chosen_fo
         c = b.client("alpha")
         [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8, replicas=2))])  # only c1 has two free nodes
         assert j.job_id, j.error_message
-        await eventually(lambda: j.job_id in b.hub.placer.waits)
+        await eventually(lambda: j.job_id in b.hub.placer.book.waits)
         job = await c.get(j.job_id)
         verdicts = {v.cluster: v.reason for v in job.status.queue_info.clusters}
         assert verdicts == {

@@ -91,7 +91,7 @@ async def test_usage_rows_tenant_sees_its_own_admin_sees_every_tenant(broker: Br
     await agent.connect([node("n1")])
     await _running(broker, agent, "alpha")
     waiting = await _submit(broker, "beta", "b1")  # no room left: beta only has demand
-    await eventually(lambda: waiting in broker.hub.placer.waits)
+    await eventually(lambda: waiting in broker.hub.placer.book.waits)
 
     mine = await broker.client("alpha").usage()
     assert [t.tenant for t in mine.tenants] == ["alpha"]  # never beta's row
@@ -193,7 +193,7 @@ async def test_requeue_before_accept_queues_at_once_and_a_queued_job_is_refused(
     assert (job.status.infra_retries, job.status.attempts[0].outcome) == (0, S.ATTEMPT_OUTCOME_PREEMPTED)
 
     queued = await _submit(broker, "alpha", "k2")  # no room: it stays QUEUED
-    await eventually(lambda: queued in broker.hub.placer.waits)
+    await eventually(lambda: queued in broker.hub.placer.book.waits)
     err = await _refused(broker.client("alpha").requeue(queued))
     assert (err.code(), _reason(err)) == (grpc.StatusCode.FAILED_PRECONDITION, "NOT_REQUEUEABLE")
     assert "QUEUED" in (err.details() or "")
@@ -222,16 +222,16 @@ async def test_priority_band_the_tenant_may_not_use_is_refused_naming_the_field(
 async def test_raised_band_is_used_by_the_next_placement(broker: Broker) -> None:
     first = await _submit(broker, "alpha", "first")
     second = await _submit(broker, "alpha", "second")
-    await eventually(lambda: {first, second} <= set(broker.hub.placer.waits))  # both looked at: no cluster yet
-    assert [j.job_id for j in broker.hub.placer.ordered()] == [first, second]
+    await eventually(lambda: {first, second} <= set(broker.hub.placer.book.waits))  # both looked at: no cluster yet
+    assert [j.job_id for j in broker.hub.placer.book.ordered()] == [first, second]
     before = (await _job(broker, second)).status.revision
-    cached = broker.hub.placer.requests[second]  # parsed at submission, with the old priority
+    cached = broker.hub.placer.book.requests[second]  # parsed at submission, with the old priority
     job = await broker.client("alpha").set_priority(second, priority=7, band="high", reason="deadline")
     assert (job.spec.priority, job.spec.priority_band, job.status.state) == (7, "high", S.JOB_STATE_QUEUED)
     assert job.status.revision > before
-    again = broker.hub.placer.requests.get(second)  # dropped, or parsed again since: never the stale one
+    again = broker.hub.placer.book.requests.get(second)  # dropped, or parsed again since: never the stale one
     assert again is None or again.priority != cached.priority
-    assert [j.job_id for j in broker.hub.placer.ordered()] == [second, first]
+    assert [j.job_id for j in broker.hub.placer.book.ordered()] == [second, first]
     agent = broker.agent("c1")
     await agent.connect([node("n1")])  # room for one: the raised one goes first
     d = await agent.expect("dispatch")
@@ -287,13 +287,13 @@ async def test_a_held_job_leaves_its_room_to_the_next_job(broker: Broker) -> Non
     held_id = await _submit(broker, "alpha", "held")
     await broker.client("alpha").hold(held_id)
     other = await _submit(broker, "alpha", "other")
-    await eventually(lambda: other in broker.hub.placer.waits)
-    assert held_id not in broker.hub.placer.waits  # a held job is out of the order: never decided
+    await eventually(lambda: other in broker.hub.placer.book.waits)
+    assert held_id not in broker.hub.placer.book.waits  # a held job is out of the order: never decided
     agent = broker.agent("c1")
     await agent.connect([node("n1")])  # room for one job: the held one, ahead in arrival, must leave it
 
     async def decided() -> bool:
-        w = broker.hub.placer.waits.get(other)
+        w = broker.hub.placer.book.waits.get(other)
         return not await _is(broker, other, S.JOB_STATE_QUEUED) or (
             w is not None and w.reason.value == "INSUFFICIENT_CAPACITY"
         )

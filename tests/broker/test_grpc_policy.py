@@ -35,9 +35,9 @@ async def test_fair_share_puts_the_tenant_holding_less_first(broker: Broker) -> 
     [j2] = await beta.submit("s", [SubmitItem("j2", spec(gpus=8))])  # beta first in time ...
     [j3] = await beta.submit("s", [SubmitItem("j3", spec(gpus=8))])
     [j4] = await alpha.submit("s", [SubmitItem("j4", spec(gpus=8, preemptible=True))])
-    await eventually(lambda: {j2.job_id, j3.job_id, j4.job_id} <= set(broker.hub.placer.waits))
+    await eventually(lambda: {j2.job_id, j3.job_id, j4.job_id} <= set(broker.hub.placer.book.waits))
     # Order: beta holds 0 GPUs, alpha 8 -> beta's jobs before alpha's, in arrival order within beta.
-    order = [j.job_id for j in broker.hub.placer.ordered()]
+    order = [j.job_id for j in broker.hub.placer.book.ordered()]
     assert order == [j2.job_id, j3.job_id, j4.job_id]
     a.snapshot([node("n1", free=0), node("n2", rack="r2")], bound=[(j1.job_id, 1, "workers", 0, "n1")])
     d = await a.expect("dispatch")
@@ -78,7 +78,7 @@ async def test_quota_holds_placement_when_usage_would_exceed_it(broker: Broker) 
     [j1] = await c.submit("s", [SubmitItem("j1", spec(gpus=8, models=[H100]))])
     await a.expect("dispatch")
     [j2] = await c.submit("s", [SubmitItem("j2", spec(gpus=8, models=[H100]))])
-    await eventually(lambda: j2.job_id in broker.hub.placer.waits)
+    await eventually(lambda: j2.job_id in broker.hub.placer.book.waits)
     job = await c.get(j2.job_id)
     assert job.status.queue_info.reason == job_pb2.WAIT_REASON_QUOTA_EXCEEDED
     assert j1.job_id != j2.job_id
@@ -163,7 +163,7 @@ async def test_list_filters_by_cluster_and_gpu_model_within_the_tenant(broker: B
     # 8 GPUs with 2 held: it waits (no attempt); its spec accepts A100 (which no cluster has) or H100
     [waiting] = await alpha.submit("s", [SubmitItem("waiting", spec(gpus=8, models=[A100, H100]))])
     assert waiting.job_id, waiting
-    await eventually(lambda: waiting.job_id in broker.hub.placer.waits)
+    await eventually(lambda: waiting.job_id in broker.hub.placer.book.waits)
 
     async def ids(c: BrokerClient, **filters: str) -> list[str]:
         return [j.job_id for j in (await c.list(**filters)).jobs]

@@ -249,11 +249,11 @@ async def test_three_tenants_weighted_1_1_2_converge_to_their_shares(tmp_path: P
     t0 = loop.time()
     while cluster.finished < 160:
         for t, c in clients.items():
-            queued = sum(1 for j in b.hub.placer.queued.values() if j.tenant == t)
+            queued = sum(1 for j in b.hub.placer.book.queued.values() if j.tenant == t)
             for _ in range(max(0, 4 - queued)):
                 submitted[t] += 1
                 await c.submit("s", [SubmitItem(f"{t}-{submitted[t]}", spec(gpus=8))])
-        _, shares = b.hub.placer.shares()
+        _, shares = b.hub.placer.book.shares()
         samples.append((loop.time() - t0, {t: shares.usage.get(t, 0.0) for t in clients}))
         await asyncio.sleep(0.05)
     # Within one job of the weighted share of the GPUs in use at that moment: a sample taken while finished
@@ -317,8 +317,8 @@ async def test_a_held_domain_drains_for_its_gang_and_backfill_cannot_starve_it(t
     held = min(drains, key=drains.__getitem__)
     first, second = sorted((j for j, n in where.items() if racks[n] == held), key=runtime.__getitem__)
     [gang] = await b.client("alpha").submit("s", [SubmitItem("g", spec(gpus=8, replicas=2, level="rack"))])
-    await eventually(lambda: gang.job_id in b.hub.placer.drains.holds)
-    hold = b.hub.placer.drains.holds[gang.job_id]
+    await eventually(lambda: gang.job_id in b.hub.placer.holds.drains.holds)
+    hold = b.hub.placer.holds.drains.holds[gang.job_id]
     assert hold.domain.path[-1] == held and sorted(hold.domain.nodes) == sorted(n for n in nodes if racks[n] == held)
     # a job without max runtime cannot backfill; one that ends before the rack has drained can
     [unbounded] = await beta.submit("s", [SubmitItem("y", spec(gpus=8))])
@@ -345,7 +345,7 @@ async def test_a_held_domain_drains_for_its_gang_and_backfill_cannot_starve_it(t
     )
     bound = [x for x in bound if x[0] != second]
     report({where[second]}, bound)
-    await eventually(lambda: b.hub.placer.drains.holds[gang.job_id].idle_gpus == 8)
+    await eventually(lambda: b.hub.placer.holds.drains.holds[gang.job_id].idle_gpus == 8)
     waiting = await _job(b, gang.job_id)
     assert (
         job_pb2.WAIT_REASON_DRAINING_DOMAIN in (waiting.status.queue_info.reason,)
@@ -367,7 +367,7 @@ async def test_a_held_domain_drains_for_its_gang_and_backfill_cannot_starve_it(t
         if k in ("hold", "release_hold") and m.drain
     ]
     assert holds[-2:] == [("hold", sorted(hold.domain.nodes)), ("release_hold", None)], holds
-    await eventually(lambda: gang.job_id not in b.hub.placer.drains.holds)
+    await eventually(lambda: gang.job_id not in b.hub.placer.holds.drains.holds)
     await agent.close()
     await b.close()
 

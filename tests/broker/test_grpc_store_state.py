@@ -44,7 +44,7 @@ async def test_cordon_survives_a_broker_restart(tmp_path: Path) -> None:
         assert (summary.cordoned, summary.cordon_reason) == (True, "firmware upgrade")
         c = b.client("alpha")
         [res] = await c.submit("after-restart", [SubmitItem("k", spec(gpus=8))])
-        await eventually(lambda: res.job_id in b.hub.placer.waits)
+        await eventually(lambda: res.job_id in b.hub.placer.book.waits)
         job = await c.get(res.job_id)
         assert job.status.state == job_pb2.JOB_STATE_QUEUED
         assert job.status.queue_info.reason == job_pb2.WAIT_REASON_CLUSTERS_CORDONED

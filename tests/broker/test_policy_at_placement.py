@@ -17,7 +17,7 @@ L40S = "NVIDIA-L40S"
 
 
 def _held_model(b, job_id: str) -> str | None:  # type: ignore[no-untyped-def]
-    held = b.hub.placer.held.get(job_id)
+    held = b.hub.placer.book.held.get(job_id)
     return held.gpu_model if held is not None else None
 
 
@@ -37,8 +37,8 @@ async def test_a_job_naming_no_model_gets_only_a_model_its_tenant_may_use(tmp_pa
         c = b.client("alpha")
         [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])  # no model named
         assert j.job_id, j.error_message
-        await eventually(lambda: j.job_id in b.hub.placer.waits)
-        assert b.hub.placer.waits[j.job_id].reason.name == "INSUFFICIENT_CAPACITY"
+        await eventually(lambda: j.job_id in b.hub.placer.book.waits)
+        assert b.hub.placer.book.waits[j.job_id].reason.name == "INSUFFICIENT_CAPACITY"
         job = await c.get(j.job_id)
         assert not job.status.attempts  # never dispatched onto the free A100s
         a.snapshot(
@@ -85,13 +85,13 @@ async def test_a_reloaded_policy_applies_to_jobs_already_queued(tmp_path: Path) 
         await a.connect([node("a100-1", model=A100, free=0)])
         [first] = await c.submit("s", [SubmitItem("k1", spec(gpus=8))])
         [second] = await c.submit("s", [SubmitItem("k2", spec(gpus=8, band="high"))])
-        await eventually(lambda: first.job_id in b.hub.placer.waits and second.job_id in b.hub.placer.waits)
+        await eventually(lambda: first.job_id in b.hub.placer.book.waits and second.job_id in b.hub.placer.book.waits)
         write_policy(tmp_path / "policy.yaml", policy_doc(alpha={"gpu_models": [H100], "priority_bands": ["default"]}))
         a.snapshot([node("a100-1", model=A100)])  # an A100 frees up: alpha may no longer have it
         await eventually(
             lambda: (
-                b.hub.placer.waits.get(second.job_id) is not None
-                and b.hub.placer.waits[second.job_id].reason.name == "NOT_ALLOWED"
+                b.hub.placer.book.waits.get(second.job_id) is not None
+                and b.hub.placer.book.waits[second.job_id].reason.name == "NOT_ALLOWED"
             )
         )
         job = await c.get(second.job_id)
@@ -114,7 +114,7 @@ async def test_a_job_naming_no_cluster_is_placed_only_in_regions_and_roles_its_t
         c = b.client("alpha")
         [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])
         assert j.job_id, j.error_message
-        await eventually(lambda: j.job_id in b.hub.placer.waits)
+        await eventually(lambda: j.job_id in b.hub.placer.book.waits)
         assert not (await c.get(j.job_id)).status.attempts  # neither us1 nor inf1
         verdicts = {v.cluster for v in (await c.get(j.job_id)).status.queue_info.clusters}
         assert verdicts == {"eu1"}  # the others are not alpha's to know about

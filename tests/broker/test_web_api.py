@@ -375,7 +375,7 @@ async def test_per_cluster_verdicts_leave_the_event_loop_between_clusters(broker
     ticker = asyncio.get_running_loop().create_task(other_work())
     await asyncio.sleep(0)
     start = turns
-    verdicts = await broker.hub.placer.cluster_verdicts(job)
+    verdicts = await broker.hub.placer.book.cluster_verdicts(job)
     ticker.cancel()
     assert [v.cluster for v in verdicts] == ["c1", "c2", "c3"]
     assert turns - start >= 3

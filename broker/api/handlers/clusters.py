@@ -7,28 +7,38 @@ from dataclasses import dataclass
 from broker.api.ports import ClusterPorts
 from broker.domain import errors
 from broker.tenancy.auth import Caller, CallerKind
-from fleetplan.catalog import ClusterEntry, Usability
-from fleetplan.view import ClusterState
+from fleetplan.catalog import Usability
+from fleetplan.pictures import ClusterGpus
+from fleetplan.view import ClusterState, FleetView
 
 __all__ = ["ClusterView", "list_clusters", "get_cluster", "cordon"]
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
-    """One cluster as the API shows it: its record and the facts of the snapshot it was read from."""
+    """One cluster as the API shows it: its facts in the fleet snapshot it was read from, and that snapshot."""
 
-    entry: ClusterEntry
+    state: ClusterState
     stale: bool
     active_attempts: int
     cordon_reason: str
+    fleet: FleetView
+    """The snapshot: the cluster's GPUs are read through it, before the call yields to the event loop."""
+
+    def gpus(self, with_domains: bool = False) -> ClusterGpus | None:
+        """GPUs per model; with the domains of every topology level but the finest (the only one if just one)."""
+        levels = len(self.state.meta.levels)
+        depths = range(levels - 1 if levels > 1 else levels) if with_domains else range(0)
+        return self.fleet.gpus(self.state.name, depths)
 
 
-def _view(clusters: ClusterPorts, state: ClusterState) -> ClusterView:
+def _view(clusters: ClusterPorts, fleet: FleetView, state: ClusterState) -> ClusterView:
     return ClusterView(
-        clusters.cluster_records[state.name],
+        state,
         state.usability in (Usability.STALE, Usability.DISCONNECTED),
         state.reservations,
         clusters.cordon_reasons.get(state.name, ""),
+        fleet,
     )
 
 
@@ -43,13 +53,13 @@ def list_clusters(clusters: ClusterPorts, caller: Caller, *, region: str = "", r
             continue
         if (region and state.meta.region != region) or (role and state.meta.role != role):
             continue
-        out.append(_view(clusters, state))
+        out.append(_view(clusters, fleet, state))
     return out
 
 
 def get_cluster(clusters: ClusterPorts, caller: Caller, name: str) -> ClusterView:
     for view in list_clusters(clusters, caller):
-        if view.entry.name == name:
+        if view.state.name == name:
             return view
     raise errors.NotFound(f"cluster {name} not found", cluster=name)
 
@@ -58,7 +68,8 @@ async def cordon(clusters: ClusterPorts, caller: Caller, name: str, cordoned: bo
     """Durable first (a cordon survives a restart), then in effect for the placer."""
     if not reason:
         raise errors.InvalidArgument.fields(errors.FieldViolation("reason", "required (audit log)"))
-    if name not in clusters.cluster_records:
+    if name not in clusters.fleet_view().clusters:
         raise errors.NotFound(f"cluster {name} not found", cluster=name)
     await clusters.set_cordon(name, reason if cordoned else None, caller.name)
-    return _view(clusters, clusters.fleet_view().clusters[name])
+    fleet = clusters.fleet_view()
+    return _view(clusters, fleet, fleet.clusters[name])

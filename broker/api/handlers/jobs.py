@@ -44,10 +44,11 @@ async def get_job(jobs: JobPorts, caller: Caller, job_id: str, full: bool = True
     job = await jobs.store.get_job(job_id, tenant=scope_of(caller))
     attempts = tuple(await jobs.store.list_attempts(job_id)) if full else ()
     history = tuple(await jobs.store.job_history(job_id)) if full else ()
+    clusters = jobs.fleet_view().clusters if attempts else {}
     templates = {
-        a.cluster: e.meta.log_templates
+        a.cluster: c.meta.log_templates
         for a in attempts
-        if (e := jobs.cluster_records.get(a.cluster)) is not None and e.meta.log_templates
+        if (c := clusters.get(a.cluster)) is not None and c.meta.log_templates
     }
     verdicts = await jobs.reads.cluster_verdicts(job) if full and job.state is JobState.QUEUED else ()
     return JobView(job, attempts, history, queue_info(jobs.reads, job, clusters=verdicts), templates)

@@ -167,7 +167,7 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
 
     def _summary(self, view: cluster_handlers.ClusterView, domains: bool) -> cs.ClusterSummary:
         return serde_agent.cluster_summary(
-            view.entry, self.clusters.clock(), view.stale, view.active_attempts, view.cordon_reason, domains
+            view.state, view.gpus(domains), self.clusters.clock(), view.stale, view.active_attempts, view.cordon_reason
         )
 
     async def ListClusters(
@@ -219,5 +219,5 @@ async def cordon(
     view = await cluster_handlers.cordon(clusters, caller, request.name, on, request.reason)
     audit.record(caller, method, "ok", cluster=request.name, reason=request.reason)
     return serde_agent.cluster_summary(
-        view.entry, clusters.clock(), view.stale, view.active_attempts, view.cordon_reason
+        view.state, view.gpus(), clusters.clock(), view.stale, view.active_attempts, view.cordon_reason
     )
