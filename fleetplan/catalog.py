@@ -88,7 +88,9 @@ class ReservedReplica:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """The broker's own record of what one attempt holds on a cluster until its pods are bound."""
+    """The broker's own record of what one attempt holds on a cluster until its pods are bound: the core's
+    reservation (`placement.overlay.Reservation`, counts per pod set and node, as the cluster holds it) kept
+    replica by replica, so that binding is followed per replica across reports (`on_node` gives the core's)."""
 
     job_id: str
     attempt: int
@@ -100,6 +102,24 @@ class Reservation:
     @property
     def key(self) -> AttemptKey:
         return (self.job_id, self.attempt)
+
+    def on_node(
+        self, node: str, bound: frozenset[ReplicaKey]
+    ) -> tuple[core_overlay.Reservation, core_overlay.BoundReplicas]:
+        """The core's reservation of what this attempt holds on `node`, and how many of those replicas the
+        cluster reports bound (`bound`: (pod set, index) pairs), for `placement.overlay.effective_nodes`."""
+        held: dict[str, int] = {}
+        done: dict[tuple[str, str], int] = {}
+        for r in self.replicas:
+            if r.node == node:
+                held[r.pod_set] = held.get(r.pod_set, 0) + 1
+                if (r.pod_set, r.index) in bound:
+                    done[(r.pod_set, node)] = done.get((r.pod_set, node), 0) + 1
+        parts = tuple(core_overlay.ReservedPart(ps, node, k, self.shapes[ps]) for ps, k in held.items())
+        return (
+            core_overlay.Reservation(self.job_id, self.attempt, parts),
+            core_overlay.BoundReplicas(self.job_id, self.attempt, done),
+        )
 
 
 class Usability(enum.Enum):
@@ -387,23 +407,9 @@ class Catalog:
         touching = self.reservations_touching(entry.name, (node.name,))
         if not touching:
             return node
-        reservations = []
-        bound = []
-        for res in touching:
-            merged: dict[tuple[str, str], int] = {}
-            for r in res.replicas:
-                if r.node == node.name:
-                    merged[(r.pod_set, r.node)] = merged.get((r.pod_set, r.node), 0) + 1
-            parts = tuple(core_overlay.ReservedPart(ps, n, k, res.shapes[ps]) for (ps, n), k in merged.items())
-            reservations.append(core_overlay.Reservation(res.job_id, res.attempt, parts))
-            done = entry.bound.get(res.key, frozenset())
-            counts: dict[tuple[str, str], int] = {}
-            for r in res.replicas:
-                if (r.pod_set, r.index) in done and r.node == node.name:
-                    counts[(r.pod_set, r.node)] = counts.get((r.pod_set, r.node), 0) + 1
-            bound.append(core_overlay.BoundReplicas(res.job_id, res.attempt, counts))
-        report = core_overlay.InventoryReport(entry.name, entry.sequence, (node,), tuple(bound))
-        return core_overlay.effective_nodes(report, reservations)[0]
+        held = [res.on_node(node.name, entry.bound.get(res.key, frozenset())) for res in touching]
+        report = core_overlay.InventoryReport(entry.name, entry.sequence, (node,), tuple(b for _, b in held))
+        return core_overlay.effective_nodes(report, [r for r, _ in held])[0]
 
     def empty_arrays(self, entry: ClusterEntry) -> ClusterArrays:
         """The cluster as if nothing ran on it: what never-fit checks use."""

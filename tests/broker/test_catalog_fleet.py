@@ -135,6 +135,18 @@ def test_reservation_overlay_counts_unbound_replicas_once(catalog: Catalog) -> N
     assert list(catalog.clusters["c1"].arrays.eff_free_gpu()) == [0, 8]
 
 
+def test_overlaid_nodes_subtract_only_the_replicas_not_yet_bound(catalog: Catalog) -> None:
+    catalog.apply_report(report("c1", 1, [mk("n1", gpus=16)]), now=100.0)
+    replicas = (ReservedReplica("w", 0, "n1"), ReservedReplica("w", 1, "n1"))
+    catalog.add_reservation(Reservation("j1", 1, "c1", replicas, {"w": PodShape(gpus=4)}))
+    [n1] = catalog.overlaid_nodes("c1", [0])
+    assert n1.free_whole_gpus == 8  # both held
+    # replica 0 is bound: the report shows its 4 GPUs used, and the overlay holds only replica 1's
+    catalog.apply_report(report("c1", 2, [mk("n1", gpus=16, free=12)], bound={("j1", 1): frozenset({("w", 0)})}), 101.0)
+    [n1] = catalog.overlaid_nodes("c1", [0])
+    assert n1.free_whole_gpus == 8
+
+
 def test_rejected_nodes_excluded_until_newer_report(catalog: Catalog) -> None:
     catalog.apply_report(report("c1", 1, [mk("n1"), mk("n2", rack="r2")]), now=100.0)
     catalog.exclude_nodes("c1", ["n1"])
