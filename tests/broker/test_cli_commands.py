@@ -12,19 +12,12 @@ import yaml
 from broker.launcher import cli
 from broker.launcher.jobfile import JobFile, load_job_file, parse_duration, to_spec
 from tandem.v1 import job_pb2
-from tests.broker.hub_builders import TOKENS, Broker, eventually, node, start_broker
+from tests.broker.hub_builders import TOKENS, Broker, broker, eventually, node, start_broker  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(60)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "job-torchrun-rack.yaml"
-
-
-@pytest.fixture
-async def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
-    b = await start_broker(tmp_path)
-    yield b
-    await b.close()
 
 
 async def tandem(b: Broker, *argv: str, who: str = "alpha") -> tuple[int, str]:

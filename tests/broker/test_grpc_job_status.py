@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from broker.launcher.client import SubmitItem
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import common_pb2, job_pb2
-from tests.broker.hub_builders import Broker, eventually, node, spec, start_broker
+from tests.broker.hub_builders import Broker, broker, eventually, node, spec, start_broker  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(60)
 
 LOGS = ("logs", "https://logs.example.com/{cluster}/{namespace}/{pod}?job={job}&attempt={attempt}&node={node}")
 DASHBOARD = ("dashboard", "https://grafana.example.com/d/{cluster}?var-workload={workload}")
-
-
-@pytest.fixture
-async def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
-    b = await start_broker(tmp_path)
-    yield b
-    await b.close()
 
 
 def _replica(

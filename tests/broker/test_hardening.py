@@ -21,7 +21,7 @@ from placement.usage import mig_gpus
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
 from tandem.v1 import job_service_pb2 as svc
-from tests.broker.hub_builders import Broker, ScriptedAgent, node, spec, start_broker, template
+from tests.broker.hub_builders import Broker, ScriptedAgent, broker, node, spec, start_broker, template  # noqa: F401  (the fixture)
 from tests.protos import builders as pb
 from tests.protos import builders_cluster as pbc
 
@@ -30,13 +30,6 @@ pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
 CONNECT = "/tandem.v1.ClusterService/Connect"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-
-
-@pytest.fixture
-async def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
-    b = await start_broker(tmp_path)
-    yield b
-    await b.close()
 
 
 def fields_of(err: grpc.aio.AioRpcError) -> list[str]:
