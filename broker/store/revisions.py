@@ -42,7 +42,8 @@ class CommitSignal:
             remaining = deadline - loop.time()
             if rev > after or remaining <= 0 or signal is None:
                 return rev
-            try:
-                await asyncio.wait_for(asyncio.shield(signal), remaining)
-            except TimeoutError:
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for returns instead of raising when it is cancelled
+            # just as the signal fires, and a cancelled watcher would then wait out its whole timeout
+            done, _ = await asyncio.wait((signal,), timeout=remaining)
+            if not done:
                 return await current()
