@@ -21,7 +21,7 @@ from typing import Any
 from placement.dra import DraEvaluator
 from placement.fit import capacity
 from placement.model import DraDevice, DraRequest, Gpu, JobRequest, MigInstance, Node, PodSet, PodShape
-from placement.overlay import InventoryReport, Reservation, ReservedPart, effective_nodes
+from placement.overlay import ReportedNodes, Reservation, ReservedPart, effective_nodes
 from placement.topology import GangPlacement, fit_gang
 from tests.placement.builders import GIB, GPU_TAINT, GPU_TOLERATION, LEVELS
 
@@ -158,7 +158,7 @@ def main() -> None:
         t = timed(lambda: fit_gang(nodes, job, LEVELS), max(3, repeat // 3))
         rows.append({"case": f"fit_gang() over {n_nodes} nodes: {name}", "outcome": outcome, **t})
 
-    report = InventoryReport("c1", 1, tuple(nodes))
+    report = ReportedNodes("c1", 1, tuple(nodes))
     small = PodShape(gpus=1, cpu_milli=1000, tolerations=TOL)
     reservations = [Reservation(f"j{k}", 1, (ReservedPart("w", f"n{k * 7 + 1}", 1, small),)) for k in range(200)]
     t = timed(lambda: effective_nodes(report, reservations), repeat)

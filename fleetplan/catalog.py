@@ -408,7 +408,7 @@ class Catalog:
         if not touching:
             return node
         held = [res.on_node(node.name, entry.bound.get(res.key, frozenset())) for res in touching]
-        report = core_overlay.InventoryReport(entry.name, entry.sequence, (node,), tuple(b for _, b in held))
+        report = core_overlay.ReportedNodes(entry.name, entry.sequence, (node,), tuple(b for _, b in held))
         return core_overlay.effective_nodes(report, [r for r, _ in held])[0]
 
     def empty_arrays(self, entry: ClusterEntry) -> ClusterArrays:

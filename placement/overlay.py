@@ -13,7 +13,7 @@ from placement.reasons import Reason
 from placement.topology import GangPlacement
 
 __all__ = [
-    "InventoryReport",
+    "ReportedNodes",
     "ReservedPart",
     "Reservation",
     "BoundReplicas",
@@ -40,9 +40,10 @@ class BoundReplicas:
 
 
 @dataclass(frozen=True, slots=True)
-class InventoryReport:
-    """One cluster's inventory as reported: `sequence` increases with every report; `bound`
-    says, per reservation, what the nodes' free figures already include."""
+class ReportedNodes:
+    """The nodes as one cluster's report gave them, the overlay's input: `sequence` increases with every report;
+    `bound` says, per reservation, what the nodes' free figures already include. (The broker's decoded agent
+    report, snapshot or delta, is `fleetplan.catalog.InventoryReport`; this is what the overlay needs of it.)"""
 
     cluster: str
     sequence: int
@@ -129,7 +130,7 @@ def subtract_held(node: Node, shape: PodShape, replicas: int, dra: DraEvaluator 
 
 
 def apply_overlay(
-    report: InventoryReport,
+    report: ReportedNodes,
     reservations: Iterable[Reservation],
     bound: Iterable[BoundReplicas] | None = None,
     *,
@@ -170,7 +171,7 @@ def apply_overlay(
 
 
 def effective_nodes(
-    report: InventoryReport,
+    report: ReportedNodes,
     reservations: Iterable[Reservation],
     bound: Iterable[BoundReplicas] | None = None,
     *,

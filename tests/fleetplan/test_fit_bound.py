@@ -180,7 +180,7 @@ def _overlaid(
         replicas = tuple(ReservedReplica("w", r, ns[i].name) for r in range(k))
         pending += [(Reservation(f"j{h}", 1, "c", replicas, {"w": shape}), rep) for rep in replicas]
         reservations.append(overlay.Reservation(f"j{h}", 1, (overlay.ReservedPart("w", ns[i].name, k, shape),)))
-    exact = overlay.effective_nodes(overlay.InventoryReport("c", 1, tuple(ns)), reservations)
+    exact = overlay.effective_nodes(overlay.ReportedNodes("c", 1, tuple(ns)), reservations)
     arrays = ClusterArrays(ns, LEVELS, (fleet or Fleet()).models)
     arrays.set_pending(pending)
     return list(exact), arrays

@@ -13,7 +13,7 @@ from placement.dra import device_slices
 from placement.errors import CapacityError
 from placement.fit import capacity
 from placement.model import DraDevice, DraRequest, Gpu, MigInstance, Node, PodShape
-from placement.overlay import BoundReplicas, InventoryReport, Reservation, ReservedPart, effective_nodes
+from placement.overlay import BoundReplicas, ReportedNodes, Reservation, ReservedPart, effective_nodes
 from placement.topology import GangPlacement, domain_of, fit_gang
 from tests.placement.builders import BLOCK, GIB, GPU_TAINT, GPU_TOLERATION, LEVELS, RACK, job, node
 
@@ -304,7 +304,7 @@ def test_overlay_counts_every_reserved_replica_once(
             report[name], _ = allocate(report[name], s, nbound)
         reservations.append(Reservation(f"g{k}", 1, (ReservedPart("w", name, replicas, s),)))
         bound.append(BoundReplicas(f"g{k}", 1, {("w", name): nbound}))
-    eff = effective_nodes(InventoryReport("c", 1, tuple(report[n.name] for n in ns)), reservations, bound)
+    eff = effective_nodes(ReportedNodes("c", 1, tuple(report[n.name] for n in ns)), reservations, bound)
     for e in eff:
         f = full[e.name]
         assert (e.free_whole_gpus, e.cpu_milli_free, e.memory_free, e.pods_free) == (
