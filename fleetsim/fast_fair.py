@@ -12,7 +12,7 @@ from fleetplan.catalog import Reservation, ReservedReplica
 from fleetplan.drain import BusyJob, choose_drain_domain, enforced_end
 from fleetplan.view import FleetView
 from fleetsim.fast_pods import FastPods
-from fleetsim.fast_records import EVENT_PREEMPTED, EVENT_ROUND, JOB_RUNNING, POD_SET, JobRecord
+from fleetsim.fast_records import EVENT_PREEMPTED, EVENT_ROUND, JOB_RUNNING, POD_SET, FastJob
 from fleetsim.model import WorkItem
 
 __all__ = ["FastFairness"]
@@ -58,7 +58,7 @@ class FastFairness(FastPods):
         for job_id in self.drains.restore([h for h in lifted if h.job_id in self.drains.holds], self.now):
             self._recharge(job_id)
 
-    def _end_drain(self, job: JobRecord) -> None:
+    def _end_drain(self, job: FastJob) -> None:
         self.drains.end(job.item.name)
         self._recharge(job.item.name)
         for hold in self.drains.take_released():
@@ -121,7 +121,7 @@ class FastFairness(FastPods):
 
     # ------------------------------------------------------------------ preemption (tandem-fair)
 
-    def _hold_over(self, job: JobRecord) -> bool:
+    def _hold_over(self, job: FastJob) -> bool:
         """Its victims have left (or they are past the deadline): the held job is decided again."""
         assert job.hold is not None
         _, victims, deadline = job.hold
@@ -224,7 +224,7 @@ class FastFairness(FastPods):
             if plans >= 4:
                 break
 
-    def _preempted(self, payload: tuple[JobRecord, int]) -> None:
+    def _preempted(self, payload: tuple[FastJob, int]) -> None:
         """A victim's grace period is over: its pods go, the work since its last checkpoint is lost, and it is
         queued again with its original arrival (no retry spent)."""
         job, attempt = payload

@@ -25,8 +25,8 @@ from fleetsim.fast_records import (
     JOB_RUNNING,
     PINNED_POLICIES,
     POD_SET,
+    FastJob,
     GangCopy,
-    JobRecord,
 )
 from placement.model import PodShape
 
@@ -59,13 +59,13 @@ class FastPods(FastQueue):
             if job.state == JOB_BINDING:
                 self._schedule_copy(copy)
 
-    def _copy(self, job: JobRecord, cell: Cell, count: int = 0, flavor: str = "") -> GangCopy:
+    def _copy(self, job: FastJob, cell: Cell, count: int = 0, flavor: str = "") -> GangCopy:
         depth = cell.depth_of(job.full.required_level) if job.full.required_level else None
         copy = GangCopy(job, cell, job.attempt, count or job.item.replicas, depth, flavor=flavor)
         job.copies.append(copy)
         return copy
 
-    def _bind_pinned(self, job: JobRecord) -> None:
+    def _bind_pinned(self, job: FastJob) -> None:
         """The extender honours the pin: each replica binds on its node if it still fits the true state."""
         assert job.choice is not None
         cell = self.cells[job.choice.cluster]
@@ -137,7 +137,7 @@ class FastPods(FastQueue):
             if copy.job.state == JOB_BINDING and copy in self._pending[cell.name]:
                 self._schedule_copy(copy)
 
-    def _replan(self, job: JobRecord, cause: str) -> None:
+    def _replan(self, job: FastJob, cause: str) -> None:
         """A false dispatch: give everything back and queue the job again (re-planned at the next round)."""
         out = job.outcome
         out.false_dispatches += 1
@@ -146,7 +146,7 @@ class FastPods(FastQueue):
         self._uncharge(job)
         self._enqueue(job)
 
-    def _drop_reservation(self, job: JobRecord) -> None:
+    def _drop_reservation(self, job: FastJob) -> None:
         res = self.catalog.reservations.get(job.key)
         if res is not None:
             self.catalog.drop_reservation(job.key)
@@ -156,7 +156,7 @@ class FastPods(FastQueue):
             self.change[res.cluster] += 1
             self._wake()
 
-    def _timeout(self, payload: tuple[JobRecord, int]) -> None:
+    def _timeout(self, payload: tuple[FastJob, int]) -> None:
         job, attempt = payload
         if job.attempt != attempt or job.state != JOB_BINDING:
             return
@@ -168,7 +168,7 @@ class FastPods(FastQueue):
 
     # ------------------------------------------------------------------ running
 
-    def _start(self, job: JobRecord, copy: GangCopy) -> None:
+    def _start(self, job: FastJob, copy: GangCopy) -> None:
         out = job.outcome
         cell = copy.cell
         rows = [cell.pods[k][0] for k in copy.keys]
@@ -188,7 +188,7 @@ class FastPods(FastQueue):
         self._note("start", job.item.name, out.cluster)
         self._at(self.now + job.item.duration_s - job.done_s, EVENT_FINISH, (job, job.attempt))
 
-    def _finish(self, payload: tuple[JobRecord, int]) -> None:
+    def _finish(self, payload: tuple[FastJob, int]) -> None:
         job, attempt = payload
         if job.attempt != attempt or job.state != JOB_RUNNING:
             return

@@ -10,7 +10,7 @@ from broker.scheduling.queue import QueueEntry, QueueSnapshot, Usage
 from fleetplan.choice import AggregateChoice, usable_clusters
 from fleetplan.decide import Choice, allow_every_cluster, could_ever_fit, within_policy
 from fleetplan.view import FleetView
-from fleetsim.fast_records import JOB_NEVER, JOB_QUEUED, JobRecord, only_cluster
+from fleetsim.fast_records import JOB_NEVER, JOB_QUEUED, FastJob, only_cluster
 from fleetsim.fast_state import FastState
 from placement.fit import capacity
 from placement.model import JobRequest
@@ -23,7 +23,7 @@ class FastQueue(FastState):
 
     # ------------------------------------------------------------------ arrivals, the queue
 
-    def _arrive(self, job: JobRecord) -> None:
+    def _arrive(self, job: FastJob) -> None:
         if not self._homes(job, job.full):
             job.state = JOB_NEVER
             self.remaining -= 1
@@ -46,7 +46,7 @@ class FastQueue(FastState):
         self.last_progress = max(self.last_progress, self.now)
         self._enqueue(job)
 
-    def _homes(self, job: JobRecord, req: JobRequest) -> tuple[str, ...]:
+    def _homes(self, job: FastJob, req: JobRequest) -> tuple[str, ...]:
         """Original clusters that could hold the whole of `req` if they were empty."""
         it = job.item
         key = (job.code, it.replicas, it.min_replicas, req.required_level)
@@ -58,7 +58,7 @@ class FastQueue(FastState):
             )
         return got
 
-    def _enqueue(self, job: JobRecord) -> None:
+    def _enqueue(self, job: FastJob) -> None:
         job.state = JOB_QUEUED
         job.queued_at = self.now
         job.failed = None
@@ -111,13 +111,13 @@ class FastQueue(FastState):
                 )
         return QueueSnapshot.build(entries, self.qpolicy, self.now)
 
-    def _charge(self, job: JobRecord, model: str, gpus: float) -> None:
+    def _charge(self, job: FastJob, model: str, gpus: float) -> None:
         job.model, job.charged = model, gpus
         key = (job.item.tenant, model)
         self.usage[key] = self.usage.get(key, 0.0) + gpus
         self._usage_version += 1
 
-    def _uncharge(self, job: JobRecord) -> None:
+    def _uncharge(self, job: FastJob) -> None:
         if job.charged:
             key = (job.item.tenant, job.model)
             self.usage[key] = self.usage.get(key, 0.0) - job.charged
@@ -145,7 +145,7 @@ class FastQueue(FastState):
     # round-robin asks the cluster at its cursor, aggregate the one its estimate ranks first: a record holds only
     # while the decision would ask the same cluster.
 
-    def _fits_empty(self, kind: int, job: JobRecord) -> bool:
+    def _fits_empty(self, kind: int, job: FastJob) -> bool:
         key = (kind, job.code)
         fits = self._kind_fit.get(key)
         if fits is None:
@@ -154,7 +154,7 @@ class FastQueue(FastState):
 
     def _record(
         self,
-        job: JobRecord,
+        job: FastJob,
         pick: str,
         refused: Choice | None,
         snap: QueueSnapshot,
@@ -190,7 +190,7 @@ class FastQueue(FastState):
         self._quota_watch.update(clusters)
         return ("quota", pick, clusters, sum(map(self.change.__getitem__, clusters)), used)
 
-    def _admissible_room(self, view: FleetView, job: JobRecord, models: set[str], clusters: Sequence[str]) -> bool:
+    def _admissible_room(self, view: FleetView, job: FastJob, models: set[str], clusters: Sequence[str]) -> bool:
         """Whether a domain of some cluster could hold the job on nodes of `models` by the view's numpy columns:
         the first test of `fleetplan.decide.decide_in` (no candidate domain, no choice there), with the request
         narrowed to those models as the broker narrows it (`within_policy`). False proves no admissible choice."""
@@ -206,7 +206,7 @@ class FastQueue(FastState):
                 return True
         return False
 
-    def _still_no(self, job: JobRecord, record: tuple[object, ...] | None, pick: str) -> bool:
+    def _still_no(self, job: FastJob, record: tuple[object, ...] | None, pick: str) -> bool:
         """Whether deciding the job now (asking `pick`) would give the same "no" as when `record` was made."""
         if record is None or not self.memo:
             return False
@@ -241,7 +241,7 @@ class FastQueue(FastState):
             self._idle_rounds.clear()  # rounds of an older state never repeat
         return fp
 
-    def _pick(self, view: FleetView, job: JobRecord, picks: dict[tuple[int, tuple[str, ...]], str]) -> str:
+    def _pick(self, view: FleetView, job: FastJob, picks: dict[tuple[int, tuple[str, ...]], str]) -> str:
         """The cluster aggregate's estimate ranks first for the job, as fleetplan.choice.AggregateChoice ranks
         them (the most replicas free, summed node by node); memoised per shape within one view."""
         key = (job.code, job.excluded)
@@ -254,7 +254,7 @@ class FastQueue(FastState):
             picks[key] = got
         return got
 
-    def _flavors(self, cluster: str, job: JobRecord) -> tuple[str, ...]:
+    def _flavors(self, cluster: str, job: FastJob) -> tuple[str, ...]:
         """GPU models of the cluster, in node order, on whose empty nodes one replica of the job fits."""
         key = (cluster, job.code)
         got = self._flavor_fit.get(key)

@@ -42,7 +42,7 @@ __all__ = [
     "BackgroundPod",
     "FastParams",
     "GangCopy",
-    "JobRecord",
+    "FastJob",
     "only_cluster",
     "request_of",
     "shape_of",
@@ -178,7 +178,7 @@ JOB_FUTURE, JOB_QUEUED, JOB_RESERVED, JOB_BINDING, JOB_RUNNING, JOB_DONE, JOB_NE
 class GangCopy:
     """A gang's pods in one cluster (tandem: all bound at once; otherwise placed one by one, pending meanwhile)."""
 
-    job: JobRecord
+    job: FastJob
     cell: Cell
     attempt: int
     count: int
@@ -199,7 +199,9 @@ class GangCopy:
 
 
 @dataclass(eq=False, slots=True)
-class JobRecord:
+class FastJob:
+    """One job of fast mode: its work item, what the cluster choice is asked, where it stands and how it ended."""
+
     item: WorkItem
     seq: int
     req: JobRequest

@@ -11,7 +11,7 @@ from fleetplan.choice import RoundRobinChoice, usable_clusters
 from fleetplan.decide import Choice, Decision, allow_every_cluster
 from fleetplan.view import ClusterState, FleetView
 from fleetsim.fast_fair import FastFairness
-from fleetsim.fast_records import EVENT_DISPATCH, JOB_RESERVED, POD_SET, JobRecord
+from fleetsim.fast_records import EVENT_DISPATCH, JOB_RESERVED, POD_SET, FastJob
 
 __all__ = ["FastRounds"]
 
@@ -198,7 +198,7 @@ class FastRounds(FastFairness):
         if lifted_before:
             self._restore_drains(lifted_before)
 
-    def _placed(self, job: JobRecord, cluster: str) -> None:
+    def _placed(self, job: FastJob, cluster: str) -> None:
         del self.queued[job.item.name]
         self._queue_version += 1
         job.state = JOB_RESERVED

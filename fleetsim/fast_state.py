@@ -18,9 +18,9 @@ from fleetsim.fast_records import (
     EVENT_ROUND,
     PINNED_POLICIES,
     POLICIES,
+    FastJob,
     FastParams,
     GangCopy,
-    JobRecord,
     request_of,
 )
 from fleetsim.model import FleetSpec, Outcome, WorkItem
@@ -170,8 +170,8 @@ class FastState:
         self._kind_model = {k: n.gpu_model or "" for k, n in self._kind_node.items()}
 
         self._order = names
-        self.jobs: dict[str, JobRecord] = {}
-        self.queued: dict[str, JobRecord] = {}
+        self.jobs: dict[str, FastJob] = {}
+        self.queued: dict[str, FastJob] = {}
         for seq, item in enumerate(sorted(items, key=lambda i: (i.arrival_s, i.name))):
             self.jobs[item.name] = self._job(item, seq)
         self.remaining = len(self.jobs)
@@ -196,7 +196,7 @@ class FastState:
     def _code(self, shape: PodShape) -> int:
         return self._shapes.setdefault(shape, len(self._shapes))
 
-    def _job(self, item: WorkItem, seq: int) -> JobRecord:
+    def _job(self, item: WorkItem, seq: int) -> FastJob:
         full = request_of(item)
         req = full
         excluded: tuple[str, ...] = ()
@@ -208,7 +208,7 @@ class FastState:
                 c.name for c in self.fleet.clusters if all(level not in (lv.name, lv.key) for lv in agent_levels(c))
             )
         shape = full.pod_sets[0].shape
-        return JobRecord(item, seq, req, full, shape, self._code(shape), Outcome(item, item.arrival_s), excluded)
+        return FastJob(item, seq, req, full, shape, self._code(shape), Outcome(item, item.arrival_s), excluded)
 
     # ------------------------------------------------------------------ timed events
 
