@@ -27,7 +27,7 @@ from extender.agent.following import Following
 from extender.agent.metrics import AgentMetrics
 from extender.agent.model import AttemptKey, Order
 from extender.agent.orders import Orders
-from extender.agent.state import AgentState, Outbox
+from extender.agent.state import AgentState, Uplink
 from extender.agent.stream import Stream, StreamClosed, open_channel
 from extender.agent.tracker import Tracker
 from extender.agent.workloads import Workloads
@@ -55,7 +55,7 @@ class Agent:
 
     It wires the parts and runs the loops: `state` (attempts, locks, tasks, start checks) is shared by
     `orders` (the broker's Dispatch / Hold / Start / Cancel) and `following` (what the cluster shows of each
-    attempt, reported back); both write through `work` and send on `outbox`, the broker stream this agent
+    attempt, reported back); both write through `work` and send on `uplink`, the broker stream this agent
     opens in `session`."""
 
     def __init__(
@@ -93,14 +93,14 @@ class Agent:
         self.state = AgentState(
             config, inventory, self.tracker, read_only=self.read_only, clock=clock, mono=mono, sleep=sleep
         )
-        self.outbox = Outbox(mono)
-        self.orders = Orders(self.state, self.work, self.outbox, self.metrics)
-        self.following = Following(self.state, self.work, self.outbox, self.metrics)
+        self.uplink = Uplink(mono)
+        self.orders = Orders(self.state, self.work, self.uplink, self.metrics)
+        self.following = Following(self.state, self.work, self.uplink, self.metrics)
 
     @property
     def stream(self) -> Stream | None:
         """The broker stream open now, if any."""
-        return self.outbox.stream
+        return self.uplink.stream
 
     @property
     def preflight_done(self) -> asyncio.Event:
@@ -140,7 +140,7 @@ class Agent:
                 dispatch=not self.read_only,
             )
             welcome = await stream.open(hello)
-            self.outbox.attach(stream)
+            self.uplink.attach(stream)
             self.metrics.connected.set(1)
             log.info(
                 "broker stream open",
@@ -161,7 +161,7 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await reporter
         finally:
-            self.outbox.detach(stream)
+            self.uplink.detach(stream)
             self.metrics.connected.set(0)
             await stream.close()
             await channel.close()
@@ -172,7 +172,7 @@ class Agent:
         if isinstance(msg, wire.WireError):
             log.warning("broker message not usable", extra={"detail": str(msg)})
             if msg.key is not None:
-                self.outbox.send(
+                self.uplink.send(
                     dispatch_ack=wire.dispatch_ack(msg.key, rejection=wire.Rejection("TEMPLATE_INVALID", str(msg)))
                 )
         elif isinstance(msg, Order):
@@ -209,7 +209,7 @@ class Agent:
         report = builder.snapshot(
             snap.facts, self._reservation_keys(), self.clock(), applied_broker_sequence=stream.applied
         )
-        self.outbox.send(inventory_snapshot=report)
+        self.uplink.send(inventory_snapshot=report)
         self.metrics.reports.labels("snapshot").inc()
         self.metrics.report_bytes.observe(report.ByteSize())
 
@@ -226,12 +226,12 @@ class Agent:
                     snap.facts, self._reservation_keys(), self.clock(), applied_broker_sequence=stream.applied
                 )
                 if delta is not None:
-                    self.outbox.send(inventory_delta=delta)
+                    self.uplink.send(inventory_delta=delta)
                     self.metrics.reports.labels("delta").inc()
                     self.metrics.report_bytes.observe(delta.ByteSize())
             if self.mono() - last_beat >= heartbeat_s:
                 last_beat = self.mono()
-                self.outbox.send(heartbeat=wire.heartbeat(stream.applied, builder.sequence, not self.read_only))
+                self.uplink.send(heartbeat=wire.heartbeat(stream.applied, builder.sequence, not self.read_only))
 
     async def sessions(self, epoch: int) -> None:
         """Streams one after another, with capped exponential back-off and jitter between them."""
@@ -267,5 +267,5 @@ class Agent:
     async def stop(self) -> None:
         """Cancel every task in flight (orders, follows, clean-ups) and close the broker stream."""
         await self.state.cancel_tasks()
-        if self.outbox.stream is not None:
-            await self.outbox.stream.close()
+        if self.uplink.stream is not None:
+            await self.uplink.stream.close()

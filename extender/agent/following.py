@@ -13,7 +13,7 @@ from extender.agent.model import AttemptKey
 from extender.agent.state import (
     AgentState,
     AttemptRecord,
-    Outbox,
+    Uplink,
     best_effort,
     claim_template_names,
     namespace_of,
@@ -32,12 +32,12 @@ class Following:
     """Act on what the cluster shows of each attempt and report it; the agent's loops call it.
 
     Reads the cluster through the shared `state` (inventory, tracker), writes through `work` (None: a
-    read-only agent) and reports on `outbox`."""
+    read-only agent) and reports on `uplink`."""
 
-    def __init__(self, state: AgentState, work: Workloads | None, outbox: Outbox, metrics: AgentMetrics) -> None:
+    def __init__(self, state: AgentState, work: Workloads | None, uplink: Uplink, metrics: AgentMetrics) -> None:
         self.state = state
         self.work = work
-        self.outbox = outbox
+        self.uplink = uplink
         self.metrics = metrics
         self._not_ready: dict[str, float] = {}
         """node -> since when this agent has seen it NotReady."""
@@ -112,7 +112,7 @@ class Following:
                 if self.state.tracker.gone(key) and self.work is not None:
                     await self.work.finish(key, a.namespace, claim_template_names(self.state.order(key)))
                     if a.cancelling:
-                        self.outbox.send(cancel_ack=wire.cancel_ack(key, "DELETED", "every pod is gone"))
+                        self.uplink.send(cancel_ack=wire.cancel_ack(key, "DELETED", "every pod is gone"))
                     self.state.attempts.pop(key, None)
                 return
             order = self.state.order(key)
@@ -155,7 +155,7 @@ class Following:
         replicas = view.replicas
         signature = (phase, tuple((r.pod, r.node, r.phase, r.exit_code) for r in replicas), view.outcome)
         order = a.order
-        if signature != a.sent and self.outbox.is_open:
+        if signature != a.sent and self.uplink.is_open:
             report = wire.WorkloadReport(
                 key,
                 phase,
@@ -166,17 +166,17 @@ class Following:
                 view.exit_code,
                 view.message,
             )
-            seq = self.outbox.send(workload_status=wire.workload_status(report, self.state.clock()))
+            seq = self.uplink.send(workload_status=wire.workload_status(report, self.state.clock()))
             if seq:
                 a.sent = signature
                 self.metrics.statuses.labels(phase).inc()
                 if phase in _TERMINAL:
                     a.terminal_sequence = seq
         feedback = [f for f in st.scheduling_feedback(pods) if a.feedback.get(f.pod) != f.message]
-        if feedback and self.outbox.is_open:
+        if feedback and self.uplink.is_open:
             # Stamped when seen: the condition's lastTransitionTime stays at the pod's creation while its
             # status stays False (SchedulingGated -> Unschedulable), older than the broker's last transition.
-            if self.outbox.send(scheduling_feedback=wire.scheduling_feedback(key, feedback, self.state.clock())):
+            if self.uplink.send(scheduling_feedback=wire.scheduling_feedback(key, feedback, self.state.clock())):
                 a.feedback.update({f.pod: f.message for f in feedback})
 
     async def acknowledged(self, sequence: int) -> None:
@@ -217,7 +217,7 @@ class Following:
         """Without a live stream an attempt still gated past its start deadline can never be started: delete
         it (A-13). Running attempts are never touched on the agent's own authority."""
         await self.sweep_holds()
-        if self.outbox.is_open or self.work is None or self.outbox.lost_at is None:
+        if self.uplink.is_open or self.work is None or self.uplink.lost_at is None:
             return
         now = self.state.clock()
         for key in sorted(self.state.tracker.attempts()):

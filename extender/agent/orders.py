@@ -8,7 +8,7 @@ from extender.agent import status as st
 from extender.agent import wire
 from extender.agent.metrics import AgentMetrics
 from extender.agent.model import AttemptKey, Order
-from extender.agent.state import AgentState, Outbox, best_effort, namespace_of, pod_set_of
+from extender.agent.state import AgentState, Uplink, best_effort, namespace_of, pod_set_of
 from extender.agent.validate import validate_order
 from extender.agent.workloads import DISPATCH_ANNOTATION, Workloads
 from extender.kube import KubeError
@@ -22,12 +22,12 @@ class Orders:
     """Dispatch / Hold / ReleaseHold / Start / Cancel for this cluster, each under its job's lock.
 
     Writes to the cluster through `work` (None: a read-only agent, which creates nothing) and answers on
-    `outbox`; what it learns of an attempt goes into the shared `state`."""
+    `uplink`; what it learns of an attempt goes into the shared `state`."""
 
-    def __init__(self, state: AgentState, work: Workloads | None, outbox: Outbox, metrics: AgentMetrics) -> None:
+    def __init__(self, state: AgentState, work: Workloads | None, uplink: Uplink, metrics: AgentMetrics) -> None:
         self.state = state
         self.work = work
-        self.outbox = outbox
+        self.uplink = uplink
         self.metrics = metrics
 
     async def dispatch(self, order: Order) -> wire.Rejection | None:
@@ -38,7 +38,7 @@ class Orders:
             outcome = "accepted" if rejection is None else rejection.reason
             self.metrics.dispatches.labels(outcome).inc()
             ns = self.state.config.namespace_for(order.tenant, order.namespace_hint) or ""
-            self.outbox.send(
+            self.uplink.send(
                 dispatch_ack=wire.dispatch_ack(
                     key,
                     namespace=ns if rejection is None else "",
@@ -168,7 +168,7 @@ class Orders:
     def _report_failed(self, key: AttemptKey, outcome: str, message: str) -> None:
         a = self.state.record(key)
         report = wire.WorkloadReport(key, "FAILED", namespace=a.namespace, outcome=outcome, message=message)
-        a.terminal_sequence = self.outbox.send(workload_status=wire.workload_status(report, self.state.clock()))
+        a.terminal_sequence = self.uplink.send(workload_status=wire.workload_status(report, self.state.clock()))
         a.sent = ("FAILED", outcome, message)
         log.warning("attempt failed", extra={"job": key[0], "attempt": key[1], "detail": {"message": message}})
 
@@ -179,17 +179,17 @@ class Orders:
             jobs, pods = self.state.tracker.jobs(key), self.state.tracker.pods(key)
             has_reservation = any(r.gang == (key[0], str(key[1])) for r in self.state.inv.reservations())
             if self.work is None or (not jobs and not pods and not has_reservation and a.order is None):
-                self.outbox.send(cancel_ack=wire.cancel_ack(key, "NOT_FOUND", "nothing of this attempt exists here"))
+                self.uplink.send(cancel_ack=wire.cancel_ack(key, "NOT_FOUND", "nothing of this attempt exists here"))
                 return
             namespace = a.namespace or namespace_of(jobs, pods)
             try:
                 await self.work.teardown(key, namespace, jobs, pods, grace_s)
             except KubeError as e:
-                self.outbox.send(cancel_ack=wire.cancel_ack(key, "FAILED", f"deleting the workload failed: {e}"))
+                self.uplink.send(cancel_ack=wire.cancel_ack(key, "FAILED", f"deleting the workload failed: {e}"))
                 return
             a.cancelling = True
             a.namespace = namespace
-            self.outbox.send(cancel_ack=wire.cancel_ack(key, "IN_PROGRESS", f"deleting ({reason})"))
+            self.uplink.send(cancel_ack=wire.cancel_ack(key, "IN_PROGRESS", f"deleting ({reason})"))
             await self.work.event(
                 jobs[0] if jobs else None, "TandemCancelled", f"deleted on the broker's order: {reason}"
             )

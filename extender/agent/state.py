@@ -20,7 +20,7 @@ from extender.podreq import POD_SET_LABEL
 __all__ = [
     "AgentState",
     "AttemptRecord",
-    "Outbox",
+    "Uplink",
     "StartChecks",
     "best_effort",
     "claim_template_names",
@@ -66,7 +66,7 @@ class StartChecks:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class Outbox:
+class Uplink:
     """The broker stream messages go out on while one is open; between streams a message is dropped."""
 
     def __init__(self, mono: Callable[[], float]) -> None:

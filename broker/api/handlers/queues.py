@@ -14,7 +14,7 @@ from broker.scheduling import fairness
 from broker.tenancy.auth import Caller
 from fleetplan.decide import ClusterVerdict
 
-__all__ = ["queue_info", "Usage", "usage", "QueueCounts", "queue_counts", "export_usage"]
+__all__ = ["queue_info", "UsageReport", "usage", "QueueCounts", "queue_counts", "export_usage"]
 
 
 def queue_info(reads: QueueReads, job: JobRecord, *, clusters: Sequence[ClusterVerdict] = ()) -> QueueView | None:
@@ -31,13 +31,15 @@ def queue_info(reads: QueueReads, job: JobRecord, *, clusters: Sequence[ClusterV
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class UsageReport:
+    """What GetUsage answers: the tenants' rows, the fleet's weighted capacity and when it was taken."""
+
     rows: list[fairness.TenantUsage]
     capacity_cost: float
     at: float
 
 
-def usage(queues: QueuePorts, caller: Caller, tenant: str) -> Usage:
+def usage(queues: QueuePorts, caller: Caller, tenant: str) -> UsageReport:
     """Usage now from the placer's queue snapshot and fair shares: a tenant's own row, or (admins) every
     tenant's (each tenant of the policy, and any other that holds or waits) or the one named."""
     who = tenant_of(caller, tenant)
@@ -46,7 +48,7 @@ def usage(queues: QueuePorts, caller: Caller, tenant: str) -> Usage:
     rows = fairness.tenant_usage(snap, shares, tenants=named)
     if who:
         rows = [r for r in rows if r.tenant == who]
-    return Usage(rows, shares.capacity, snap.now)
+    return UsageReport(rows, shares.capacity, snap.now)
 
 
 @dataclass(slots=True)
