@@ -34,7 +34,7 @@ from broker.api.services.edge import Edge
 from broker.config import WebConfig
 from broker.domain import errors
 from broker.tenancy.auth import Caller, CallerKind, Credentials, Listener, Method
-from broker.web.sessions import COOKIE, LoginThrottle, Session, Sessions
+from broker.web.sessions import COOKIE, LoginThrottle, Sessions, WebSession
 from broker.web.views import FleetPicture, queues_document
 from tandem.v1 import cluster_service_pb2 as cs
 from tandem.v1 import job_pb2
@@ -197,13 +197,13 @@ class WebServer:
     def _peer(self, request: web.Request) -> str:
         return request.remote or ""
 
-    def _session(self, request: web.Request) -> Session:
+    def _session(self, request: web.Request) -> WebSession:
         session = self.sessions.get(request.cookies.get(COOKIE))
         if session is None:
             raise _Refused(errors.Unauthenticated("not logged in"))
         return session
 
-    def _check_origin(self, request: web.Request, session: Session) -> None:
+    def _check_origin(self, request: web.Request, session: WebSession) -> None:
         """A change needs the session's CSRF token in a header, and comes from this origin (when the
         browser says where from): SameSite=Strict already keeps the cookie off other sites' requests."""
         origin = request.headers.get("Origin")
@@ -212,7 +212,7 @@ class WebServer:
         if not session.csrf_ok(request.headers.get("X-CSRF-Token")):
             raise _Refused(errors.PermissionDenied("missing or wrong X-CSRF-Token header"))
 
-    def _caller(self, request: web.Request, session: Session, method: Method, **audit: Any) -> Caller:
+    def _caller(self, request: web.Request, session: WebSession, method: Method, **audit: Any) -> Caller:
         creds = Credentials(bearer_token=session.token, peer=self._peer(request))
         try:
             return self.edge.caller_for(creds, method)
@@ -258,7 +258,7 @@ class WebServer:
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
-    def _session_body(self, caller: Caller, session: Session) -> dict[str, Any]:
+    def _session_body(self, caller: Caller, session: WebSession) -> dict[str, Any]:
         return {
             "caller": {"kind": caller.kind.value, "name": caller.name},
             "csrf_token": session.csrf,

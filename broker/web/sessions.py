@@ -17,13 +17,16 @@ from dataclasses import dataclass
 
 from cachetools import TTLCache
 
-__all__ = ["COOKIE", "Session", "Sessions", "LoginThrottle"]
+__all__ = ["COOKIE", "WebSession", "Sessions", "LoginThrottle"]
 
 COOKIE = "tandem_session"
 
 
 @dataclass(frozen=True, slots=True)
-class Session:
+class WebSession:
+    """One browser login (the cookie's id, the bearer token it stands for, its CSRF token); an agent's stream
+    is a `broker.clusters.session.Session`."""
+
     id: str
     token: str
     csrf: str
@@ -37,14 +40,14 @@ class Sessions:
     is a memory leak a client with a token could grow)."""
 
     def __init__(self, ttl_s: float, max_sessions: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self._live: TTLCache[str, Session] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=clock)
+        self._live: TTLCache[str, WebSession] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=clock)
 
-    def open(self, token: str) -> Session:
-        session = Session(secrets.token_urlsafe(32), token, secrets.token_urlsafe(32))
+    def open(self, token: str) -> WebSession:
+        session = WebSession(secrets.token_urlsafe(32), token, secrets.token_urlsafe(32))
         self._live[session.id] = session
         return session
 
-    def get(self, session_id: str | None) -> Session | None:
+    def get(self, session_id: str | None) -> WebSession | None:
         if not session_id:
             return None
         return self._live.get(session_id)
