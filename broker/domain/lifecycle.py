@@ -40,7 +40,7 @@ from broker.domain.retry import RetryPolicy, backoff_s
 from broker.domain.states import PRE_START, AttemptOutcome, JobState, is_allowed, spends_retry
 
 __all__ = [
-    "Reason",
+    "TransitionReason",
     "IgnoreReason",
     "Reaction",
     "react",
@@ -50,7 +50,7 @@ S = JobState
 O = AttemptOutcome
 
 
-class Reason(enum.StrEnum):
+class TransitionReason(enum.StrEnum):
     """Stable CamelCase transition reasons (StateTransition.reason on the wire)."""
 
     SUBMITTED = "Submitted"
@@ -120,7 +120,7 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
     if isinstance(event, DispatchSent):
         if job.state is not S.RESERVED:
             return _ignore(IgnoreReason.NO_EFFECT)
-        return _move(job, S.DISPATCHED, Reason.DISPATCH_SENT, stamp=AttemptStamp(dispatch_time=now))
+        return _move(job, S.DISPATCHED, TransitionReason.DISPATCH_SENT, stamp=AttemptStamp(dispatch_time=now))
     if isinstance(event, DispatchAccepted):
         if job.state not in (S.RESERVED, S.DISPATCHED):
             return _ignore(IgnoreReason.NO_EFFECT)
@@ -130,7 +130,7 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
             namespace=event.namespace or None,
             clear_expiry=True,
         )
-        return _move(job, S.ACCEPTED, Reason.DISPATCH_ACCEPTED, stamp=stamp)
+        return _move(job, S.ACCEPTED, TransitionReason.DISPATCH_ACCEPTED, stamp=stamp)
     if isinstance(event, DispatchRejected):
         if job.state not in (S.RESERVED, S.DISPATCHED, S.ACCEPTED):
             return _ignore(IgnoreReason.NOT_APPLICABLE)
@@ -141,20 +141,20 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
             rejection_reason=event.reason,
             rejection_nodes=event.nodes,
         )
-        return _requeue(job, close, Reason.DISPATCH_REJECTED, policy, now, event.message)
+        return _requeue(job, close, TransitionReason.DISPATCH_REJECTED, policy, now, event.message)
     if isinstance(event, WorkloadReady):
         if job.state is not S.ACCEPTED:
             return _ignore(IgnoreReason.NO_EFFECT)
         return _move(
             job,
             S.STARTING,
-            Reason.START_SENT,
+            TransitionReason.START_SENT,
             stamp=AttemptStamp(start_time=now),
             orders=(OrderSpec(OrderKind.START, current.cluster),),
         )
     if isinstance(event, AllRunning):
         if job.state in (S.STARTING, S.LOST):
-            reason = Reason.RUNNING if job.state is S.STARTING else Reason.RECOVERED
+            reason = TransitionReason.RUNNING if job.state is S.STARTING else TransitionReason.RECOVERED
             stamp = AttemptStamp(running_time=current.running_time or now)
             return _move(job, S.RUNNING, reason, stamp=stamp)
         return _ignore(IgnoreReason.NO_EFFECT)
@@ -168,7 +168,7 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
         return _move(
             job,
             S.PREEMPTED,
-            Reason.PREEMPTION_REQUESTED,
+            TransitionReason.PREEMPTION_REQUESTED,
             message=event.message,
             orders=(OrderSpec(OrderKind.PREEMPT, current.cluster, grace_s=event.grace_s),),
         )
@@ -179,14 +179,14 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
             return _requeue(
                 job,
                 close,
-                Reason.CLUSTER_SILENT,
+                TransitionReason.CLUSTER_SILENT,
                 policy,
                 now,
                 close.message,
                 orders=(OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),),
             )
         if job.state in (S.STARTING, S.RUNNING):
-            return _move(job, S.LOST, Reason.CLUSTER_SILENT, message="cluster silent; attempt fate unknown")
+            return _move(job, S.LOST, TransitionReason.CLUSTER_SILENT, message="cluster silent; attempt fate unknown")
         return _ignore(IgnoreReason.NO_EFFECT)  # CANCELLING / PREEMPTED wait for the cluster
     if isinstance(event, ReservationExpired):
         if job.state not in (S.RESERVED, S.DISPATCHED):
@@ -195,7 +195,7 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
         return _requeue(
             job,
             close,
-            Reason.RESERVATION_EXPIRED,
+            TransitionReason.RESERVATION_EXPIRED,
             policy,
             now,
             close.message,
@@ -206,14 +206,21 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
         if job.state is S.LOST:
             close = AttemptClose(outcome=O.LOST, end_time=now, message="lost attempt abandoned", spent_retry=True)
             return _requeue(
-                job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor, orders=cleanup
+                job,
+                close,
+                TransitionReason.LOST_ABANDONED,
+                policy,
+                now,
+                close.message,
+                actor=event.actor,
+                orders=cleanup,
             )
         if job.state is S.CANCELLING:
             close = AttemptClose(outcome=O.LOST, end_time=now, message="cancel never confirmed; abandoned")
             return _move(
                 job,
                 S.CANCELLED,
-                Reason.LOST_ABANDONED,
+                TransitionReason.LOST_ABANDONED,
                 message=close.message,
                 actor=event.actor,
                 close=close,
@@ -222,7 +229,14 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
         if job.state is S.PREEMPTED:
             close = AttemptClose(outcome=O.LOST, end_time=now, message="preemption never confirmed; abandoned")
             return _requeue(
-                job, close, Reason.LOST_ABANDONED, policy, now, close.message, actor=event.actor, orders=cleanup
+                job,
+                close,
+                TransitionReason.LOST_ABANDONED,
+                policy,
+                now,
+                close.message,
+                actor=event.actor,
+                orders=cleanup,
             )
         return _ignore(IgnoreReason.NOT_APPLICABLE)
     if isinstance(event, RequeueRequested):
@@ -233,7 +247,7 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
 def _move(
     job: JobRecord,
     new: JobState,
-    reason: Reason,
+    reason: TransitionReason,
     *,
     message: str = "",
     actor: str = "broker",
@@ -278,7 +292,7 @@ def _reserve(job: JobRecord, ev: Reserve, now: float) -> Reaction:
         expect_state=S.QUEUED,
         expect_attempt=job.attempt,
         new_state=S.RESERVED,
-        reason=Reason.PLACED.value,
+        reason=TransitionReason.PLACED.value,
         message=f"reserved on {ev.cluster}",
         new_attempt=attempt,
         orders=(OrderSpec(OrderKind.DISPATCH, ev.cluster, attempt=attempt.number),),
@@ -289,7 +303,7 @@ def _reserve(job: JobRecord, ev: Reserve, now: float) -> Reaction:
 def _requeue(
     job: JobRecord,
     close: AttemptClose,
-    reason: Reason,
+    reason: TransitionReason,
     policy: RetryPolicy,
     now: float,
     message: str,
@@ -305,13 +319,19 @@ def _requeue(
     retries = job.infra_retries + (1 if spent else 0)
     if spent and retries > budget:
         return _fail(
-            job, close, Reason.RETRY_BUDGET_SPENT, f"{message}; retry budget spent ({budget})", orders, actor, spent
+            job,
+            close,
+            TransitionReason.RETRY_BUDGET_SPENT,
+            f"{message}; retry budget spent ({budget})",
+            orders,
+            actor,
+            spent,
         )
     if job.attempt >= policy.max_attempts:
         return _fail(
             job,
             close,
-            Reason.MAX_ATTEMPTS,
+            TransitionReason.MAX_ATTEMPTS,
             f"{message}; attempt cap reached ({policy.max_attempts})",
             orders,
             actor,
@@ -340,7 +360,7 @@ def _requeue(
 def _fail(
     job: JobRecord,
     close: AttemptClose,
-    reason: Reason,
+    reason: TransitionReason,
     message: str,
     orders: tuple[OrderSpec, ...],
     actor: str,
@@ -363,14 +383,14 @@ def _fail(
 
 
 _END_REASON = {
-    O.SUCCEEDED: Reason.SUCCEEDED,
-    O.APP_FAILED: Reason.APP_FAILED,
-    O.INFRA_FAILED: Reason.INFRA_FAILED,
-    O.GANG_TIMEOUT: Reason.GANG_TIMEOUT,
-    O.REJECTED: Reason.DISPATCH_REJECTED,
-    O.PREEMPTED: Reason.PREEMPTED,
-    O.CANCELLED: Reason.CANCELLED,
-    O.LOST: Reason.LOST_ABANDONED,
+    O.SUCCEEDED: TransitionReason.SUCCEEDED,
+    O.APP_FAILED: TransitionReason.APP_FAILED,
+    O.INFRA_FAILED: TransitionReason.INFRA_FAILED,
+    O.GANG_TIMEOUT: TransitionReason.GANG_TIMEOUT,
+    O.REJECTED: TransitionReason.DISPATCH_REJECTED,
+    O.PREEMPTED: TransitionReason.PREEMPTED,
+    O.CANCELLED: TransitionReason.CANCELLED,
+    O.LOST: TransitionReason.LOST_ABANDONED,
 }
 
 
@@ -399,7 +419,7 @@ def _ended(job: JobRecord, current: AttemptRecord, ev: AttemptEnded, policy: Ret
             close = AttemptClose(
                 outcome=O.INFRA_FAILED, end_time=now, message=ev.message or "workload deleted", spent_retry=True
             )
-            return _requeue(job, close, Reason.INFRA_FAILED, policy, now, close.message)
+            return _requeue(job, close, TransitionReason.INFRA_FAILED, policy, now, close.message)
         return _move(job, S.CANCELLED, reason, message=ev.message, close=close)
     if outcome is O.REJECTED:
         if job.state not in PRE_START:
@@ -413,14 +433,14 @@ def _cancel(job: JobRecord, current: AttemptRecord | None, ev: CancelRequested, 
         return _ignore(IgnoreReason.FINISHED if job.state.terminal else IgnoreReason.NO_EFFECT)
     msg = ev.message or "cancelled"
     if job.state is S.QUEUED or current is None:
-        return _move(job, S.CANCELLED, Reason.CANCELLED, message=msg, actor=ev.actor)
+        return _move(job, S.CANCELLED, TransitionReason.CANCELLED, message=msg, actor=ev.actor)
     if job.state is S.RESERVED:
         # Not sent Start, maybe not even Dispatch: done now; a CANCEL order cleans up a dispatch in flight.
         close = AttemptClose(outcome=O.CANCELLED, end_time=now, message=msg)
         return _move(
             job,
             S.CANCELLED,
-            Reason.CANCELLED,
+            TransitionReason.CANCELLED,
             message=msg,
             actor=ev.actor,
             close=close,
@@ -429,7 +449,7 @@ def _cancel(job: JobRecord, current: AttemptRecord | None, ev: CancelRequested, 
     return _move(
         job,
         S.CANCELLING,
-        Reason.CANCEL_REQUESTED,
+        TransitionReason.CANCEL_REQUESTED,
         message=msg,
         actor=ev.actor,
         orders=(OrderSpec(OrderKind.CANCEL, current.cluster, grace_s=ev.grace_s),),
@@ -446,7 +466,7 @@ def _requeue_requested(
         return _move(
             job,
             S.PREEMPTED,
-            Reason.PREEMPTION_REQUESTED,
+            TransitionReason.PREEMPTION_REQUESTED,
             message=msg,
             actor=ev.actor,
             orders=(OrderSpec(OrderKind.PREEMPT, current.cluster, grace_s=ev.grace_s),),
@@ -456,7 +476,7 @@ def _requeue_requested(
         return _requeue(
             job,
             close,
-            Reason.PREEMPTED,
+            TransitionReason.PREEMPTED,
             policy,
             now,
             msg,

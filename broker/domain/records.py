@@ -127,7 +127,7 @@ class JobRecord:
     update_time: float
     end_time: float | None
     reason: str
-    """Reason (CamelCase, lifecycle.Reason) of the latest transition."""
+    """Reason (CamelCase, lifecycle.TransitionReason) of the latest transition."""
     message: str
     revision: int
     """Store revision of the latest change to this job."""
@@ -292,7 +292,7 @@ class EventKind(enum.StrEnum):
 
 
 class UpdateReason(enum.StrEnum):
-    """Reasons of UPDATED events (CamelCase like lifecycle.Reason)."""
+    """Reasons of UPDATED events (CamelCase like lifecycle.TransitionReason)."""
 
     PRIORITY_CHANGED = "PriorityChanged"
     HELD = "Held"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from broker.domain import job_events, lifecycle
 from broker.domain.errors import AlreadyExists, IdempotencyConflict, InvalidTransition, JobFinished, StaleTransition
-from broker.domain.lifecycle import Reason
+from broker.domain.lifecycle import TransitionReason
 from broker.domain.records import (
     AttemptRecord,
     EventKind,
@@ -139,7 +139,7 @@ def queued_job(new: NewJob, job_id: str, fingerprint: bytes, now: float) -> JobR
         create_time=now,
         update_time=now,
         end_time=None,
-        reason=Reason.SUBMITTED.value,
+        reason=TransitionReason.SUBMITTED.value,
         message="",
         revision=0,
     )
