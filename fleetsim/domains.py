@@ -4,7 +4,8 @@ fits at its required level anywhere in a fleet."""
 
 from __future__ import annotations
 
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, WorkItem
+from fleetplan.catalog import Level
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, WorkItem
 from placement.mig import FAMILY_PROFILES, family_of
 from placement.model import CLIQUE_LABEL, HOSTNAME_LABEL, ZONE_LABEL
 

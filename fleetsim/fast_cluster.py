@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from extender.config import LEVEL_NAMES
-from fleetplan.catalog import Level as CatalogLevel
+from fleetplan.catalog import Level
 from fleetsim.model import ClusterSpec, FleetSpec
 from fleetsim.node_objects import mig_layout, node_locations
 from placement import mig
@@ -67,11 +67,11 @@ ReplicaKey = tuple[str, int]
 # --------------------------------------------------------------------------- nodes
 
 
-def agent_levels(cluster: ClusterSpec) -> tuple[CatalogLevel, ...]:
+def agent_levels(cluster: ClusterSpec) -> tuple[Level, ...]:
     """The levels the cluster's agent reports: the cluster's own, then `host` (the agent always has it)."""
-    levels = tuple(CatalogLevel(lv.name, lv.key) for lv in cluster.levels)
+    levels = tuple(cluster.levels)
     if all(lv.name != "host" for lv in levels):
-        levels += (CatalogLevel("host", HOSTNAME_LABEL),)
+        levels += (Level("host", HOSTNAME_LABEL),)
     return levels
 
 
@@ -122,7 +122,7 @@ def nodes_of(cluster: ClusterSpec) -> list[Node]:
     return out
 
 
-def merged_nodes(fleet: FleetSpec) -> tuple[tuple[CatalogLevel, ...], list[Node], dict[str, str]]:
+def merged_nodes(fleet: FleetSpec) -> tuple[tuple[Level, ...], list[Node], dict[str, str]]:
     """Every node of the fleet as one cluster: the union of the clusters' levels (broad to narrow), each value
     prefixed by its cluster so domains stay distinct per original cluster. A level a cluster lacks takes the
     value of its nearest narrower level there (a block-less cluster's block is its rack), so no domain spans
@@ -135,7 +135,7 @@ def merged_nodes(fleet: FleetSpec) -> tuple[tuple[CatalogLevel, ...], list[Node]
                 keys[level.name] = level.key
                 names.append(level.name)
     names.sort(key=lambda n: LEVEL_NAMES.index(n) if n in LEVEL_NAMES else len(LEVEL_NAMES))
-    levels = tuple(CatalogLevel(n, keys[n]) for n in names)
+    levels = tuple(Level(n, keys[n]) for n in names)
     nodes: list[Node] = []
     owner: dict[str, str] = {}
     for c in fleet.clusters:
@@ -180,7 +180,7 @@ class Cell:
     `dirty` rows changed since the last inventory report; `bound` is what the agent reports per attempt."""
 
     name: str
-    levels: tuple[CatalogLevel, ...]
+    levels: tuple[Level, ...]
     nodes: list[Node]
     owner: list[str]
     """Original cluster of each row (differs from `name` only in the merged cell)."""

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
+from fleetplan.catalog import Level
 from fleetsim.broker_process import BrokerEndpoint
-from fleetsim.model import Level
 from fleetsim.processes import REPO, Proc, free_port, http_ok, spawn, wait_for
 from sim.cluster import SimCluster
 from sim.realcluster import RealCluster

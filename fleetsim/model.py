@@ -6,17 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleetplan.catalog import Level
 from placement.usage import mig_gpus
 
-__all__ = ["Level", "NodeGroup", "ClusterSpec", "TenantSpec", "FleetSpec", "WorkItem", "Outcome", "RunResult"]
-
-
-@dataclass(frozen=True, slots=True)
-class Level:
-    """One topology level, outermost first: its name (what jobs ask for) and the node label that holds it."""
-
-    name: str
-    key: str
+__all__ = ["NodeGroup", "ClusterSpec", "TenantSpec", "FleetSpec", "WorkItem", "Outcome", "RunResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +40,8 @@ class ClusterSpec:
     region: str
     role: str
     levels: tuple[Level, ...]
+    """Its topology levels, outermost first: the name a job asks for and the node label that holds it (the same
+    levels its agent reports to the broker)."""
     groups: tuple[NodeGroup, ...]
     background_pods_per_min: float = 0.0
     """Pods that never go through Tandem (`schedulerName: default-scheduler`), per simulated minute."""

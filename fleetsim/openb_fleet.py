@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fleetplan.catalog import Level
 from fleetsim.fleet_schema import DEFAULT_LEVEL_KEYS
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, TenantSpec
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, TenantSpec
 from fleetsim.spec import check_fleet
 from sim.trace import load_nodes
 

@@ -15,8 +15,9 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from fleetplan.catalog import Level
 from fleetsim.fleet_schema import FieldError, FleetDoc, first_repeat
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, TenantSpec
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, TenantSpec
 
 __all__ = ["FleetSpecError", "check_fleet", "default_fleet", "load_fleet", "parse_fleet"]
 

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from fleetplan.catalog import Level
 from fleetsim.fast import (
     CAUSE_GANG_TIMEOUT,
     CAUSE_NODE_TAKEN,
@@ -16,7 +17,7 @@ from fleetsim.fast import (
     run_fast,
 )
 from fleetsim.fast_cluster import agent_levels, merged_nodes, nodes_of
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, Outcome, RunResult, TenantSpec, WorkItem
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, Outcome, RunResult, TenantSpec, WorkItem
 from placement.model import CLIQUE_LABEL, DEFAULT_BLOCK_LABEL, DEFAULT_RACK_LABEL, ZONE_LABEL, TopologyLevels
 
 ZONE = Level("zone", ZONE_LABEL)

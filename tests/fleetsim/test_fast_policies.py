@@ -7,8 +7,9 @@ import dataclasses
 
 import pytest
 
+from fleetplan.catalog import Level
 from fleetsim.fast import CAUSE_GANG_TIMEOUT, CAUSE_NODE_TAKEN, BackgroundPod, FastParams, run_fast
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, Outcome, TenantSpec, WorkItem
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, Outcome, TenantSpec, WorkItem
 from fleetsim.spec import default_fleet
 from fleetsim.workload import training_mix
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, Outcome, RunResult, TenantSpec, WorkItem
+from fleetplan.catalog import Level
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, Outcome, RunResult, TenantSpec, WorkItem
 from fleetsim.report import write_report
 from fleetsim.report_markdown import summary_table
 from fleetsim.summary import gang_bucket, percentile, summarise, time_weighted_allocation

@@ -19,8 +19,9 @@ from extender.config import ExtenderConfig
 from extender.decide import decide_filter
 from extender.inventory import Inventory
 from extender.protocol import parse_extender_args
+from fleetplan.catalog import Level
 from fleetsim.fleet_schema import DEFAULT_LEVEL_KEYS
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, TenantSpec
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, TenantSpec
 from fleetsim.node_objects import mig_layout, node_locations, node_objects
 from fleetsim.openb_fleet import alibaba_fleet
 from fleetsim.spec import FleetSpecError, check_fleet, default_fleet, load_fleet, parse_fleet

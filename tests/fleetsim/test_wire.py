@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, TenantSpec, WorkItem
+from fleetplan.catalog import Level
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, TenantSpec, WorkItem
 from fleetsim.wire import run_wire
 from tests.e2e.fleet import H100, gpu_node
 

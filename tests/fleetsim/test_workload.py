@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetplan.catalog import Level
 from fleetsim.domains import domain_capacity, fits_some_domain
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, TenantSpec, WorkItem
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, TenantSpec, WorkItem
 from fleetsim.openb_workload import alibaba_workload
 from fleetsim.workload import expected_gpu_hours, training_mix
 from sim.trace import trace_dir

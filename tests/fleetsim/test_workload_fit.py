@@ -13,11 +13,12 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleetplan.catalog import Level
 from fleetsim.domains import domain_capacity
 from fleetsim.fast import shape_of
 from fleetsim.fast_cluster import agent_levels, nodes_of
 from fleetsim.mix_shapes import GANG_LEVELS
-from fleetsim.model import ClusterSpec, FleetSpec, Level, NodeGroup, TenantSpec, WorkItem
+from fleetsim.model import ClusterSpec, FleetSpec, NodeGroup, TenantSpec, WorkItem
 from fleetsim.workload import training_mix
 from placement.fit import capacity
 from placement.model import TopologyLevels
