@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.clusters import link
-from broker.clusters.dispatcher_inbound import Inbox
+from broker.clusters.dispatcher_inbox import Inbox
 from broker.clusters.dispatcher_outbox import Outbox
-from broker.clusters.dispatcher_sweeps import Watchdog
+from broker.clusters.dispatcher_watchdog import Watchdog
 from broker.clusters.session import Session, Sessions
 from broker.config import BrokerConfig
 from broker.domain import errors, job_events
