@@ -100,6 +100,8 @@ class Watchdog:
     def _late(self, job: JobRecord, a: AttemptRecord, now: float) -> str:
         """Why a gang missed its start (empty when it has not): the broker's deadlines are the only
         authority (the agent only reports). Both start bounds count from the Start."""
+        if job.state not in (S.ACCEPTED, S.STARTING):
+            return ""  # only a gang not started yet can miss its start: running jobs' specs are not decoded
         timeout = self.specs.start_timeout_s(job.spec, self.cfg.gang_start_deadline_s)
         if job.state is S.ACCEPTED and a.dispatch_time and now - a.dispatch_time > timeout:
             return f"the gang's pods were not all created and pinned {timeout:g} s after its dispatch"
