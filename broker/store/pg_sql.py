@@ -74,8 +74,8 @@ async def submit_job(c: Conn, new: NewJob, *, id_gen: Callable[[], str], now: fl
     # one round trip: the SUBMITTED event (its revision) and the job row together; the event reuses the job's
     # values ($1 job_id, $2 tenant, $4 job_set, $16 state, $17 time, $18 reason) and adds $19 kind, $20 actor
     row = await c.fetchrow(
-        "WITH ev AS (INSERT INTO events (job_id, tenant, job_set, kind, from_state, to_state, attempt, reason,"
-        " message, actor, time) VALUES ($1,$2,$4,$19,NULL,$16,0,$18,'',$20,$17) RETURNING revision)"
+        f"WITH ev AS (INSERT INTO events ({writes.EVENT_COLUMNS})"
+        " VALUES ($1,$2,$4,$19,NULL,$16,0,$18,'',$20,$17) RETURNING revision)"
         " INSERT INTO jobs (job_id, tenant, queue, job_set, priority_band, priority, preemptible, labels, gpus,"
         " gpu_models, max_infra_retries, max_runtime_s, spec, idem_key, fingerprint, state, attempt, infra_retries,"
         " not_before, create_time, update_time, end_time, reason, message, revision) SELECT $1,$2,$3,$4,$5,$6,$7,"

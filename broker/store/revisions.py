@@ -32,6 +32,12 @@ class CommitSignal:
         if fut is not None and not fut.done():
             fut.set_result(None)
 
+    def publish_threadsafe(self, revision: int) -> None:
+        """``publish`` from another thread (the SQLite writer's): run on the loop, dropped once the loop is closed."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.publish, revision)
+
     async def wait(self, after: int, timeout_s: float, current: Callable[[], Awaitable[int]]) -> int:
         """Wait until ``current()`` (the store's revision) is above ``after`` or the timeout passes; return it."""
         loop = asyncio.get_running_loop()

@@ -42,7 +42,6 @@ class SqliteThreads(SqlStore):
         self._writer: GroupCommitter | None = None
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._reader_conn: sqlite3.Connection | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def commit_stats(self) -> Any:
@@ -59,7 +58,6 @@ class SqliteThreads(SqlStore):
     async def open(self) -> None:
         if self._writer is not None:
             return
-        self._loop = asyncio.get_running_loop()
         secret: list[bytes] = []
         revision: list[int] = []
 
@@ -81,7 +79,7 @@ class SqliteThreads(SqlStore):
         writer = GroupCommitter(setup, max_batch=self._opts.max_batch, on_commit=self._notify)
         await asyncio.get_running_loop().run_in_executor(None, writer.start)
         self._writer = writer
-        self._commits.arm(self._loop, revision[0])
+        self._commits.arm(asyncio.get_running_loop(), revision[0])
         self._tokens = codec.PageTokens(secret[0])
         self.store_id = codec.store_id(secret[0])
         if self._path != ":memory:":
@@ -101,10 +99,7 @@ class SqliteThreads(SqlStore):
 
     def _notify(self, conn: sqlite3.Connection) -> None:
         """Writer thread, right after a COMMIT that wrote: publish the revision on the event loop."""
-        rev = sql.revision(conn)
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._commits.publish, rev)
+        self._commits.publish_threadsafe(sql.revision(conn))
 
     async def _write(self, op: Callable[[sqlite3.Connection], T], *, savepoint: bool = True) -> T:
         return await self.committer.call(op, savepoint=savepoint)

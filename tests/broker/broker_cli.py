@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from fleetsim.processes import REPO
 
 
 @dataclass(frozen=True)
