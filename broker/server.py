@@ -65,7 +65,8 @@ class Servers:
     agent: grpc.aio.Server
     tenant_port: int
     agent_port: int
-    health: Any = None
+    healths: tuple[Any, ...] = ()
+    """Each listener's health servicer (the tenant's, the agent's): NOT_SERVING first when stopping."""
     tenant_mtls_port: int | None = None
     """The tenant server's mutual-TLS port for certificate launchers (None: not configured)."""
     web: WebServer | None = None
@@ -77,7 +78,7 @@ class Servers:
 
     async def stop(self, grace_s: float) -> None:
         """Graceful: report NOT_SERVING, close agent streams, let in-flight calls finish, then close the store."""
-        for h in self._healths():
+        for h in self.healths:
             await h.enter_graceful_shutdown()
         if self.web is not None:  # its live streams end first: they read the store until cancelled
             await self.web.stop()
@@ -87,9 +88,6 @@ class Servers:
         if in_flight:  # agent messages already taken off a stream are applied, not cut off by the store closing
             await asyncio.wait(in_flight, timeout=max(grace_s, 0.1))
         await self.hub.close()
-
-    def _healths(self) -> list[Any]:
-        return [h for h in (self.health, getattr(self, "_agent_health", None)) if h is not None]
 
 
 async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
@@ -145,9 +143,7 @@ async def serve(cfg: BrokerConfig, hub: Hub | None = None) -> Servers:
     if cfg.web is not None:
         web = WebServer(api, cfg.web)
         await web.start()
-    servers = Servers(hub, tenant, agent, tport, aport, healths[0], mport, web)
-    servers._agent_health = healths[1]  # type: ignore[attr-defined]
-    return servers
+    return Servers(hub, tenant, agent, tport, aport, tuple(healths), mport, web)
 
 
 def api_ports(hub: Hub) -> ApiPorts:
@@ -172,7 +168,6 @@ def api_ports(hub: Hub) -> ApiPorts:
         queues=QueuePorts(reads=hub.placer.book, policy=hub.policy, store=hub.store, clock=hub.clock),
         clusters=ClusterPorts(
             policy=hub.policy,
-            clock=hub.clock,
             fleet_view=hub.fleet_view,
             cordon_reasons=hub.cordon_reasons,
             set_cordon=hub.set_cordon,

@@ -121,9 +121,8 @@ class ClusterPorts:
     """The cluster calls: list, get, cordon and uncordon."""
 
     policy: PolicyFile
-    clock: Callable[[], float]
     fleet_view: Callable[[], FleetView]
-    """The fleet now, frozen: what the cluster calls and the fleet picture read."""
+    """The fleet now, frozen: what the cluster calls and the fleet picture read (its `now` is their clock)."""
     cordon_reasons: Mapping[str, str]
     set_cordon: Callable[[str, str | None, str], Awaitable[None]]
     """(cluster, reason or None to uncordon, actor): durable first, then in effect for the placer."""

@@ -20,7 +20,6 @@ from tandem.v1 import common_pb2, job_pb2
 from tandem.v1 import inventory_pb2 as inv
 
 __all__ = [
-    "node_from_proto",
     "hello_meta",
     "report_from_snapshot",
     "report_from_delta",

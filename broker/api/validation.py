@@ -11,7 +11,6 @@ from __future__ import annotations
 # the servicers, handlers and serde call these as `validation.<name>`: one entry, wherever the code lives
 # (each name is re-exported by its redundant alias, so it is listed once)
 from broker.api.validation_enums import unknown_enums as unknown_enums
-from broker.api.validation_fields import DNS1035 as DNS1035
 from broker.api.validation_fields import check_cancel_job as check_cancel_job
 from broker.api.validation_fields import check_cancel_job_set as check_cancel_job_set
 from broker.api.validation_fields import check_cluster_request as check_cluster_request
@@ -25,13 +24,9 @@ from broker.api.validation_fields import check_list_jobs as check_list_jobs
 from broker.api.validation_fields import check_set_job_priority as check_set_job_priority
 from broker.api.validation_fields import check_spec as check_spec
 from broker.api.validation_fields import check_submit as check_submit
-from broker.api.validation_fields import check_text as check_text
 from broker.api.validation_fields import check_watch_jobs as check_watch_jobs
 from broker.api.validation_fields import raise_if as raise_if
-from broker.api.validation_limits import MAX_ITEMS as MAX_ITEMS
-from broker.api.validation_templates import RESERVED_DOMAINS as RESERVED_DOMAINS
 from broker.api.validation_templates import check_json_depth as check_json_depth
 from broker.api.validation_templates import check_pod_template as check_pod_template
 from broker.api.validation_templates import check_untrusted as check_untrusted
-from broker.api.validation_templates import json_depth as json_depth
 from broker.api.validation_templates import reserved_key as reserved_key

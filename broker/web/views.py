@@ -39,10 +39,11 @@ class FleetPicture:
         self.memo = OccupancyMemo(probe_gpus)
 
     def document(self, caller: Caller) -> dict[str, Any]:
-        now = self.clusters.clock()
+        fleet = self.clusters.fleet_view()
+        now = fleet.now
         seen: list[GpuCounts] = []
         clusters = []
-        for view in list_clusters(self.clusters, caller):
+        for view in list_clusters(self.clusters, caller, fleet=fleet):
             state = view.state
             occ = view.fleet.occupancy(state.name, self.memo)
             seen.extend(occ.gpus if occ else ())

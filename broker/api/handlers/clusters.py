@@ -19,11 +19,19 @@ class ClusterView:
     """One cluster as the API shows it: its facts in the fleet snapshot it was read from, and that snapshot."""
 
     state: ClusterState
-    stale: bool
-    active_attempts: int
     cordon_reason: str
     fleet: FleetView
     """The snapshot: the cluster's GPUs are read through it, before the call yields to the event loop."""
+
+    @property
+    def stale(self) -> bool:
+        """Its agent stopped reporting, or its stream is closed."""
+        return self.state.usability in (Usability.STALE, Usability.DISCONNECTED)
+
+    @property
+    def active_attempts(self) -> int:
+        """Reservations held on it when the snapshot was taken."""
+        return self.state.reservations
 
     def gpus(self, with_domains: bool = False) -> ClusterGpus | None:
         """GPUs per model; with the domains of every topology level but the finest (the only one if just one)."""
@@ -33,18 +41,15 @@ class ClusterView:
 
 
 def _view(clusters: ClusterPorts, fleet: FleetView, state: ClusterState) -> ClusterView:
-    return ClusterView(
-        state,
-        state.usability in (Usability.STALE, Usability.DISCONNECTED),
-        state.reservations,
-        clusters.cordon_reasons.get(state.name, ""),
-        fleet,
-    )
+    return ClusterView(state, clusters.cordon_reasons.get(state.name, ""), fleet)
 
 
-def list_clusters(clusters: ClusterPorts, caller: Caller, *, region: str = "", role: str = "") -> list[ClusterView]:
-    """The clusters the caller may see, sorted by name; `region` / `role` (from Hello) filter when set."""
-    fleet = clusters.fleet_view()
+def list_clusters(
+    clusters: ClusterPorts, caller: Caller, *, region: str = "", role: str = "", fleet: FleetView | None = None
+) -> list[ClusterView]:
+    """The clusters the caller may see, sorted by name; `region` / `role` (from Hello) filter when set.
+    `fleet`: the snapshot to read them from (default: one taken now)."""
+    fleet = fleet if fleet is not None else clusters.fleet_view()
     pol = clusters.policy.current().tenants.get(caller.name) if caller.kind is CallerKind.TENANT else None
     out = []
     for name in sorted(fleet.clusters):

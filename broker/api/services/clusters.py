@@ -165,11 +165,6 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
         self.clusters = clusters
         self.edge = Edge(gate, Listener.TENANT)
 
-    def _summary(self, view: cluster_handlers.ClusterView, domains: bool) -> cs.ClusterSummary:
-        return serde_agent.cluster_summary(
-            view.state, view.gpus(domains), self.clusters.clock(), view.stale, view.active_attempts, view.cordon_reason
-        )
-
     async def ListClusters(
         self, request: cs.ListClustersRequest, context: grpc.aio.ServicerContext
     ) -> cs.ListClustersResponse:
@@ -179,7 +174,7 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
             views = cluster_handlers.list_clusters(self.clusters, caller, region=request.region, role=request.role)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.LIST_CLUSTERS)
-        return cs.ListClustersResponse(clusters=[self._summary(v, False) for v in views])
+        return cs.ListClustersResponse(clusters=[_summary(v) for v in views])
 
     async def GetCluster(
         self, request: cs.GetClusterRequest, context: grpc.aio.ServicerContext
@@ -190,7 +185,7 @@ class ClusterAdminServicer(cs_grpc.ClusterServiceServicer):
             view = cluster_handlers.get_cluster(self.clusters, caller, request.name)
         except Exception as exc:
             await self.edge.fail(context, exc, Method.GET_CLUSTER)
-        return cs.GetClusterResponse(cluster=self._summary(view, True))
+        return cs.GetClusterResponse(cluster=_summary(view, with_domains=True))
 
     async def _cordon(
         self, request: cs.CordonRequest | cs.UncordonRequest, on: bool, context: grpc.aio.ServicerContext
@@ -218,6 +213,11 @@ async def cordon(
     validation.raise_if(validation.check_cluster_request(request, reason=True))
     view = await cluster_handlers.cordon(clusters, caller, request.name, on, request.reason)
     audit.record(caller, method, "ok", cluster=request.name, reason=request.reason)
+    return _summary(view)
+
+
+def _summary(view: cluster_handlers.ClusterView, with_domains: bool = False) -> cs.ClusterSummary:
+    """The ClusterSummary of a cluster as read from its fleet snapshot (report ages at the snapshot's time)."""
     return serde_agent.cluster_summary(
-        view.state, view.gpus(), clusters.clock(), view.stale, view.active_attempts, view.cordon_reason
+        view.state, view.gpus(with_domains), view.fleet.now, view.stale, view.active_attempts, view.cordon_reason
     )
