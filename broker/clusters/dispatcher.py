@@ -88,10 +88,6 @@ class Dispatcher:
         """Take one agent message off the stream (see `Inbox.receive`)."""
         await self.inbox.receive(session, sequence, msg)
 
-    async def sweep(self) -> None:
-        """One watchdog pass over stale clusters and missed deadlines."""
-        await self.watchdog.sweep()
-
     async def run_sweeps(self, every_s: float = 1.0) -> None:
         await self.watchdog.run(every_s)
 

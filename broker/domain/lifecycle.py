@@ -203,17 +203,12 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
         )
     if isinstance(event, AbandonLost):
         cleanup = (OrderSpec(OrderKind.CANCEL, current.cluster, attempt=job.attempt),)
-        if job.state is S.LOST:
-            close = AttemptClose(outcome=O.LOST, end_time=now, message="lost attempt abandoned", spent_retry=True)
+        if job.state in (S.LOST, S.PREEMPTED):
+            lost = job.state is S.LOST  # a lost attempt spends a retry; a preemption never confirmed does not
+            message = "lost attempt abandoned" if lost else "preemption never confirmed; abandoned"
+            close = AttemptClose(outcome=O.LOST, end_time=now, message=message, spent_retry=lost)
             return _requeue(
-                job,
-                close,
-                TransitionReason.LOST_ABANDONED,
-                policy,
-                now,
-                close.message,
-                actor=event.actor,
-                orders=cleanup,
+                job, close, TransitionReason.LOST_ABANDONED, policy, now, message, actor=event.actor, orders=cleanup
             )
         if job.state is S.CANCELLING:
             close = AttemptClose(outcome=O.LOST, end_time=now, message="cancel never confirmed; abandoned")
@@ -224,18 +219,6 @@ def react(job: JobRecord, current: AttemptRecord | None, event: Event, policy: R
                 message=close.message,
                 actor=event.actor,
                 close=close,
-                orders=cleanup,
-            )
-        if job.state is S.PREEMPTED:
-            close = AttemptClose(outcome=O.LOST, end_time=now, message="preemption never confirmed; abandoned")
-            return _requeue(
-                job,
-                close,
-                TransitionReason.LOST_ABANDONED,
-                policy,
-                now,
-                close.message,
-                actor=event.actor,
                 orders=cleanup,
             )
         return _ignore(IgnoreReason.NOT_APPLICABLE)

@@ -55,15 +55,9 @@ class Placer:
         usage_half_life_s: float = 0.0,
         start_timeout_s: float = 600.0,
     ) -> None:
-        self.store = store
-        self.catalog = catalog
-        self.policy = policy
-        self.specs = specs
-        """Reads the stored specs (the API room owns their wire format)."""
         self.send = send
         """Where reservations go once committed (the hub hands them to the dispatcher)."""
         self.choice = choice or TandemChoice(candidate_domains)
-        self.clock = clock
         self.batch = batch
         self.reservation_ttl_s = reservation_ttl_s
         self.metrics = metrics
@@ -81,8 +75,8 @@ class Placer:
             usage_half_life_s=usage_half_life_s,
         )
         """Jobs, their requests, held capacity, why they wait, the queue's order: what the API, the preemptor
-        and the metrics read."""
-        self.holds = Holds(self.book, drains, catalog=catalog, send=send, clock=clock, metrics=metrics)
+        and the metrics read. Also the store, catalog, policy, spec reader and clock the placer works with."""
+        self.holds = Holds(self.book, drains, send=send, metrics=metrics)
         """Preemption holds and held domains: the preemptor starts them, the step consults them."""
         self._stopped = False
         self.snapshot_cost_s = 0.0
@@ -117,11 +111,18 @@ class Placer:
 
     # ------------------------------------------------------------------ the step
 
+    def start_bound_s(self, job: JobRecord) -> float:
+        """The gang start bound counted into the job's enforced end: its spec's, or the default (0 without a
+        max runtime, whose end is unbounded anyway: its spec is not decoded)."""
+        if job.max_runtime_s is None:
+            return 0.0
+        return self.book.specs.start_timeout_s(job.spec, self.start_timeout_s)
+
     def decide_one(
         self, job: JobRecord, view: FleetView, snap: q.QueueSnapshot | None = None, usage: q.Usage | None = None
     ) -> Decision:
         """Placement for one job, with the quota checked for the model it would actually get."""
-        tenant = self.policy.current().tenants.get(job.tenant)
+        tenant = self.book.policy.current().tenants.get(job.tenant)
         if tenant is None or not tenant.allows_band(job.priority_band):
             return Decision(
                 None,
@@ -148,14 +149,14 @@ class Placer:
 
         Decisions run over a fleet view taken when the step starts and again after each yield to the event
         loop (reports and releases may land then); the step's own holds go through the view."""
-        book, holds = self.book, self.holds
-        now = self.clock()
-        self.catalog.sweep(now)
+        book, holds, catalog = self.book, self.holds, self.book.catalog
+        now = book.clock()
+        catalog.sweep(now)
         for job_id in holds.drains.refresh(now):
             if job_id in book.queued:
                 book.refresh_entry(book.queued[job_id])
         holds.tell_clusters(now)
-        view = FleetView(self.catalog, now)
+        view = FleetView(catalog, now)
         t_snap = time.perf_counter()
         snap = book.snapshot(now)
         self.snapshot_cost_s = time.perf_counter() - t_snap
@@ -177,7 +178,7 @@ class Placer:
                     commits.append(loop.create_task(self._commit(pending)))
                     pending = []
                 await asyncio.sleep(0)  # let RPCs in between decisions; every hold is already in the overlay
-                view = FleetView(self.catalog, now)
+                view = FleetView(catalog, now)
             if job.job_id not in book.queued:
                 continue  # cancelled (or otherwise moved) while we yielded
             book.todo.discard(job.job_id)
@@ -186,22 +187,15 @@ class Placer:
                 if now < hold.deadline and not holds.victims_gone(hold, snap):
                     book.waits[job.job_id] = preempting_wait(hold.victims, now)
                     continue
-                self.catalog.drop_reservation(hold.reservation.key)  # decided below over what is free now
-                view = FleetView(self.catalog, now)
+                catalog.drop_reservation(hold.reservation.key)  # decided below over what is free now
+                view = FleetView(catalog, now)
             lifted = (
-                holds.drains.lifted_for(
-                    job.job_id,
-                    job.max_runtime_s,
-                    self.specs.start_timeout_s(job.spec, self.start_timeout_s)
-                    if job.max_runtime_s is not None
-                    else 0.0,
-                    now,
-                )
+                holds.drains.lifted_for(job.job_id, job.max_runtime_s, self.start_bound_s(job), now)
                 if holds.drains.holds
                 else []
             )
             if lifted:
-                view = FleetView(self.catalog, now)
+                view = FleetView(catalog, now)
             t0 = time.perf_counter()
             d = self.decide_one(job, view, snap, holds.usage_without_own_drain(job, snap, usage))
             if self.metrics is not None:
@@ -219,7 +213,7 @@ class Placer:
                     )
                     holds.drains.end(job.job_id)
                 holds.drains.restore([h for h in lifted if h.job_id in holds.drains.holds], now)
-                view = FleetView(self.catalog, now)
+                view = FleetView(catalog, now)
             if d.choice is None:
                 book.waits[job.job_id] = WaitHint(d.wait or WaitReason.INSUFFICIENT_CAPACITY, d.message, now)
                 if d.wait is WaitReason.RETRY_BACKOFF:
@@ -252,14 +246,14 @@ class Placer:
 
     async def _commit(self, pending: list[tuple[JobRecord, job_events.Reserve]], now: float | None = None) -> int:
         """Persist reservations (one group commit); only committed ones are dispatched, the rest are given back."""
-        now = self.clock() if now is None else now
+        now = self.book.clock() if now is None else now
         placed = 0
-        results = await asyncio.gather(*(self.store.apply_event(ev) for _, ev in pending), return_exceptions=True)
+        results = await asyncio.gather(*(self.book.store.apply_event(ev) for _, ev in pending), return_exceptions=True)
         for (job, ev), res in zip(pending, results):
             key = (job.job_id, job.attempt + 1)
             if isinstance(res, BaseException) or res[1].transition is None:
                 # Lost the race (cancelled meanwhile) or the commit failed: give the capacity back.
-                self.catalog.drop_reservation(key)
+                self.book.catalog.drop_reservation(key)
                 self.book.held.pop(job.job_id, None)
                 if isinstance(res, errors.TandemError) and res.retryable:
                     self.book.queued[job.job_id] = job
@@ -290,7 +284,7 @@ class Placer:
                 # so that rebuilds stay a bounded share of the loop (not a cost per submission).
                 await asyncio.sleep(max(coalesce_s, _SNAPSHOT_SHARE * self.snapshot_cost_s))
             except TimeoutError:
-                self.book.todo.update(j.job_id for j in self.book.queued.values() if j.not_before <= self.clock())
+                self.book.todo.update(j.job_id for j in self.book.queued.values() if j.not_before <= self.book.clock())
             self.book.wake.clear()
             try:
                 await self.step()

@@ -56,21 +56,18 @@ class Holds:
         book: JobBook,
         drains: DrainHolds,
         *,
-        catalog: cat.Catalog,
         send: Callable[[ToDispatcher], None],
-        clock: Callable[[], float],
         metrics: object | None = None,
     ) -> None:
         self.book = book
-        """Where a hold's reservation is derived from, and where its job's wait and next look are noted."""
+        """Where a hold's reservation is derived from and kept (its catalog), and where its job's wait and
+        next look are noted."""
         self.drains = drains
         """Domains held for long-waiting gangs while they drain (see broker.scheduling.drains)."""
         self.preempting: dict[str, PreemptionHold] = {}
         """Waiting jobs whose victims are leaving: the nodes they will get are held for them meanwhile."""
-        self.catalog = catalog
         self.send = send
         """Where the clusters' copies of holds go (the hub hands them to the dispatcher)."""
-        self.clock = clock
         self.metrics = metrics
 
     def observe(self, job: JobRecord) -> None:
@@ -91,11 +88,11 @@ class Holds:
     def hold_for_preemption(self, job: JobRecord, choice: Choice, victims: frozenset[str], deadline: float) -> None:
         """Hold the nodes `job` will get once `victims` have left (the preemptor's plan, FLEET-NOTES F-5)."""
         res = self.book.reservation(job, choice.cluster, job.attempt + 1, choice.assignments, choice.gpu_model)
-        self.catalog.add_reservation(res)
+        self.book.catalog.add_reservation(res)
         self.preempting[job.job_id] = PreemptionHold(res, victims, deadline)
         # the cluster keeps them too: its extender holds them against pods outside Tandem meanwhile
         self.send(NodesHeld(choice.cluster, job.job_id, job.attempt + 1, job.spec, choice.assignments, deadline))
-        self.book.waits[job.job_id] = preempting_wait(victims, self.clock())
+        self.book.waits[job.job_id] = preempting_wait(victims, self.book.clock())
 
     @staticmethod
     def victims_gone(hold: PreemptionHold, snap: q.QueueSnapshot) -> bool:

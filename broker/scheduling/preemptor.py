@@ -142,7 +142,7 @@ class Preemptor:
                 return not self._ping_pong(preemptor, victim, now)
 
             choice = fairness.choose_preemption(
-                FleetView(self.placer.catalog, now),
+                FleetView(self.book.catalog, now),
                 snap,
                 shares,
                 e,
@@ -201,19 +201,13 @@ class Preemptor:
         busy = []
         for other, a in runs.values():
             start = a.accept_time or a.dispatch_time or a.reserve_time
-            ends_by = enforced_end(
-                start,
-                other.max_runtime_s,
-                self.placer.specs.start_timeout_s(other.spec, self.placer.start_timeout_s)
-                if other.max_runtime_s is not None
-                else 0.0,
-            )
+            ends_by = enforced_end(start, other.max_runtime_s, self.placer.start_bound_s(other))
             busy.append(
                 BusyJob(other.job_id, a.cluster, frozenset(r.node for r in a.assignments), ends_by, other.preemptible)
             )
         hold_until = now + self.cfg.max_hold_s
         domain = choose_drain_domain(
-            FleetView(self.placer.catalog, now),
+            FleetView(self.book.catalog, now),
             self.book.request_of(job),
             busy,
             now=now,

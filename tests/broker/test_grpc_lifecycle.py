@@ -64,7 +64,7 @@ async def test_stale_cluster_is_excluded_and_unstarted_work_replanned(tmp_path: 
         clock.advance(31)
         c2.heartbeat()
         await eventually(lambda: b.hub.catalog.clusters["c2"].last_seen == clock.t)
-        await b.hub.dispatcher.sweep()
+        await b.hub.dispatcher.watchdog.sweep()
         d2 = await c2.expect("dispatch")
         assert (d2.attempt.job_id, d2.attempt.attempt) == (j.job_id, 2)
         cancel = await c1.expect("cancel")  # the replaced attempt is ordered away where it was
@@ -91,10 +91,10 @@ async def test_running_job_on_silent_cluster_becomes_lost_then_recovers(tmp_path
         [j] = await c.submit("s", [SubmitItem("k", spec(gpus=8))])
         await _running(b, a, j.job_id)
         clock.advance(31)
-        await b.hub.dispatcher.sweep()
+        await b.hub.dispatcher.watchdog.sweep()
         assert await _state(b, j.job_id) == job_pb2.JOB_STATE_RUNNING  # running work keeps running
         clock.advance(60)
-        await b.hub.dispatcher.sweep()
+        await b.hub.dispatcher.watchdog.sweep()
         assert await _state(b, j.job_id) == job_pb2.JOB_STATE_LOST
         a.status(j.job_id, 1, cs.WORKLOAD_PHASE_RUNNING, replicas=1, running=1)
         await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_RUNNING))
@@ -120,7 +120,7 @@ async def test_gang_not_started_by_deadline_is_torn_down_and_restarted(tmp_path:
         a.status(j.job_id, 1, cs.WORKLOAD_PHASE_STARTING, replicas=2, running=1)
         clock.advance(101)
         a.heartbeat()
-        await b.hub.dispatcher.sweep()
+        await b.hub.dispatcher.watchdog.sweep()
         cancel = await a.expect("cancel")
         assert (cancel.attempt.attempt, cancel.reason) == (1, cs.CANCEL_REASON_GANG_TIMEOUT)
         job = await c.get(j.job_id)
@@ -167,7 +167,7 @@ async def test_a_gang_whose_pods_are_not_bound_soon_after_start_is_torn_down_soo
         await eventually(lambda: bound.get((pulling.job_id, 1)) is True and bound.get((stuck.job_id, 1)) is False)
         clock.advance(31)
         a.heartbeat()
-        await b.hub.dispatcher.sweep()
+        await b.hub.dispatcher.watchdog.sweep()
         cancel = await a.expect("cancel")
         assert cancel.attempt.job_id == stuck.job_id and cancel.reason == cs.CANCEL_REASON_GANG_TIMEOUT
         job = await c.get(stuck.job_id)
@@ -175,7 +175,7 @@ async def test_a_gang_whose_pods_are_not_bound_soon_after_start_is_torn_down_soo
         assert (await c.get(pulling.job_id)).status.state == job_pb2.JOB_STATE_STARTING
         clock.advance(70)
         a.heartbeat()
-        await b.hub.dispatcher.sweep()
+        await b.hub.dispatcher.watchdog.sweep()
         cancel = await a.expect("cancel")
         assert cancel.attempt.job_id == pulling.job_id
         assert "not every replica was running" in (await c.get(pulling.job_id)).status.attempts[0].outcome_message
@@ -200,7 +200,7 @@ async def test_job_start_timeout_overrides_the_default(tmp_path: Path) -> None:
         a.accept(d)
         await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_ACCEPTED))
         clock.advance(31)
-        await b.hub.dispatcher.sweep()
+        await b.hub.dispatcher.watchdog.sweep()
         cancel = await a.expect("cancel")
         assert cancel.reason == cs.CANCEL_REASON_GANG_TIMEOUT
         await a.close()
@@ -221,7 +221,7 @@ async def test_unanswered_dispatch_expires_and_is_replanned(tmp_path: Path) -> N
         await eventually(_is(b, j.job_id, job_pb2.JOB_STATE_DISPATCHED))
         clock.advance(31)
         a.heartbeat()
-        await b.hub.dispatcher.sweep()
+        await b.hub.dispatcher.watchdog.sweep()
         cancel = await a.expect("cancel")
         assert (cancel.attempt.attempt, cancel.reason) == (d1.attempt.attempt, cs.CANCEL_REASON_SUPERSEDED)
         d2 = await a.expect("dispatch")
