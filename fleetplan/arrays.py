@@ -64,8 +64,6 @@ class ClusterArrays:
         self.row: dict[str, int] = {node.name: i for i, node in enumerate(self.nodes)}
         self.free_gpu = np.zeros(n, np.int64)
         self.milli_free = np.zeros(n, np.int64)
-        self.partial_milli_free = np.zeros(n, np.int64)
-        """Share still free on GPUs already partly in use: where held shares go before they take a whole GPU."""
         self.cpu_free = np.zeros(n, np.int64)
         self.mem_free = np.zeros(n, np.int64)
         self.pods_free = np.zeros(n, np.int64)
@@ -117,7 +115,6 @@ class ClusterArrays:
     def _fill(self, i: int, node: Node) -> None:
         self.free_gpu[i] = node.free_whole_gpus
         self.milli_free[i] = sum(g.milli_free for g in node.gpus)
-        self.partial_milli_free[i] = self.milli_free[i] - WHOLE_GPU_MILLI * node.free_whole_gpus
         self.cpu_free[i] = node.cpu_milli_free
         self.mem_free[i] = node.memory_free
         self.pods_free[i] = node.pods_free
@@ -246,7 +243,8 @@ class ClusterArrays:
         """Whole GPUs free after the holds, as an upper bound: held shares fill the partly used GPUs first
         and only their remainder takes whole GPUs (the fewest any packing can take), as the exact fit's
         best-fit packing of shares on one device may leave the other GPUs whole."""
-        share_spill = np.maximum(self.pend_share_milli[at] - self.partial_milli_free[at], 0)
+        partial_free = self.milli_free[at] - WHOLE_GPU_MILLI * self.free_gpu[at]  # share left on GPUs in part use
+        share_spill = np.maximum(self.pend_share_milli[at] - partial_free, 0)
         taken = self.pend_gpu[at] + (share_spill + WHOLE_GPU_MILLI - 1) // WHOLE_GPU_MILLI
         return np.where(self.usable[at], np.maximum(self.free_gpu[at] - taken, 0), 0)
 

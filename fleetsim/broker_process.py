@@ -4,7 +4,6 @@ mutual-TLS listener), and the tenancy policy document that authorises a fleet's 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from typing import Any, Protocol
 import yaml
 
 from broker.launcher.client import BrokerClient
+from broker.tenancy.policy import hash_token
 from fleetsim.model import TenantSpec
 from fleetsim.pki import Pki
 from fleetsim.processes import REPO, Proc, free_port, wait_for
@@ -41,7 +41,7 @@ def tenancy_policy(tenants: Sequence[TenantSpec], tokens: Mapping[str, str], adm
     for t in tenants:
         doc: dict[str, Any] = {
             "name": t.name,
-            "token_sha256": [_sha256(tokens[t.name])],
+            "token_sha256": [hash_token(tokens[t.name])],
             "weight": t.weight,
             "priority_bands": ["default", "high"],
             "rate_limit": {"rate_per_s": 10000, "burst": 10000},
@@ -49,11 +49,7 @@ def tenancy_policy(tenants: Sequence[TenantSpec], tokens: Mapping[str, str], adm
         if t.quota:
             doc["quotas"] = {model: float(gpus) for model, gpus in t.quota}
         docs.append(doc)
-    return {"tenants": docs, "admins": {"token_sha256": [_sha256(admin_token)]}}
-
-
-def _sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    return {"tenants": docs, "admins": {"token_sha256": [hash_token(admin_token)]}}
 
 
 class BrokerProcess:

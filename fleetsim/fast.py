@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker.scheduling import fairness
-from fleetsim.fast_cluster import nodes_of
 from fleetsim.fast_records import (
     BACKGROUND_GPUS,
     CAUSE_GANG_TIMEOUT,
@@ -48,7 +47,6 @@ from fleetsim.fast_records import (
     POLICIES,
     BackgroundPod,
     FastParams,
-    request_of,
     shape_of,
 )
 from fleetsim.fast_rounds import FastRounds
@@ -61,8 +59,6 @@ __all__ = [
     "BackgroundPod",
     "FastParams",
     "FastSim",
-    "nodes_of",
-    "request_of",
     "run_fast",
     "shape_of",
 ]
