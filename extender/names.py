@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NameTable", "RawNames", "find_raw_names", "ends_with_member", "MAX_WIDTH"]
+__all__ = ["NameTable", "RawNames", "find_raw_names", "ends_with_member", "MAX_WIDTH", "Rows"]
 
 MAX_WIDTH = 128
 """Longest name (UTF-8 bytes) the table handles; longer node lists use the dict lookup."""

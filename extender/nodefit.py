@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from extender.facts import NodeFacts
 from placement import fit as core_fit
 from placement.dra import DraEvaluator
-from placement.fit import NODE_NAME_FIELD
 from placement.model import GPU_PRODUCT_LABEL, PodShape
+from placement.podspec import NODE_NAME_FIELD
 from placement.reasons import Reason
 
 __all__ = ["Query", "QueryMemo", "Verdict", "OK", "check_node", "room_for"]

@@ -18,9 +18,9 @@ import orjson
 
 from extender.config import ExtenderConfig
 from extender.facts import NodeFacts
-from extender.names import NameTable
+from extender.names import NameTable, Rows
 from extender.nodefit import Query, QueryMemo, Verdict, check_node
-from extender.verdicts import Refusals, Rows, ShapeVerdict, bytes_array
+from extender.verdicts import Refusals, ShapeVerdict, bytes_array
 from extender.verdicts import code_name as code_name
 from placement import dra as core_dra
 from placement.frag import TargetWorkload, TypicalPod

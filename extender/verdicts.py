@@ -10,18 +10,17 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from extender.names import Rows
 from extender.nodefit import Query, QueryMemo, Verdict, check_node, room_for
 
 if TYPE_CHECKING:
     from extender.snapshot import Snapshot
 
-__all__ = ["ShapeVerdict", "Refusals", "Rows", "bytes_array", "code_name"]
+__all__ = ["ShapeVerdict", "Refusals", "bytes_array", "code_name"]
 
 _VECTOR_MIN = 32  # rows to fill before classes are worth numpy's fixed costs
 _CODES: dict[str, int] = {"Fit": 0}
 _CODE_NAMES: list[str] = ["Fit"]
-
-Rows = npt.NDArray[np.intp]
 
 
 def _code(v: Verdict) -> int:

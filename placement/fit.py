@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from placement import mig
 from placement.dra import DraEvaluator, check_selector, device_slices
 from placement.model import WHOLE_GPU_MILLI, DraDevice, LabelRequirement, Node, PodShape
+from placement.podspec import NODE_NAME_FIELD
 from placement.reasons import Reason
 
-NODE_NAME_FIELD = "metadata.name"  # same key podspec uses for matchFields
-
-__all__ = ["Fit", "capacity", "node_admits", "dra_plan", "mig_detailed", "UNBOUNDED", "NODE_NAME_FIELD"]
+__all__ = ["Fit", "capacity", "node_admits", "dra_plan", "mig_detailed", "UNBOUNDED"]
 
 UNBOUNDED = 1 << 30
 """Capacity of a shape that asks for nothing a node could run out of (never happens: pods count)."""

@@ -89,11 +89,10 @@ class Agent:
             extra_prefixes=[k[:-1] for k in config.report_labels if k.endswith("*")],
         )
         self.instance_id = uuid.uuid4().hex[:12]
-        self.epoch = 0
         self.state = AgentState(
             config, inventory, self.tracker, read_only=self.read_only, clock=clock, mono=mono, sleep=sleep
         )
-        self.uplink = Uplink(mono)
+        self.uplink = Uplink()
         self.orders = Orders(self.state, self.work, self.uplink, self.metrics)
         self.following = Following(self.state, self.work, self.uplink, self.metrics)
 

@@ -15,12 +15,18 @@ import orjson
 
 from extender.agent.config import AgentConfig
 from extender.agent.model import AttemptKey, NodeCount, Order, PodSetOrder
+from extender.agent.podtemplate import rendezvous_host
+from extender.agent.render import (
+    ASSIGNMENT_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    DISPATCH_ANNOTATION,
+    FRAMEWORK_ANNOTATION,
+    POD_SET_INDEX_ANNOTATION,
+)
 from extender.podreq import POD_SET_LABEL
 from placement.model import PodShape
 
 __all__ = ["order_from_jobs", "rendezvous_address", "runs_of"]
-
-_ANN = "tandem.dev/"
 
 
 def runs_of(nodes: Iterable[str]) -> tuple[NodeCount, ...]:
@@ -50,20 +56,20 @@ def order_from_jobs(key: AttemptKey, jobs: Iterable[Mapping[str, Any]], config: 
         ann = meta.get("annotations") or {}
         labels = meta.get("labels") or {}
         try:
-            nodes = orjson.loads(ann.get(f"{_ANN}assignment", "null"))
+            nodes = orjson.loads(ann.get(ASSIGNMENT_ANNOTATION, "null"))
         except orjson.JSONDecodeError:
             return None
         if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
             return None
         name = str(labels.get(POD_SET_LABEL, ""))
         template = (job.get("spec") or {}).get("template") or {}
-        position = int(ann.get(f"{_ANN}pod-set-index", order_pos) or 0)
+        position = int(ann.get(POD_SET_INDEX_ANNOTATION, order_pos) or 0)
         order_pos += 1
         pod_sets.append((position, PodSetOrder(name, len(nodes), PodShape(), template, runs_of(nodes))))
-        deadline = _time(str(ann.get(f"{_ANN}start-deadline", ""))) or deadline
-        fw, _, p = str(ann.get(f"{_ANN}framework", "")).partition(":")
+        deadline = _time(str(ann.get(DEADLINE_ANNOTATION, ""))) or deadline
+        fw, _, p = str(ann.get(FRAMEWORK_ANNOTATION, "")).partition(":")
         framework, port = fw or framework, int(p) if p.isascii() and p.isdigit() else port
-        dispatch_id = str(ann.get(f"{_ANN}dispatch", "")) or dispatch_id
+        dispatch_id = str(ann.get(DISPATCH_ANNOTATION, "")) or dispatch_id
     if not pod_sets:
         return None
     pod_sets.sort(key=lambda ps: ps[0])
@@ -81,5 +87,4 @@ def order_from_jobs(key: AttemptKey, jobs: Iterable[Mapping[str, Any]], config: 
 
 def rendezvous_address(order: Order) -> str:
     """`<replica 0 of the first pod set>.<service>:<port>` (the pods' DNS search path adds the rest)."""
-    first = order.pod_sets[0].name
-    return f"{order.job_name(first)}-0.{order.name}:{order.rendezvous_port}"
+    return f"{rendezvous_host(order)}:{order.rendezvous_port}"

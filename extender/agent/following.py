@@ -10,6 +10,7 @@ from extender.agent import wire
 from extender.agent.attempts import rendezvous_address
 from extender.agent.metrics import AgentMetrics
 from extender.agent.model import AttemptKey
+from extender.agent.render import DISPATCH_ANNOTATION
 from extender.agent.state import (
     AgentState,
     AttemptRecord,
@@ -19,7 +20,7 @@ from extender.agent.state import (
     namespace_of,
     pod_set_of,
 )
-from extender.agent.workloads import DISPATCH_ANNOTATION, Workloads
+from extender.agent.workloads import Workloads
 from extender.reservations import is_hold, parse_reservation
 
 __all__ = ["Following"]
@@ -217,7 +218,7 @@ class Following:
         """Without a live stream an attempt still gated past its start deadline can never be started: delete
         it (A-13). Running attempts are never touched on the agent's own authority."""
         await self.sweep_holds()
-        if self.uplink.is_open or self.work is None or self.uplink.lost_at is None:
+        if self.uplink.is_open or self.work is None:
             return
         now = self.state.clock()
         for key in sorted(self.state.tracker.attempts()):

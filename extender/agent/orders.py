@@ -8,9 +8,10 @@ from extender.agent import status as st
 from extender.agent import wire
 from extender.agent.metrics import AgentMetrics
 from extender.agent.model import AttemptKey, Order
+from extender.agent.render import DISPATCH_ANNOTATION
 from extender.agent.state import AgentState, Uplink, best_effort, namespace_of, pod_set_of
 from extender.agent.validate import validate_order
-from extender.agent.workloads import DISPATCH_ANNOTATION, Workloads
+from extender.agent.workloads import Workloads
 from extender.kube import KubeError
 
 __all__ = ["Orders"]

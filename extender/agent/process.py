@@ -67,7 +67,6 @@ async def _lead(agent: Agent, elector: LeaderElector) -> None:
     while True:
         epoch = await elector.wait_leading()
         agent.metrics.leader.set(1)
-        agent.epoch = epoch
         log.info("leading", extra={"detail": {"epoch": epoch, "identity": agent.identity}})
         work = asyncio.get_running_loop().create_task(_leader_work(agent, epoch))
         await elector.wait_lost()

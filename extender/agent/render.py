@@ -25,6 +25,10 @@ from placement.overlay import Reservation, ReservedPart
 
 __all__ = [
     "DISPATCH_ANNOTATION",
+    "ASSIGNMENT_ANNOTATION",
+    "DEADLINE_ANNOTATION",
+    "POD_SET_INDEX_ANNOTATION",
+    "FRAMEWORK_ANNOTATION",
     "MANAGED_BY",
     "WorkloadRenderer",
     "Rendered",
@@ -38,6 +42,14 @@ JOB_SET_ANNOTATION = "tandem.dev/job-set"
 QUEUE_ANNOTATION = "tandem.dev/queue"
 TENANT_ANNOTATION = "tandem.dev/tenant"
 PREEMPTIBLE_LABEL = "tandem.dev/preemptible"
+ASSIGNMENT_ANNOTATION = "tandem.dev/assignment"
+"""On each Job: JSON list, the node of every replica index (the pins survive an agent restart)."""
+DEADLINE_ANNOTATION = "tandem.dev/start-deadline"
+"""On each Job: the broker's start deadline (RFC 3339), for the agent's own clean-up without a stream."""
+POD_SET_INDEX_ANNOTATION = "tandem.dev/pod-set-index"
+"""On each Job: its pod set's position in the order (rank offsets, start order)."""
+FRAMEWORK_ANNOTATION = "tandem.dev/framework"
+"""On each Job: `<framework>:<rendezvous port>` (start order and rendezvous address after a restart)."""
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tandem"}
 MAX_INDEXED_COMPLETIONS = 100_000
 """The Job API's cap on completions of an Indexed Job."""

@@ -69,11 +69,8 @@ class StartChecks:
 class Uplink:
     """The broker stream messages go out on while one is open; between streams a message is dropped."""
 
-    def __init__(self, mono: Callable[[], float]) -> None:
-        self._mono = mono
+    def __init__(self) -> None:
         self.stream: Stream | None = None
-        self.lost_at: float | None = mono()
-        """Since when no stream is open (None while one is): the agent's own deadlines count from it."""
 
     @property
     def is_open(self) -> bool:
@@ -81,13 +78,11 @@ class Uplink:
 
     def attach(self, stream: Stream) -> None:
         self.stream = stream
-        self.lost_at = None
 
     def detach(self, stream: Stream) -> None:
         """The stream ended; a newer one already attached stays."""
         if self.stream is stream:
             self.stream = None
-            self.lost_at = self._mono()
 
     def send(self, **body: Any) -> int:
         """Queue one agent message; its sequence, or 0 when no stream takes it."""

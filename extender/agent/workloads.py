@@ -29,7 +29,14 @@ from extender.agent import render
 from extender.agent.config import AgentConfig
 from extender.agent.model import AttemptKey, Order, PodSetOrder
 from extender.agent.pods import admitted_shape_problem, pin_patch, pod_for_dry_run, ungate_patch
-from extender.agent.render import DISPATCH_ANNOTATION, MANAGED_BY
+from extender.agent.render import (
+    ASSIGNMENT_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    DISPATCH_ANNOTATION,
+    FRAMEWORK_ANNOTATION,
+    MANAGED_BY,
+    POD_SET_INDEX_ANNOTATION,
+)
 from extender.agent.wire import Rejection
 from extender.kube import KubeClient, KubeError, NotLeader, api_path
 from extender.reservations import reservation_configmap
@@ -37,41 +44,16 @@ from placement.overlay import Reservation, ReservedPart
 from placement.podspec import GPU_RESOURCE
 from placement.quantity import QuantityError, cpu_milli, to_int_bytes
 
-__all__ = [
-    "Workloads",
-    "DISPATCH_ANNOTATION",
-    "ASSIGNMENT_ANNOTATION",
-    "DEADLINE_ANNOTATION",
-    "FRAMEWORK_ANNOTATION",
-    "assignment_of",
-]
+__all__ = ["Workloads"]
 
 log = logging.getLogger("tandem.agent.workloads")
 
-ASSIGNMENT_ANNOTATION = "tandem.dev/assignment"
-"""On each Job: JSON list, the node of every replica index (the pins survive an agent restart)."""
-DEADLINE_ANNOTATION = "tandem.dev/start-deadline"
-"""On each Job: the broker's start deadline (RFC 3339), for the agent's own clean-up without a stream."""
-POD_SET_INDEX_ANNOTATION = "tandem.dev/pod-set-index"
-"""On each Job: its pod set's position in the order (rank offsets, start order)."""
-FRAMEWORK_ANNOTATION = "tandem.dev/framework"
-"""On each Job: `<framework>:<rendezvous port>` (start order and rendezvous address after a restart)."""
 HOLD_ANNOTATION = "tandem.dev/hold-for"
 """On a hold's reservation: the dispatch id the attempt it keeps nodes for will carry."""
 
 
 def _rfc3339(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def assignment_of(job: Mapping[str, Any]) -> list[str] | None:
-    """The per-index nodes the agent recorded on a Job, or None when it carries none (not ours)."""
-    raw = ((job.get("metadata") or {}).get("annotations") or {}).get(ASSIGNMENT_ANNOTATION)
-    try:
-        nodes = orjson.loads(raw) if isinstance(raw, str) else None
-    except orjson.JSONDecodeError:
-        return None
-    return [str(n) for n in nodes] if isinstance(nodes, list) else None
 
 
 class _Refused(Exception):

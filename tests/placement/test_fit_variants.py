@@ -26,7 +26,7 @@ from extender.facts import NodeFacts
 from extender.nodefit import Query
 from extender.snapshot import Snapshot, code_name
 from placement import mig
-from placement.fit import NODE_NAME_FIELD, capacity
+from placement.fit import capacity
 from placement.gpuarrays import GPU_MILLI, GpuArrays, PodDemand
 from placement.model import (
     DEFAULT_RACK_LABEL,
@@ -39,6 +39,7 @@ from placement.model import (
     Taint,
     Toleration,
 )
+from placement.podspec import NODE_NAME_FIELD
 from sim.trace import NodeTable
 from tests.placement.builders import GPU_TAINT, GPU_TOLERATION
 
